@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs everything LoongForge needs on a Debian 12 machine: the Debian packages, and a Python virtual
+# environment holding the torch wheel (its LibTorch is what we build against) and the test oracles.
+# Idempotent and quick when everything is already there. Then configures and builds ./build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS="build-essential cmake ninja-build ccache pkg-config python3 python3-venv python3-dev
+  libopenblas-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libspdlog-dev
+  libfmt-dev libsentencepiece-dev libpcre2-dev libutf8proc-dev libzstd-dev libpng-dev libturbojpeg0-dev
+  libhdf5-dev libgtest-dev libgmock-dev libbenchmark-dev"
+missing=""
+for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  echo "setup: installing Debian packages:$missing"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q $missing
+fi
+
+# The environment lives outside the checkout, keyed by requirements.txt, so clones share it; .venv links to it.
+PY=${PYTHON:-python3}
+key=$(sha256sum requirements.txt | cut -c1-12)
+VENV=${LOONGFORGE_VENV:-$HOME/.cache/loongforge/venv-$key}
+if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
+  echo "setup: creating $VENV (torch wheel and test oracles; a few GB)"
+  rm -rf "$VENV"; mkdir -p "$(dirname "$VENV")"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q -r requirements.txt
+  touch "$VENV/.complete"
+fi
+if [ "$(readlink -f .venv 2>/dev/null)" != "$(readlink -f "$VENV")" ]; then rm -rf .venv; ln -s "$VENV" .venv; fi
+
+bash scripts/build.sh

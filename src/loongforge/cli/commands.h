@@ -1,0 +1,13 @@
+// The subcommands of the `loongforge` program. Each add_* registers one subcommand on the app, with its own --help
+// and a callback that runs it; errors are thrown as lf::Error and printed by main as one line.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace lf::cli {
+
+void add_dump(CLI::App& app);
+void add_tokenize(CLI::App& app);
+void add_generate(CLI::App& app);
+void add_convert(CLI::App& app);
+
+}  // namespace lf::cli

@@ -1,0 +1,28 @@
+// loongforge: one program, many subcommands.
+#include <cstdio>
+#include <exception>
+
+#include "loongforge/cli/commands.h"
+#include "loongforge/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"LoongForge: train and run Hugging Face models in C++ on LibTorch"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "loongforge 0.1.0");
+  lf::cli::add_dump(app);
+  lf::cli::add_tokenize(app);
+  lf::cli::add_generate(app);
+  lf::cli::add_convert(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const lf::Error& e) {
+    std::fprintf(stderr, "loongforge: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loongforge: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
