@@ -1,9 +1,101 @@
-// PLACEHOLDER: being written.
+// loongforge dump: logits, loss, gradients and optimizer steps of a Hugging Face checkpoint on one batch, written
+// to a safetensors file, so users (and our tests) can check parity with transformers tensor by tensor.
+#include <ATen/ATen.h>
+
 #include "loongforge/cli/commands.h"
 #include "loongforge/core/error.h"
+#include "loongforge/io/hf_model.h"
+#include "loongforge/io/safetensors.h"
+#include "loongforge/nn/loss.h"
+#include "loongforge/optim/adamw.h"
+
 namespace lf::cli {
-void add_dump(CLI::App& app) {
-  auto* sub = app.add_subcommand("dump", "(being written)");
-  sub->callback([] { throw lf::Error("dump: not implemented yet"); });
+namespace {
+
+struct DumpArgs {
+  std::string model, batch, out, adamw;
+  int64_t steps = 0;
+  double clip = 0.0;
+  std::string dtype = "fp32";
+};
+
+at::Tensor batch_tensor(const io::SafetensorsFile& f, const std::string& name, const at::Tensor& like = {}) {
+  at::Tensor t = f.tensor(name);
+  if (t.scalar_type() != at::kLong || t.dim() != 2)
+    throw file_error(f.path(), name, "expected int64 [B,T], got " + io::dtype_name(t.scalar_type()) + " with " +
+                                         std::to_string(t.dim()) + " dims");
+  if (like.defined() && t.sizes() != like.sizes()) throw file_error(f.path(), name, "shape differs from input_ids");
+  return t;
 }
+
+void run_dump(const DumpArgs& a) {
+  at::ScalarType dtype = a.dtype == "fp64" ? at::kDouble : at::kFloat;
+  auto model = io::load_causal_lm(a.model, dtype);
+  auto batch = io::SafetensorsFile::open(a.batch);
+  if (!batch->contains("input_ids")) throw file_error(a.batch, "input_ids", "missing");
+  at::Tensor ids = batch_tensor(*batch, "input_ids");
+  at::Tensor labels = batch->contains("labels") ? batch_tensor(*batch, "labels", ids) : ids;
+  int64_t vocab = model->config().vocab_size;
+  if (ids.numel() && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= vocab))
+    throw file_error(a.batch, "input_ids", "ids must lie in [0, " + std::to_string(vocab) + ")");
+
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  for (auto& item : model->named_parameters()) {
+    names.push_back(item.key());
+    params.push_back(item.value());
+  }
+  io::NamedTensors out;
+  auto forward_backward = [&]() {
+    at::Tensor logits = model->forward(ids);
+    at::Tensor loss = nn::causal_lm_loss(logits, labels);
+    loss.backward();
+    for (auto& p : params)  // parameters the loss does not reach still get a (zero) gradient
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    return std::pair{logits, loss};
+  };
+  auto [logits, loss] = forward_backward();
+  out.emplace_back("logits", logits.detach().to(at::kFloat).contiguous());
+  out.emplace_back("loss", loss.detach().to(at::kFloat).reshape({1}));
+  for (size_t i = 0; i < params.size(); ++i) out.emplace_back("grad." + names[i], params[i].grad().to(at::kFloat).contiguous());
+
+  if (!a.adamw.empty() || a.steps > 0) {
+    optim::AdamW opt(params, a.adamw.empty() ? optim::AdamWOptions{} : optim::AdamWOptions::parse(a.adamw));
+    int64_t steps = std::max<int64_t>(a.steps, 1);
+    at::Tensor losses = at::empty({steps}, at::kFloat), norms = at::empty({steps}, at::kFloat);
+    for (int64_t s = 0; s < steps; ++s) {
+      if (s > 0) {
+        opt.zero_grad();
+        loss = forward_backward().second;
+      }
+      losses[s] = loss.item<double>();
+      norms[s] = optim::clip_grad_norm(params, a.steps > 0 ? a.clip : 0.0);
+      opt.step();
+    }
+    for (size_t i = 0; i < params.size(); ++i)
+      out.emplace_back("after_step." + names[i], params[i].detach().to(at::kFloat).contiguous());
+    if (a.steps > 0) {
+      out.emplace_back("losses", losses);
+      out.emplace_back("grad_norms", norms);
+    }
+  }
+  io::save_file(a.out, out);
+}
+
+}  // namespace
+
+void add_dump(CLI::App& app) {
+  auto args = std::make_shared<DumpArgs>();
+  auto* sub = app.add_subcommand("dump", "Logits, loss, gradients and AdamW steps of a HF checkpoint on one batch");
+  sub->add_option("--model", args->model, "Hugging Face model folder (config.json + safetensors)")->required();
+  sub->add_option("--batch", args->batch, "safetensors with input_ids int64 [B,T] and optional labels (-100 ignored)")->required();
+  sub->add_option("--out", args->out, "output safetensors: logits, loss, grad.<name>, after_step.<name>, losses, grad_norms")->required();
+  sub->add_option("--adamw", args->adamw, "one AdamW step: lr=1e-3,beta1=0.9,beta2=0.95,eps=1e-8,weight_decay=0.1 "
+                                          "(weight decay on every parameter; torch's defaults for keys left out)");
+  sub->add_option("--steps", args->steps, "N AdamW steps on the same batch (writes losses [N], grad_norms [N])")->check(CLI::NonNegativeNumber);
+  sub->add_option("--clip", args->clip, "global gradient-norm clipping before each of the --steps (0: none)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--dtype", args->dtype, "compute precision on the CPU")->check(CLI::IsMember({"fp32", "fp64"}))->capture_default_str();
+  sub->callback([args] { run_dump(*args); });
+}
+
 }  // namespace lf::cli

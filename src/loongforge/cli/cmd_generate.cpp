@@ -1,9 +1,92 @@
-// PLACEHOLDER: being written.
+// loongforge generate: text continuation from a Hugging Face checkpoint with a key/value cache.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
 #include "loongforge/cli/commands.h"
 #include "loongforge/core/error.h"
+#include "loongforge/core/json.h"
+#include "loongforge/data/tokenizer/tokenizer.h"
+#include "loongforge/io/hf_model.h"
+#include "loongforge/models/generate.h"
+
 namespace lf::cli {
-void add_generate(CLI::App& app) {
-  auto* sub = app.add_subcommand("generate", "(being written)");
-  sub->callback([] { throw lf::Error("generate: not implemented yet"); });
+namespace {
+
+struct GenerateArgs {
+  std::string model, tokenizer, prompt, prompt_ids;
+  models::GenerateOptions opts;
+  bool print_ids = false;
+};
+
+std::vector<int64_t> parse_ids(const std::string& s, const std::string& flag) {
+  std::vector<int64_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      ids.push_back(std::stoll(item));
+    } catch (const std::exception&) {
+      throw Error(flag + ": not an integer: '" + item + "'");
+    }
+  }
+  return ids;
 }
+
+void run_generate(GenerateArgs a) {
+  auto model = io::load_causal_lm(a.model, at::kFloat);
+  model->eval();
+  std::unique_ptr<data::Tokenizer> tok;
+  std::vector<int64_t> prompt;
+  if (!a.prompt_ids.empty()) {
+    prompt = parse_ids(a.prompt_ids, "--prompt-ids");
+  } else {
+    tok = data::Tokenizer::load(a.tokenizer.empty() ? a.model : a.tokenizer);
+    prompt = tok->encode(a.prompt, /*add_special_tokens=*/true);
+  }
+  if (prompt.empty()) throw Error("generate: the prompt is empty (give --prompt or --prompt-ids)");
+  for (int64_t id : prompt)
+    if (id < 0 || id >= model->config().vocab_size) throw Error("generate: prompt id " + std::to_string(id) + " outside the vocabulary");
+  a.opts.stop_ids = model->config().eos_token_ids;
+  auto gen_cfg = std::filesystem::path(a.model) / "generation_config.json";
+  if (std::filesystem::exists(gen_cfg)) {
+    auto j = read_json_file(gen_cfg.string());
+    if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
+      auto e = j["eos_token_id"];
+      if (e.is_number_integer()) a.opts.stop_ids.push_back(e.get<int64_t>());
+      else if (e.is_array())
+        for (auto& x : e)
+          if (x.is_number_integer()) a.opts.stop_ids.push_back(x.get<int64_t>());
+    }
+  }
+  std::vector<int64_t> out = models::generate(*model, prompt, a.opts);
+  if (a.print_ids || !tok) {
+    nlohmann::json j = out;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("%s%s\n", a.prompt.c_str(), tok->decode(out, /*skip_special_tokens=*/true).c_str());
+  }
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  auto* sub = app.add_subcommand("generate", "Continue a prompt with a Hugging Face checkpoint (KV cache, CPU)");
+  sub->add_option("--model", args->model, "Hugging Face model folder")->required();
+  sub->add_option("--tokenizer", args->tokenizer, "tokenizer folder or file (default: the model folder)");
+  auto* p = sub->add_option("--prompt", args->prompt, "prompt text");
+  auto* pi = sub->add_option("--prompt-ids", args->prompt_ids, "prompt as token ids, 1,2,3 (no tokenizer needed)");
+  p->excludes(pi);
+  sub->add_option("--max-new-tokens", args->opts.max_new_tokens, "tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  sub->add_option("--temperature", args->opts.temperature, "sampling temperature; 0 = greedy")->capture_default_str()->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-p", args->opts.top_p, "nucleus sampling mass")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--seed", args->opts.seed, "sampling seed")->capture_default_str();
+  sub->add_flag("--ids", args->print_ids, "print the generated ids as a JSON array instead of text");
+  sub->callback([args] { run_generate(*args); });
+}
+
 }  // namespace lf::cli

@@ -1,0 +1,25 @@
+// Hugging Face folders <-> LoongForge models. Parameter names are the HF names, so loading and exporting are a
+// name-for-name copy: config.json + model.safetensors (or sharded with model.safetensors.index.json) + tokenizer files.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+#include "loongforge/models/llama/model.h"
+
+namespace lf::io {
+
+// Loads DIR/config.json and the weights (single or sharded safetensors, any float dtype) into a model whose
+// parameters have dtype `dtype`. Missing or misshapen tensors are errors naming the file and the tensor.
+models::llama::CausalLM load_causal_lm(const std::string& dir, at::ScalarType dtype = at::kFloat);
+
+// Copies checkpoint tensors into the module's parameters by name; `file_hint` names the folder in errors.
+void load_state(torch::nn::Module& module, const std::string& dir);
+
+// Writes a Hugging Face folder that transformers loads: config.json (with "dtype" set), the weights in `dtype`
+// (sharded above max_shard_bytes, like save_pretrained), generation_config.json and tokenizer files copied from
+// tokenizer_src (when given and present). Files are written atomically; an existing OUT's other files are kept.
+void export_hf(models::llama::CausalLMImpl& model, const std::string& out_dir, at::ScalarType dtype,
+               size_t max_shard_bytes = size_t(5) << 30, const std::string& tokenizer_src = "");
+
+}  // namespace lf::io

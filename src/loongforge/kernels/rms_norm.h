@@ -1,0 +1,25 @@
+// Fused RMSNorm: y = weight * (x * rsqrt(mean(x^2, -1) + eps)), statistics in float32 (as transformers' RMSNorm).
+//
+// The pattern every fused op of ours follows: a torch::autograd::Function whose forward/backward dispatch to a
+// device kernel (kernels/cpu/*.cpp, later kernels/cuda/*.cu), plus a composite ATen version of the same math that the
+// tests compare against (values and float64 gradients).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+namespace lf::kernels {
+
+// Fused op (autograd-aware). x: [..., N], weight: [N]. Falls back to the composite version for inputs the fused
+// kernels do not cover (non-CPU devices until the CUDA kernels land, dtypes other than f32/f64).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// The composite ATen version, op for op as transformers' LlamaRMSNorm.
+at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// Raw kernels (no autograd), exposed for tests and benchmarks.
+// Forward returns {y, rstd}; rstd has x's leading shape and float32 (float64 for f64 inputs).
+std::tuple<at::Tensor, at::Tensor> rms_norm_forward_cpu(const at::Tensor& x, const at::Tensor& weight, double eps);
+// Backward returns {dx, dweight}.
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& dy, const at::Tensor& x,
+                                                         const at::Tensor& weight, const at::Tensor& rstd);
+
+}  // namespace lf::kernels

@@ -1,0 +1,47 @@
+#include "loongforge/models/generate.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+
+namespace lf::models {
+
+int64_t sample_token(const at::Tensor& logits, double temperature, double top_p, at::Generator& gen) {
+  at::Tensor l = logits.to(at::kFloat);
+  if (temperature <= 0) return l.argmax().item<int64_t>();
+  l = l / temperature;
+  if (top_p < 1.0) {
+    // Sort ascending; drop the tokens whose cumulative probability stays within 1 - top_p (keep at least one).
+    auto [sorted, idx] = l.sort(/*dim=*/-1, /*descending=*/false);
+    at::Tensor cum = sorted.softmax(-1).cumsum(-1);
+    at::Tensor remove = cum <= (1 - top_p);
+    remove.index_put_({-1}, false);
+    at::Tensor mask = at::zeros_like(remove).scatter(-1, idx, remove);
+    l = l.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  }
+  at::Tensor probs = l.softmax(-1);
+  return at::multinomial(probs, 1, false, gen).item<int64_t>();
+}
+
+std::vector<int64_t> generate(llama::CausalLMImpl& model, const std::vector<int64_t>& prompt,
+                              const GenerateOptions& opts, const std::function<void(int64_t)>& on_token) {
+  at::NoGradGuard no_grad;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
+  nn::KVCache cache = model.new_cache();
+  std::vector<int64_t> out;
+  auto device = model.output_weight().device();
+  at::Tensor ids = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).unsqueeze(0).to(device);
+  for (int64_t i = 0; i < opts.max_new_tokens; ++i) {
+    at::Tensor h = model.hidden_states(ids, {}, &cache);
+    at::Tensor logits = model.logits(h.select(1, h.size(1) - 1)).squeeze(0).to(at::kCPU);
+    int64_t next = sample_token(logits, opts.temperature, opts.top_p, gen);
+    out.push_back(next);
+    if (on_token) on_token(next);
+    if (std::find(opts.stop_ids.begin(), opts.stop_ids.end(), next) != opts.stop_ids.end()) break;
+    ids = at::full({1, 1}, next, at::TensorOptions().dtype(at::kLong).device(device));
+  }
+  return out;
+}
+
+}  // namespace lf::models

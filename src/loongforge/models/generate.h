@@ -1,0 +1,28 @@
+// Autoregressive generation with a key/value cache: greedy (temperature 0) or temperature + top-p sampling.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <vector>
+
+#include "loongforge/models/llama/model.h"
+
+namespace lf::models {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 32;
+  double temperature = 0.0;  // 0: greedy
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  std::vector<int64_t> stop_ids;  // generation ends after one of these
+};
+
+// Returns the new token ids (prompt excluded). on_token, when set, is called with each new id as it is produced.
+std::vector<int64_t> generate(llama::CausalLMImpl& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
+                              const std::function<void(int64_t)>& on_token = {});
+
+// Samples one id from logits [V] (float32): argmax at temperature 0, else softmax(logits/T) restricted to the
+// smallest set of tokens whose probability reaches top_p (as transformers' TopPLogitsWarper).
+int64_t sample_token(const at::Tensor& logits, double temperature, double top_p, at::Generator& gen);
+
+}  // namespace lf::models

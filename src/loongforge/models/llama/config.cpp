@@ -1,0 +1,214 @@
+#include "loongforge/models/llama/config.h"
+
+#include "loongforge/core/error.h"
+#include "loongforge/core/json.h"
+
+namespace lf::models::llama {
+namespace {
+
+using nlohmann::json;
+
+// Typed look-ups with errors that name the file and the field.
+struct Reader {
+  const json& j;
+  const std::string& file;
+  std::string prefix;
+
+  bool has(const std::string& k) const { return j.contains(k) && !j.at(k).is_null(); }
+  std::string name(const std::string& k) const { return prefix + k; }
+
+  int64_t integer(const std::string& k, std::optional<int64_t> def = std::nullopt) const {
+    if (!has(k)) {
+      if (def) return *def;
+      throw file_error(file, name(k), "missing");
+    }
+    const json& v = j.at(k);
+    if (!v.is_number_integer()) throw file_error(file, name(k), "expected an integer, got " + v.dump());
+    return v.get<int64_t>();
+  }
+  double number(const std::string& k, std::optional<double> def = std::nullopt) const {
+    if (!has(k)) {
+      if (def) return *def;
+      throw file_error(file, name(k), "missing");
+    }
+    const json& v = j.at(k);
+    if (!v.is_number()) throw file_error(file, name(k), "expected a number, got " + v.dump());
+    return v.get<double>();
+  }
+  std::optional<double> opt_number(const std::string& k) const {
+    if (!has(k)) return std::nullopt;
+    return number(k);
+  }
+  bool boolean(const std::string& k, bool def) const {
+    if (!has(k)) return def;
+    const json& v = j.at(k);
+    if (!v.is_boolean()) throw file_error(file, name(k), "expected true or false, got " + v.dump());
+    return v.get<bool>();
+  }
+  std::string string(const std::string& k, std::optional<std::string> def = std::nullopt) const {
+    if (!has(k)) {
+      if (def) return *def;
+      throw file_error(file, name(k), "missing");
+    }
+    const json& v = j.at(k);
+    if (!v.is_string()) throw file_error(file, name(k), "expected a string, got " + v.dump());
+    return v.get<std::string>();
+  }
+  std::vector<int64_t> int_list(const std::string& k) const {  // an int, a list of ints, or absent
+    std::vector<int64_t> out;
+    if (!has(k)) return out;
+    const json& v = j.at(k);
+    if (v.is_number_integer()) return {v.get<int64_t>()};
+    if (!v.is_array()) throw file_error(file, name(k), "expected an integer or a list of integers");
+    for (const json& e : v) {
+      if (!e.is_number_integer()) throw file_error(file, name(k), "expected a list of integers");
+      out.push_back(e.get<int64_t>());
+    }
+    return out;
+  }
+};
+
+RopeConfig parse_rope(const json& j, const std::string& file, int64_t max_pos) {
+  Reader top{j, file, ""};
+  RopeConfig r;
+  // transformers 5 writes rope_parameters {rope_type, rope_theta, ...}; transformers 4 wrote rope_theta at the top
+  // level and rope_scaling {type|rope_type, factor, ...}. The scaling block wins, as in transformers.
+  std::string block;
+  if (top.has("rope_scaling")) block = "rope_scaling";
+  else if (top.has("rope_parameters")) block = "rope_parameters";
+  r.theta = top.number("rope_theta", 10000.0);
+  if (block.empty()) return r;
+  const json& p = j.at(block);
+  if (!p.is_object()) throw file_error(file, block, "expected an object");
+  Reader rd{p, file, block + "."};
+  r.theta = rd.number("rope_theta", r.theta);
+  r.type = rd.has("rope_type") ? rd.string("rope_type") : rd.string("type", std::string("default"));
+  if (rd.has("partial_rotary_factor") && rd.number("partial_rotary_factor") != 1.0)
+    throw file_error(file, block + ".partial_rotary_factor", "partial rotary embeddings are not supported");
+  if (top.has("partial_rotary_factor") && top.number("partial_rotary_factor") != 1.0)
+    throw file_error(file, "partial_rotary_factor", "partial rotary embeddings are not supported");
+  const std::string type_field = block + (rd.has("rope_type") ? ".rope_type" : ".type");
+  if (r.type == "default") return r;
+  if (r.type != "linear" && r.type != "dynamic" && r.type != "llama3" && r.type != "yarn")
+    throw file_error(file, type_field, "unsupported rope type '" + r.type + "' (supported: default, linear, dynamic, llama3, yarn)");
+  r.factor = rd.number("factor", r.type == "yarn" ? std::optional<double>(-1.0) : std::nullopt);
+  if (r.type == "llama3" || r.type == "yarn") {
+    // transformers: a top-level original_max_position_embeddings wins, else the block's, else max_position_embeddings
+    if (top.has("original_max_position_embeddings")) r.original_max_position_embeddings = top.integer("original_max_position_embeddings");
+    else r.original_max_position_embeddings = rd.integer("original_max_position_embeddings", max_pos);
+  }
+  if (r.type == "llama3") {
+    r.low_freq_factor = rd.number("low_freq_factor");
+    r.high_freq_factor = rd.number("high_freq_factor");
+  }
+  if (r.type == "yarn") {
+    if (r.factor < 0) r.factor = static_cast<double>(max_pos) / static_cast<double>(r.original_max_position_embeddings);
+    r.attention_factor = rd.opt_number("attention_factor");
+    r.mscale = rd.opt_number("mscale");
+    r.mscale_all_dim = rd.opt_number("mscale_all_dim");
+    if (rd.has("beta_fast")) r.beta_fast = rd.number("beta_fast");
+    if (rd.has("beta_slow")) r.beta_slow = rd.number("beta_slow");
+    r.truncate = rd.boolean("truncate", true);
+  }
+  return r;
+}
+
+}  // namespace
+
+DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
+  if (!j.is_object()) throw file_error(file, "", "expected a JSON object");
+  Reader rd{j, file, ""};
+  DecoderConfig c;
+  c.raw = j;
+  c.model_type = rd.string("model_type");
+  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" && c.model_type != "qwen3")
+    throw file_error(file, "model_type", "unsupported model type '" + c.model_type +
+                                             "' (dense decoders: llama, mistral, qwen2, qwen3)");
+  c.vocab_size = rd.integer("vocab_size");
+  c.hidden_size = rd.integer("hidden_size");
+  c.intermediate_size = rd.integer("intermediate_size");
+  c.num_hidden_layers = rd.integer("num_hidden_layers");
+  c.num_attention_heads = rd.integer("num_attention_heads");
+  c.num_key_value_heads = rd.integer("num_key_value_heads", c.num_attention_heads);
+  for (auto [k, v] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                      {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.num_hidden_layers},
+                      {"num_attention_heads", c.num_attention_heads}, {"num_key_value_heads", c.num_key_value_heads}})
+    if (v <= 0) throw file_error(file, k, "must be positive, got " + std::to_string(v));
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    throw file_error(file, "num_key_value_heads", "must divide num_attention_heads");
+  int64_t def_head = c.hidden_size / c.num_attention_heads;
+  c.head_dim = rd.integer("head_dim", def_head);
+  if (c.head_dim <= 0 || c.head_dim % 2) throw file_error(file, "head_dim", "must be positive and even");
+  c.max_position_embeddings = rd.integer("max_position_embeddings", 2048);
+  c.rms_norm_eps = rd.number("rms_norm_eps", 1e-6);
+  c.hidden_act = rd.string("hidden_act", std::string("silu"));
+  if (c.hidden_act != "silu" && c.hidden_act != "gelu" && c.hidden_act != "gelu_pytorch_tanh" && c.hidden_act != "relu")
+    throw file_error(file, "hidden_act", "unsupported activation '" + c.hidden_act + "' (silu, gelu, gelu_pytorch_tanh, relu)");
+  c.tie_word_embeddings = rd.boolean("tie_word_embeddings", false);
+  if (rd.has("pad_token_id")) c.pad_token_id = rd.integer("pad_token_id");
+  if (c.pad_token_id && (*c.pad_token_id < 0 || *c.pad_token_id >= c.vocab_size)) c.pad_token_id.reset();
+  c.bos_token_ids = rd.int_list("bos_token_id");
+  c.eos_token_ids = rd.int_list("eos_token_id");
+
+  if (rd.has("attention_dropout") && rd.number("attention_dropout") != 0.0)
+    throw file_error(file, "attention_dropout", "attention dropout is not supported (must be 0)");
+  if (rd.has("pretraining_tp") && rd.integer("pretraining_tp") != 1 && c.model_type != "llama")
+    throw file_error(file, "pretraining_tp", "must be 1");
+  if (rd.has("logits_soft_cap") || rd.has("final_logit_softcapping"))
+    throw file_error(file, rd.has("logits_soft_cap") ? "logits_soft_cap" : "final_logit_softcapping", "logit soft-capping is not supported");
+
+  // Biases and norms per family, as in transformers' modeling files.
+  if (c.model_type == "llama") {
+    c.q_bias = c.k_bias = c.v_bias = c.o_bias = rd.boolean("attention_bias", false);
+    c.mlp_bias = rd.boolean("mlp_bias", false);
+  } else if (c.model_type == "qwen2") {
+    c.q_bias = c.k_bias = c.v_bias = true;
+  } else if (c.model_type == "qwen3") {
+    c.q_bias = c.k_bias = c.v_bias = c.o_bias = rd.boolean("attention_bias", false);
+    c.qk_norm = true;
+  }
+
+  // Sliding windows. Mistral: every layer when sliding_window is set. Qwen2/3: per layer_types (or, when absent,
+  // layers >= max_window_layers when use_sliding_window). Llama: none.
+  c.layer_window.assign(c.num_hidden_layers, 0);
+  if (c.model_type == "mistral") {
+    if (rd.has("sliding_window")) {
+      int64_t w = rd.integer("sliding_window");
+      if (w <= 0) throw file_error(file, "sliding_window", "must be positive");
+      c.layer_window.assign(c.num_hidden_layers, w);
+    }
+  } else if (c.model_type == "qwen2" || c.model_type == "qwen3") {
+    bool use = rd.boolean("use_sliding_window", false);
+    int64_t w = use && rd.has("sliding_window") ? rd.integer("sliding_window") : 0;
+    if (use && w <= 0) throw file_error(file, "sliding_window", "must be positive when use_sliding_window is true");
+    if (rd.has("layer_types")) {
+      const json& lt = j.at("layer_types");
+      if (!lt.is_array() || static_cast<int64_t>(lt.size()) != c.num_hidden_layers)
+        throw file_error(file, "layer_types", "expected a list of num_hidden_layers strings");
+      for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+        std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
+        if (t == "sliding_attention") c.layer_window[i] = w;  // w == 0 (no window configured): full attention
+        else if (t != "full_attention")
+          throw file_error(file, "layer_types", "unsupported layer type " + lt[i].dump());
+      }
+    } else if (w > 0) {
+      int64_t first = rd.integer("max_window_layers", 28);
+      for (int64_t i = first; i < c.num_hidden_layers; ++i) c.layer_window[i] = w;
+    }
+  }
+  c.rope = parse_rope(j, file, c.max_position_embeddings);
+  return c;
+}
+
+DecoderConfig DecoderConfig::from_file(const std::string& path) { return from_json(read_json_file(path), path); }
+
+int64_t DecoderConfig::num_parameters() const {
+  int64_t d = hidden_size, q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
+  int64_t attn = d * q + 2 * d * kv + q * d + (q_bias ? q : 0) + (k_bias ? kv : 0) + (v_bias ? kv : 0) + (o_bias ? d : 0) +
+                 (qk_norm ? 2 * head_dim : 0);
+  int64_t mlp = 3 * d * intermediate_size + (mlp_bias ? 2 * intermediate_size + d : 0);
+  int64_t layer = attn + mlp + 2 * d;
+  return vocab_size * d * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + d;
+}
+
+}  // namespace lf::models::llama

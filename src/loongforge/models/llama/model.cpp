@@ -1,0 +1,145 @@
+#include "loongforge/models/llama/model.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "loongforge/nn/recompute.h"
+
+namespace lf::models::llama {
+
+namespace {
+torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+}  // namespace
+
+nn::RopeSpec rope_spec(const DecoderConfig& c) {
+  nn::RopeSpec s;
+  s.type = c.rope.type;
+  s.theta = c.rope.theta;
+  s.factor = c.rope.factor;
+  s.head_dim = c.head_dim;
+  s.max_position_embeddings = c.max_position_embeddings;
+  s.original_max_position_embeddings = c.rope.original_max_position_embeddings;
+  s.low_freq_factor = c.rope.low_freq_factor;
+  s.high_freq_factor = c.rope.high_freq_factor;
+  s.beta_fast = c.rope.beta_fast;
+  s.beta_slow = c.rope.beta_slow;
+  s.attention_factor = c.rope.attention_factor.value_or(-1);
+  s.mscale = c.rope.mscale.value_or(0);
+  s.mscale_all_dim = c.rope.mscale_all_dim.value_or(0);
+  s.truncate = c.rope.truncate;
+  return s;
+}
+
+AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t idx)
+    : layer_idx(idx), heads(c.num_attention_heads), kv_heads(c.num_key_value_heads), head_dim(c.head_dim),
+      window(c.layer_window.at(idx)) {
+  q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim, c.q_bias));
+  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, c.k_bias));
+  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, c.v_bias));
+  o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.o_bias));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", nn::RMSNorm(head_dim, c.rms_norm_eps));
+    k_norm = register_module("k_norm", nn::RMSNorm(head_dim, c.rms_norm_eps));
+  }
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                  nn::KVCache* cache, const at::Tensor& segment_ids) {
+  const int64_t b = x.size(0), t = x.size(1);
+  at::Tensor q = q_proj->forward(x).view({b, t, heads, head_dim});
+  at::Tensor k = k_proj->forward(x).view({b, t, kv_heads, head_dim});
+  at::Tensor v = v_proj->forward(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
+  if (q_norm) {
+    q = q_norm->forward(q);
+    k = k_norm->forward(k);
+  }
+  q = nn::apply_rotary(q.transpose(1, 2), cos, sin);
+  k = nn::apply_rotary(k.transpose(1, 2), cos, sin);
+  int64_t offset = 0;
+  if (cache) {
+    offset = cache->keys[layer_idx].defined() ? cache->keys[layer_idx].size(2) : 0;
+    std::tie(k, v) = cache->append(static_cast<size_t>(layer_idx), k, v);
+  }
+  at::Tensor o = nn::causal_attention(q, k, v, offset, window, 1.0 / std::sqrt(static_cast<double>(head_dim)), segment_ids);
+  return o_proj->forward(o.transpose(1, 2).reshape({b, t, heads * head_dim}));
+}
+
+MLPImpl::MLPImpl(const DecoderConfig& c) : act(c.hidden_act) {
+  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size, c.mlp_bias));
+}
+
+at::Tensor MLPImpl::forward(const at::Tensor& x) {
+  at::Tensor g = gate_proj->forward(x);
+  if (act == "silu") g = at::silu(g);
+  else if (act == "gelu") g = at::gelu(g);
+  else if (act == "gelu_pytorch_tanh") g = at::gelu(g, "tanh");
+  else g = at::relu(g);
+  return down_proj->forward(g * up_proj->forward(x));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t idx) {
+  self_attn = register_module("self_attn", Attention(c, idx));
+  mlp = register_module("mlp", MLP(c));
+  input_layernorm = register_module("input_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm = register_module("post_attention_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                     nn::KVCache* cache, const at::Tensor& segment_ids) {
+  at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cache, segment_ids);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+DecoderModelImpl::DecoderModelImpl(const DecoderConfig& c) {
+  auto eopts = torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size);
+  if (c.pad_token_id) eopts.padding_idx(*c.pad_token_id);
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(eopts));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(DecoderLayer(c, i));
+  norm = register_module("norm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+CausalLMImpl::CausalLMImpl(DecoderConfig c) : config_(std::move(c)), rotary_(rope_spec(config_)) {
+  model = register_module("model", DecoderModel(config_));
+  if (!config_.tie_word_embeddings) lm_head = register_module("lm_head", linear(config_.hidden_size, config_.vocab_size, false));
+}
+
+at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids_in,
+                                       nn::KVCache* cache, const at::Tensor& segment_ids) {
+  at::Tensor position_ids = position_ids_in;
+  if (!position_ids.defined()) {
+    int64_t past = cache ? cache->length() : 0;
+    position_ids = at::arange(past, past + input_ids.size(1), input_ids.options().dtype(at::kLong))
+                       .unsqueeze(0).expand({input_ids.size(0), input_ids.size(1)});
+  }
+  auto [cos, sin] = rotary_.cos_sin(position_ids);
+  at::Tensor h = model->embed_tokens->forward(input_ids);
+  cos = cos.to(h.scalar_type());
+  sin = sin.to(h.scalar_type());
+  int64_t i = 0;
+  for (const auto& layer : *model->layers) {
+    auto* l = layer->as<DecoderLayerImpl>();
+    bool recompute = recompute_every_ > 0 && !cache && i % recompute_every_ == 0 && at::GradMode::is_enabled();
+    if (recompute) {
+      h = nn::recompute([l, cos, sin, segment_ids](const at::Tensor& x) { return l->forward(x, cos, sin, nullptr, segment_ids); },
+                        h, l->parameters());
+    } else {
+      h = l->forward(h, cos, sin, cache, segment_ids);
+    }
+    ++i;
+  }
+  return model->norm->forward(h);
+}
+
+at::Tensor CausalLMImpl::output_weight() const {
+  return lm_head ? lm_head->weight : model->embed_tokens->weight;
+}
+
+at::Tensor CausalLMImpl::logits(const at::Tensor& hidden) { return at::linear(hidden, output_weight()); }
+
+}  // namespace lf::models::llama

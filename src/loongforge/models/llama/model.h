@@ -1,0 +1,93 @@
+// The dense decoder LM as a plain torch::nn::Module tree whose parameter names are the Hugging Face names
+// (model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight, ..., lm_head.weight). No parallelism inside:
+// parallel layouts are applied from outside.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include "loongforge/models/llama/config.h"
+#include "loongforge/nn/attention.h"
+#include "loongforge/nn/rms_norm.h"
+#include "loongforge/nn/rotary.h"
+
+namespace lf::models::llama {
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  AttentionImpl(const DecoderConfig& c, int64_t layer_idx);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, nn::KVCache* cache,
+                     const at::Tensor& segment_ids = {});
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  nn::RMSNorm q_norm{nullptr}, k_norm{nullptr};
+  int64_t layer_idx, heads, kv_heads, head_dim, window;
+};
+TORCH_MODULE(Attention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const DecoderConfig& c);
+  at::Tensor forward(const at::Tensor& x);
+
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  std::string act;
+};
+TORCH_MODULE(MLP);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  DecoderLayerImpl(const DecoderConfig& c, int64_t layer_idx);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, nn::KVCache* cache,
+                     const at::Tensor& segment_ids = {});
+
+  Attention self_attn{nullptr};
+  MLP mlp{nullptr};
+  nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+// "model": embeddings, layers, final norm.
+class DecoderModelImpl : public torch::nn::Module {
+ public:
+  explicit DecoderModelImpl(const DecoderConfig& c);
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  nn::RMSNorm norm{nullptr};
+};
+TORCH_MODULE(DecoderModel);
+
+class CausalLMImpl : public torch::nn::Module {
+ public:
+  explicit CausalLMImpl(DecoderConfig c);
+
+  // Final hidden states [B,T,hidden]. position_ids [B,T] (default: cache length + 0..T-1); segment_ids [B,T]
+  // restrict attention to packed documents.
+  at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids = {},
+                           nn::KVCache* cache = nullptr, const at::Tensor& segment_ids = {});
+  // Activation recomputation: "none", "full" (every layer) or every n-th layer.
+  void set_recompute(int64_t every_n_layers) { recompute_every_ = every_n_layers; }
+  // Logits [B,T,V] from hidden states.
+  at::Tensor logits(const at::Tensor& hidden);
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids = {}, nn::KVCache* cache = nullptr) {
+    return logits(hidden_states(input_ids, position_ids, cache));
+  }
+  // The output projection's weight ([V, hidden]; the embedding when tied).
+  at::Tensor output_weight() const;
+  const DecoderConfig& config() const { return config_; }
+  nn::KVCache new_cache() const { return nn::KVCache(static_cast<size_t>(config_.num_hidden_layers)); }
+
+  DecoderModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // absent when tie_word_embeddings
+
+ private:
+  DecoderConfig config_;
+  nn::Rotary rotary_;
+  int64_t recompute_every_ = 0;
+};
+TORCH_MODULE(CausalLM);
+
+nn::RopeSpec rope_spec(const DecoderConfig& c);
+
+}  // namespace lf::models::llama

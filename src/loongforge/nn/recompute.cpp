@@ -1,0 +1,53 @@
+#include "loongforge/nn/recompute.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+namespace lf::nn {
+namespace {
+
+struct RecomputeNode : torch::autograd::Node {
+  std::function<at::Tensor(const at::Tensor&)> fn;
+  at::Tensor input;
+  bool input_requires_grad = false;
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    at::Tensor x = input.detach().requires_grad_(input_requires_grad);
+    at::Tensor y;
+    {
+      at::AutoGradMode enable(true);
+      y = fn(x);
+    }
+    torch::autograd::backward({y}, {grads[0]});
+    at::Tensor gx = input_requires_grad ? x.grad() : at::Tensor();
+    input = at::Tensor();  // free the saved input once used
+    return {gx};
+  }
+  void release_variables() override { input = at::Tensor(); }
+};
+
+}  // namespace
+
+at::Tensor recompute(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& x,
+                     const std::vector<at::Tensor>& params) {
+  bool any = x.requires_grad();
+  for (const auto& p : params) any = any || p.requires_grad();
+  if (!any || !at::GradMode::is_enabled()) return fn(x);
+  at::Tensor y;
+  {
+    at::NoGradGuard no_grad;
+    y = fn(x);
+  }
+  auto node = std::shared_ptr<RecomputeNode>(new RecomputeNode(), torch::autograd::deleteNode);
+  node->fn = std::move(fn);
+  node->input = x.detach();
+  node->input_requires_grad = x.requires_grad();
+  // The node's one input edge is x; parameters receive their gradients through the inner backward.
+  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  torch::autograd::set_history(y, node);
+  return y;
+}
+
+}  // namespace lf::nn

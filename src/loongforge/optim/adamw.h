@@ -1,0 +1,41 @@
+// AdamW (decoupled weight decay) with torch.optim.AdamW's arithmetic, one fused CPU loop per tensor, and global
+// gradient-norm clipping as torch.nn.utils.clip_grad_norm_.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace lf::optim {
+
+struct AdamWOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  // "lr=1e-3,beta1=0.9,beta2=0.95,eps=1e-8,weight_decay=0.1" (any subset); throws lf::Error naming the key.
+  static AdamWOptions parse(const std::string& spec);
+};
+
+class AdamW {
+ public:
+  // weight_decay[i] overrides the options' decay for params[i] (empty: the options' value for all).
+  AdamW(std::vector<at::Tensor> params, AdamWOptions opts, std::vector<double> weight_decay = {});
+  // One update with the parameters' .grad() (parameters without a gradient are skipped); lr overrides opts.lr.
+  void step(std::optional<double> lr = std::nullopt);
+  void zero_grad();
+  int64_t steps() const { return step_; }
+  const AdamWOptions& options() const { return opts_; }
+  std::vector<at::Tensor>& exp_avg() { return m_; }
+  std::vector<at::Tensor>& exp_avg_sq() { return v_; }
+  void set_steps(int64_t s) { step_ = s; }
+
+ private:
+  std::vector<at::Tensor> params_, m_, v_;
+  std::vector<double> wd_;
+  AdamWOptions opts_;
+  int64_t step_ = 0;
+};
+
+// The global 2-norm of the gradients (before clipping); scales them by min(1, max_norm / (norm + 1e-6)) like
+// torch.nn.utils.clip_grad_norm_ when max_norm > 0.
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+
+}  // namespace lf::optim

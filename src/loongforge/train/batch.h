@@ -1,0 +1,25 @@
+// What the trainer consumes: micro-batches of token ids with shifted targets, from a resumable source.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+namespace lf::train {
+
+struct Batch {
+  at::Tensor input_ids;     // int64 [B,T]
+  at::Tensor targets;       // int64 [B,T]: the token each position predicts (already shifted); -100 = not counted
+  at::Tensor position_ids;  // int64 [B,T] or undefined (0..T-1)
+  at::Tensor segment_ids;   // int64 [B,T] or undefined: packed documents attend only within their segment
+  int64_t counted() const;  // targets != -100
+};
+
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual Batch next(int64_t micro_batch_size) = 0;
+  // Position in the data, for exact resume.
+  virtual nlohmann::json state() const = 0;
+  virtual void restore(const nlohmann::json& state) = 0;
+};
+
+}  // namespace lf::train

@@ -1,0 +1,20 @@
+"""Lower layers never include higher ones (docs/architecture.md)."""
+import re
+
+from conftest import ROOT
+
+ORDER = ["core", "kernels", "nn", "models", "parallel", "optim", "data", "io", "train", "cli"]
+
+
+def test_includes_respect_layers():
+    src = ROOT / "src" / "loongforge"
+    bad = []
+    for f in src.rglob("*"):
+        if f.suffix not in (".h", ".cpp", ".cu", ".cuh"):
+            continue
+        layer = f.relative_to(src).parts[0]
+        assert layer in ORDER, f"{f}: unknown layer folder '{layer}'"
+        for inc in re.findall(r'#include\s+"loongforge/([a-z_]+)/', f.read_text()):
+            if ORDER.index(inc) > ORDER.index(layer):
+                bad.append(f"{f.relative_to(ROOT)} includes loongforge/{inc}")
+    assert not bad, bad
