@@ -11,33 +11,21 @@
 #include <sstream>
 
 #include "loongforge/core/error.h"
+#include "loongforge/core/fs.h"
 #include "loongforge/io/safetensors.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using lf::io::NamedTensors;
 
 namespace {
 
-fs::path temp_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::temp_directory_path() /
-                 ("lf_st_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using lf::test::temp_dir;
+using lf::test::read_bytes;
+using lf::test::write_bytes;
 
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
-void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary);
-  out << bytes;
-}
+
 
 std::string le64(uint64_t n) {
   std::string s(8, '\0');

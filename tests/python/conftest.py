@@ -8,6 +8,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 LF_BIN = pathlib.Path(os.environ.get("LOONGFORGE_BIN", ROOT / "build" / "loongforge"))
+# The gtest binary; some oracle tests drive C++ hooks in it (gtests that skip unless their env vars are set).
+TESTS_BIN = pathlib.Path(os.environ.get("LOONGFORGE_TESTS_BIN", LF_BIN.parent / "loongforge_tests"))
 
 
 def run_lf(*args, input=None, check=True):

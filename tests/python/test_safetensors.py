@@ -3,8 +3,7 @@ transformers.
 
 There is no CLI subcommand for safetensors, so these tests drive the SafetensorsOracle.* gtests of
 tests/cpp/test_safetensors.cpp (skipped unless their environment variables are set) in the gtest binary:
-  $LOONGFORGE_TESTS_BIN if set, else the newer (by mtime) of <repo>/build/loongforge_tests and
-  <repo>/build-st/loongforge_tests.
+  $LOONGFORGE_TESTS_BIN if set, else loongforge_tests beside the loongforge binary (conftest.py).
 A missing binary fails the tests (build it first: `bash scripts/build.sh`).
 """
 import json
@@ -16,17 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import ROOT
+from conftest import TESTS_BIN, ROOT
 
 
-def _tests_bin():
-    if os.environ.get("LOONGFORGE_TESTS_BIN"):
-        return pathlib.Path(os.environ["LOONGFORGE_TESTS_BIN"])
-    found = [p for p in (ROOT / "build" / "loongforge_tests", ROOT / "build-st" / "loongforge_tests") if p.exists()]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else ROOT / "build" / "loongforge_tests"
 
 
-TESTS_BIN = _tests_bin()
 
 
 def run_oracle(test, **env):

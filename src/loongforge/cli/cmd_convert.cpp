@@ -6,12 +6,14 @@
 #include "loongforge/cli/commands.h"
 #include "loongforge/core/error.h"
 #include "loongforge/io/hf_model.h"
+#include "loongforge/io/peft.h"
+#include "loongforge/nn/lora.h"
 
 namespace lf::cli {
 namespace {
 
 struct ConvertArgs {
-  std::string model, out, dtype = "bf16", shard = "5GB";
+  std::string model, out, lora, dtype = "bf16", shard = "5GB";
 };
 
 size_t parse_size(const std::string& s) {
@@ -31,6 +33,10 @@ void run_convert(const ConvertArgs& a) {
   if (fs::exists(a.out) && fs::equivalent(a.model, a.out)) throw Error("--out: must differ from --model (" + a.out + ")");
   at::ScalarType dt = a.dtype == "fp32" ? at::kFloat : a.dtype == "fp16" ? at::kHalf : at::kBFloat16;
   auto model = io::load_causal_lm(a.model, at::kFloat);
+  if (!a.lora.empty()) {
+    io::load_peft_adapter(a.lora, *model);
+    nn::merge_lora(*model);
+  }
   io::export_hf(*model, a.out, dt, parse_size(a.shard), a.model);
 }
 
@@ -41,6 +47,7 @@ void add_convert(CLI::App& app) {
   auto* sub = app.add_subcommand("convert", "Write a model as a Hugging Face folder (config, safetensors, tokenizer)");
   sub->add_option("--model", args->model, "source: a Hugging Face model folder")->required();
   sub->add_option("--out", args->out, "destination folder")->required();
+  sub->add_option("--lora", args->lora, "PEFT LoRA adapter folder to merge into the weights (W += scaling * B A)");
   sub->add_option("--dtype", args->dtype, "weight dtype")->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
   sub->add_option("--max-shard-size", args->shard, "shard the weights above this size (like save_pretrained)")->capture_default_str();
   sub->callback([args] { run_convert(*args); });

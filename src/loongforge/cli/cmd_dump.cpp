@@ -5,6 +5,7 @@
 #include "loongforge/cli/commands.h"
 #include "loongforge/core/error.h"
 #include "loongforge/io/hf_model.h"
+#include "loongforge/io/peft.h"
 #include "loongforge/io/safetensors.h"
 #include "loongforge/nn/loss.h"
 #include "loongforge/optim/adamw.h"
@@ -13,7 +14,7 @@ namespace lf::cli {
 namespace {
 
 struct DumpArgs {
-  std::string model, batch, out, adamw;
+  std::string model, batch, out, adamw, lora;
   int64_t steps = 0;
   double clip = 0.0;
   std::string dtype = "fp32";
@@ -41,9 +42,19 @@ void run_dump(const DumpArgs& a) {
 
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
-  for (auto& item : model->named_parameters()) {
-    names.push_back(item.key());
-    params.push_back(item.value());
+  if (a.lora.empty()) {
+    for (auto& item : model->named_parameters()) {
+      names.push_back(item.key());
+      params.push_back(item.value());
+    }
+  } else {  // only the adapter trains; outputs are deterministic, so adapter dropout is off (eval mode)
+    for (auto& p : model->parameters()) p.set_requires_grad(false);
+    for (auto& [name, p] : io::load_peft_adapter(a.lora, *model)) {
+      p.set_requires_grad(true);
+      names.push_back(io::peft_name(name));
+      params.push_back(p);
+    }
+    model->eval();
   }
   io::NamedTensors out;
   auto forward_backward = [&]() {
@@ -94,6 +105,9 @@ void add_dump(CLI::App& app) {
                                           "(weight decay on every parameter; torch's defaults for keys left out)");
   sub->add_option("--steps", args->steps, "N AdamW steps on the same batch (writes losses [N], grad_norms [N])")->check(CLI::NonNegativeNumber);
   sub->add_option("--clip", args->clip, "global gradient-norm clipping before each of the --steps (0: none)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--lora", args->lora, "PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors): the base "
+                                        "is frozen, grad./after_step. cover the adapter only, named as in adapter_model.safetensors; "
+                                        "adapter dropout is disabled so the outputs are deterministic");
   sub->add_option("--dtype", args->dtype, "compute precision on the CPU")->check(CLI::IsMember({"fp32", "fp64"}))->capture_default_str();
   sub->callback([args] { run_dump(*args); });
 }

@@ -9,5 +9,9 @@ void add_dump(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_convert(CLI::App& app);
+void add_train(CLI::App& app);
+void add_eval(CLI::App& app);
+void add_data(CLI::App& app);
+void add_info(CLI::App& app);
 
 }  // namespace lf::cli

@@ -13,6 +13,10 @@ int main(int argc, char** argv) {
   lf::cli::add_tokenize(app);
   lf::cli::add_generate(app);
   lf::cli::add_convert(app);
+  lf::cli::add_train(app);
+  lf::cli::add_eval(app);
+  lf::cli::add_data(app);
+  lf::cli::add_info(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

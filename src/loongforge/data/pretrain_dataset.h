@@ -43,6 +43,7 @@ struct Sample {
   std::vector<int32_t> doc_starts;  // ascending positions in [0, seq_len] where a document begins (0 only if one
                                     // begins exactly there)
   uint32_t source = 0;              // index into PretrainOptions::sources
+  bool operator==(const Sample&) const = default;
 };
 
 // Where the dataset is; enough to continue exactly. Serialised with the options' seed/seq_len/split so a restore

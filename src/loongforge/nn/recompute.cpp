@@ -1,6 +1,7 @@
 #include "loongforge/nn/recompute.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -11,14 +12,26 @@ namespace {
 struct RecomputeNode : torch::autograd::Node {
   std::function<at::Tensor(const at::Tensor&)> fn;
   at::Tensor input;
+  at::Tensor rng_state;  // the CPU generator before the first run: dropout masks repeat exactly
   bool input_requires_grad = false;
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     at::Tensor x = input.detach().requires_grad_(input_requires_grad);
     at::Tensor y;
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    at::Tensor now;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      now = gen.get_state();
+      gen.set_state(rng_state);
+    }
     {
       at::AutoGradMode enable(true);
       y = fn(x);
+    }
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(now);
     }
     torch::autograd::backward({y}, {grads[0]});
     at::Tensor gx = input_requires_grad ? x.grad() : at::Tensor();
@@ -35,6 +48,12 @@ at::Tensor recompute(std::function<at::Tensor(const at::Tensor&)> fn, const at::
   bool any = x.requires_grad();
   for (const auto& p : params) any = any || p.requires_grad();
   if (!any || !at::GradMode::is_enabled()) return fn(x);
+  at::Tensor rng;
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng = gen.get_state();
+  }
   at::Tensor y;
   {
     at::NoGradGuard no_grad;
@@ -43,6 +62,7 @@ at::Tensor recompute(std::function<at::Tensor(const at::Tensor&)> fn, const at::
   auto node = std::shared_ptr<RecomputeNode>(new RecomputeNode(), torch::autograd::deleteNode);
   node->fn = std::move(fn);
   node->input = x.detach();
+  node->rng_state = rng;
   node->input_requires_grad = x.requires_grad();
   // The node's one input edge is x; parameters receive their gradients through the inner backward.
   node->set_next_edges(torch::autograd::collect_next_edges(x));

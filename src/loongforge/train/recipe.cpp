@@ -29,9 +29,10 @@ const char* kDefaults = R"json({
     "valid_fraction": 0.0,
     "chat_template": "",
     "assistant_only_loss": true,
-    "packing": true
+    "packing": true,
+    "per_document_attention": false
   },
-  "train": {"steps": 100, "micro_batch_size": 8, "grad_accum": 1, "threads": 0},
+  "train": {"steps": 100, "micro_batch_size": 8, "grad_accum": 1, "threads": 0, "stop_at_step": 0},
   "optim": {"lr": 3e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
             "no_decay": ["norm", "bias", "embed_tokens"], "clip": 1.0},
   "schedule": {"kind": "cosine", "warmup_steps": 0, "min_lr_ratio": 0.1, "decay_steps": 0},

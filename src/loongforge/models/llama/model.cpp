@@ -9,9 +9,7 @@
 namespace lf::models::llama {
 
 namespace {
-torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
-}
+nn::Linear linear(int64_t in, int64_t out, bool bias) { return nn::Linear(in, out, bias); }
 }  // namespace
 
 nn::RopeSpec rope_spec(const DecoderConfig& c) {
@@ -140,6 +138,8 @@ at::Tensor CausalLMImpl::output_weight() const {
   return lm_head ? lm_head->weight : model->embed_tokens->weight;
 }
 
-at::Tensor CausalLMImpl::logits(const at::Tensor& hidden) { return at::linear(hidden, output_weight()); }
+at::Tensor CausalLMImpl::logits(const at::Tensor& hidden) {
+  return lm_head ? lm_head->forward(hidden) : at::linear(hidden, model->embed_tokens->weight);
+}
 
 }  // namespace lf::models::llama

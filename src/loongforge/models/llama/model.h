@@ -5,10 +5,10 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 
 #include "loongforge/models/llama/config.h"
 #include "loongforge/nn/attention.h"
+#include "loongforge/nn/linear.h"
 #include "loongforge/nn/rms_norm.h"
 #include "loongforge/nn/rotary.h"
 
@@ -20,7 +20,7 @@ class AttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, nn::KVCache* cache,
                      const at::Tensor& segment_ids = {});
 
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   nn::RMSNorm q_norm{nullptr}, k_norm{nullptr};
   int64_t layer_idx, heads, kv_heads, head_dim, window;
 };
@@ -31,7 +31,7 @@ class MLPImpl : public torch::nn::Module {
   explicit MLPImpl(const DecoderConfig& c);
   at::Tensor forward(const at::Tensor& x);
 
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   std::string act;
 };
 TORCH_MODULE(MLP);
@@ -79,7 +79,7 @@ class CausalLMImpl : public torch::nn::Module {
   nn::KVCache new_cache() const { return nn::KVCache(static_cast<size_t>(config_.num_hidden_layers)); }
 
   DecoderModel model{nullptr};
-  torch::nn::Linear lm_head{nullptr};  // absent when tie_word_embeddings
+  nn::Linear lm_head{nullptr};  // absent when tie_word_embeddings
 
  private:
   DecoderConfig config_;

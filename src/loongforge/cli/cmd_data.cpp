@@ -1,0 +1,269 @@
+// loongforge data tokenize: text / JSON-lines corpora -> a token shard (PREFIX.bin + PREFIX.idx, docs/data_format.md).
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loongforge/cli/commands.h"
+#include "loongforge/data/synthetic.h"
+#include "loongforge/core/error.h"
+#include "loongforge/core/json.h"
+#include "loongforge/data/token_shards.h"
+#include "loongforge/data/tokenizer/tokenizer.h"
+
+namespace lf::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct DataTokenizeOptions {
+  std::string tokenizer, out, field = "text", dtype = "auto", eos_token;
+  std::vector<std::string> inputs;
+  bool append_eos = true, no_add_special = false;
+  unsigned threads = 0;
+};
+
+struct Doc {
+  std::string text;
+  uint64_t line = 0;  // 1-based line where the document starts
+};
+
+bool blank(const std::string& s) { return s.find_first_not_of(" \t\r\f\v") == std::string::npos; }
+
+bool is_jsonl(const std::string& path) {
+  const std::string ext = fs::path(path).extension().string();
+  if (ext == ".jsonl" || ext == ".ndjson") return true;
+  if (ext == ".txt" || ext == ".text" || ext == ".md") return false;
+  throw Error(path + ": unsupported input type '" + ext + "' (expected .txt, .text, .md, .jsonl or .ndjson)");
+}
+
+// Reads one input file in batches of documents. Text: documents are separated by blank (whitespace-only) lines and
+// are their lines joined by "\n" ("\r\n" counts as "\n"). JSON lines: one object per line, the document is its
+// string field FIELD; blank lines are skipped. Empty documents are skipped.
+class DocReader {
+ public:
+  DocReader(std::string path, std::string field) : path_(std::move(path)), field_(std::move(field)) {
+    jsonl_ = is_jsonl(path_);
+    in_.open(path_, std::ios::binary);
+    if (!in_) throw Error(path_ + ": cannot open: " + std::strerror(errno));
+  }
+
+  // Fills BATCH with up to ~MAX_BYTES of documents; false when the file is done and BATCH is empty.
+  bool next(std::vector<Doc>& batch, size_t max_bytes) {
+    batch.clear();
+    size_t bytes = 0;
+    std::string line;
+    Doc cur;
+    while (bytes < max_bytes && std::getline(in_, line)) {
+      ++lineno_;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (jsonl_) {
+        if (blank(line)) continue;
+        Doc d{parse_json_line(line), lineno_};
+        bytes += d.text.size();
+        if (!d.text.empty()) batch.push_back(std::move(d));
+      } else if (blank(line)) {
+        if (!para_.text.empty()) bytes += para_.text.size(), batch.push_back(std::move(para_)), para_ = Doc{};
+      } else {
+        if (para_.text.empty()) para_.line = lineno_;
+        else para_.text += '\n';
+        para_.text += line;
+      }
+    }
+    if (in_.bad()) throw Error(path_ + ": read failed");
+    if (in_.eof() && !para_.text.empty()) batch.push_back(std::move(para_)), para_ = Doc{};
+    return !batch.empty();
+  }
+
+  std::string where(uint64_t line) const { return path_ + ":" + std::to_string(line); }
+
+ private:
+  std::string parse_json_line(const std::string& line) const {
+    const std::string at = where(lineno_);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      std::string what = e.what();
+      auto pos = what.find("parse error");
+      throw file_error(at, field_, "invalid JSON: " + (pos == std::string::npos ? what : what.substr(pos)));
+    }
+    if (!j.is_object()) throw file_error(at, field_, "the line is not a JSON object");
+    auto it = j.find(field_);
+    if (it == j.end()) throw file_error(at, field_, "missing");
+    if (!it->is_string()) throw file_error(at, field_, std::string("expected a string, got ") + it->type_name());
+    return it->get<std::string>();
+  }
+
+  std::string path_, field_;
+  bool jsonl_ = false;
+  std::ifstream in_;
+  uint64_t lineno_ = 0;
+  Doc para_;
+};
+
+// The EOS id to append, or none. --eos-token wins; else tokenizer_config.json's eos_token next to the tokenizer.
+std::optional<int64_t> resolve_eos(const DataTokenizeOptions& o, bool eos_flag_given, const data::Tokenizer& tok) {
+  if (eos_flag_given && !o.append_eos) return std::nullopt;
+  std::string token, origin;
+  if (!o.eos_token.empty()) {
+    token = o.eos_token, origin = "--eos-token";
+  } else {
+    fs::path dir = fs::is_directory(o.tokenizer) ? fs::path(o.tokenizer) : fs::path(o.tokenizer).parent_path();
+    fs::path cfg_path = dir / "tokenizer_config.json";
+    if (fs::exists(cfg_path)) {
+      nlohmann::json cfg = read_json_file(cfg_path.string());
+      auto it = cfg.find("eos_token");
+      if (it != cfg.end() && !it->is_null()) {
+        if (it->is_string()) token = it->get<std::string>();
+        else if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+          token = (*it)["content"].get<std::string>();
+        else
+          throw file_error(cfg_path.string(), "eos_token", "expected a string or an object with \"content\"");
+        origin = cfg_path.string() + ": field 'eos_token'";
+      }
+    }
+  }
+  if (token.empty()) {
+    if (eos_flag_given)
+      throw Error("data tokenize: --append-eos: the tokenizer has no eos_token in tokenizer_config.json; pass "
+                  "--eos-token");
+    return std::nullopt;  // run() prints a note at the end
+  }
+  auto id = tok.token_to_id(token);
+  if (!id) throw Error(origin + ": '" + token + "' is not a token of " + o.tokenizer);
+  return id;
+}
+
+void run(const DataTokenizeOptions& o, bool eos_flag_given) {
+  for (const auto& in : o.inputs) DocReader(in, o.field);  // fail on a missing file or a bad type before any work
+  auto tok = data::Tokenizer::load(o.tokenizer);
+  const int64_t vocab = tok->vocab_size();
+  data::TokenDType dtype = data::dtype_for_vocab(vocab);
+  if (o.dtype == "uint32") dtype = data::TokenDType::UInt32;
+  if (o.dtype == "uint16") {
+    if (vocab > 65536)
+      throw Error("data tokenize: --dtype uint16: the vocabulary has " + std::to_string(vocab) +
+                  " tokens, more than uint16 holds");
+    dtype = data::TokenDType::UInt16;
+  }
+  const std::optional<int64_t> eos = resolve_eos(o, eos_flag_given, *tok);
+  const unsigned threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const bool add_special = !o.no_add_special;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  data::TokenShardWriter writer(o.out, dtype);
+  std::vector<Doc> batch;
+  std::vector<std::vector<int64_t>> ids;
+  for (const auto& path : o.inputs) {
+    DocReader reader(path, o.field);
+    while (reader.next(batch, size_t{16} << 20)) {
+      ids.assign(batch.size(), {});
+      std::vector<std::exception_ptr> errors(batch.size());
+      std::atomic<size_t> next_doc{0};
+      auto work = [&] {
+        for (size_t i; (i = next_doc.fetch_add(1)) < batch.size();) {
+          try {
+            ids[i] = tok->encode(batch[i].text, add_special);
+            if (eos) ids[i].push_back(*eos);
+          } catch (...) {
+            errors[i] = std::current_exception();
+          }
+        }
+      };
+      const unsigned n = static_cast<unsigned>(std::min<size_t>(threads, batch.size()));
+      std::vector<std::thread> pool;
+      for (unsigned t = 1; t < n; ++t) pool.emplace_back(work);
+      work();
+      for (auto& th : pool) th.join();
+      for (size_t i = 0; i < batch.size(); ++i) {
+        if (errors[i]) {
+          try {
+            std::rethrow_exception(errors[i]);
+          } catch (const Error& e) {
+            throw Error(reader.where(batch[i].line) + ": " + e.what());
+          }
+        }
+        writer.add_doc(ids[i]);
+      }
+    }
+  }
+  writer.finish();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("data tokenize: wrote %s.bin/.idx: %llu docs, %llu tokens (%s%s) from %zu file(s) in %.2fs, "
+              "%.0f tokens/s\n",
+              o.out.c_str(), static_cast<unsigned long long>(writer.num_docs()),
+              static_cast<unsigned long long>(writer.num_tokens()), data::dtype_name(dtype),
+              eos ? (", EOS " + std::to_string(*eos)).c_str() : ", no EOS", o.inputs.size(), secs,
+              secs > 0 ? static_cast<double>(writer.num_tokens()) / secs : 0.0);
+  std::fflush(stdout);
+  if (!eos && !eos_flag_given)
+    std::fprintf(stderr,
+                 "loongforge: note: no eos_token in tokenizer_config.json: documents are stored without EOS "
+                 "(pass --eos-token to add one)\n");
+}
+
+}  // namespace
+
+void add_data(CLI::App& app) {
+  auto* data = app.add_subcommand("data", "Prepare training data");
+  data->require_subcommand(1);
+  auto* sub = data->add_subcommand("tokenize", "Tokenize text / JSON-lines files into a token shard (.bin + .idx)");
+  auto o = std::make_shared<DataTokenizeOptions>();
+  sub->add_option("--tokenizer", o->tokenizer, "A folder with tokenizer.json or tokenizer.model, or either file")
+      ->required();
+  sub->add_option("--input", o->inputs, "Input files: .txt/.text/.md (documents separated by blank lines) or "
+                                        ".jsonl/.ndjson (one JSON object per line)")
+      ->required();
+  sub->add_option("--out", o->out, "Output prefix: writes PREFIX.bin and PREFIX.idx")->required();
+  sub->add_option("--field", o->field, "The JSON-lines field holding the text")->capture_default_str();
+  auto* eos_flag = sub->add_flag("--append-eos,!--no-append-eos", o->append_eos,
+                                 "Append the EOS id to every document (default: on when an EOS token is known)");
+  sub->add_option("--eos-token", o->eos_token,
+                  "The EOS token's text (default: eos_token of tokenizer_config.json next to the tokenizer)");
+  sub->add_option("--dtype", o->dtype, "Token id type: auto (uint16 when the vocabulary fits), uint16, uint32")
+      ->check(CLI::IsMember({"auto", "uint16", "uint32"}))
+      ->capture_default_str();
+  sub->add_option("--threads", o->threads, "Tokenizer threads (default: all cores)");
+  sub->add_flag("--no-add-special-tokens", o->no_add_special,
+                "Encode without the post-processor's special tokens (e.g. no BOS)");
+  sub->footer(
+      "Writes PREFIX.bin/.idx atomically (temporary files renamed at the end): a failed run leaves any existing\n"
+      "shard untouched. Empty documents are skipped. File layout: docs/data_format.md.\n"
+      "Example:\n"
+      "  loongforge data tokenize --tokenizer models/llama3 --input corpus/*.jsonl --out data/corpus");
+  sub->callback([o, eos_flag] { run(*o, eos_flag->count() > 0); });
+
+  struct SynthOptions {
+    std::string task = "addition", out;
+    int64_t docs = 20000;
+    int digits = 2;
+    uint64_t seed = 0;
+  };
+  auto so = std::make_shared<SynthOptions>();
+  auto* synth = data->add_subcommand("synth", "Generate a synthetic task (train.jsonl + a character tokenizer)");
+  synth->add_option("--task", so->task, "task: addition (documents 'A+B=C')")->capture_default_str();
+  synth->add_option("--out", so->out, "output folder")->required();
+  synth->add_option("--docs", so->docs, "number of documents")->capture_default_str()->check(CLI::PositiveNumber);
+  synth->add_option("--digits", so->digits, "digits of each operand")->capture_default_str();
+  synth->add_option("--seed", so->seed, "random seed")->capture_default_str();
+  synth->callback([so] {
+    data::write_synthetic_task(so->task, so->out, so->docs, so->digits, so->seed);
+    std::printf("data synth: wrote %s/train.jsonl (%lld documents) and %s/tokenizer.json\n", so->out.c_str(),
+                static_cast<long long>(so->docs), so->out.c_str());
+  });
+}
+
+}  // namespace lf::cli

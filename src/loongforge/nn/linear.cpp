@@ -1,0 +1,22 @@
+#include "loongforge/nn/linear.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace lf::nn {
+
+LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias) : in_features(in), out_features(out) {
+  // nn.Linear's default initialisation (kaiming-uniform weight, uniform bias); models re-initialise or load.
+  double bound = 1.0 / std::sqrt(static_cast<double>(in));
+  weight = register_parameter("weight", at::empty({out, in}).uniform_(-bound, bound));
+  if (with_bias) bias = register_parameter("bias", at::empty({out}).uniform_(-bound, bound));
+}
+
+at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  at::Tensor y = at::linear(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+  if (adapter) y = y + adapter->forward(x);
+  return y;
+}
+
+}  // namespace lf::nn

@@ -1,0 +1,144 @@
+#include "loongforge/train/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "loongforge/core/error.h"
+#include "loongforge/core/fs.h"
+#include "loongforge/core/json.h"
+#include "loongforge/io/hf_model.h"
+#include "loongforge/io/peft.h"
+#include "loongforge/io/safetensors.h"
+
+namespace lf::train {
+namespace fs = std::filesystem;
+
+namespace {
+void fsync_path(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// Tests set LOONGFORGE_TEST_SAVE_DELAY_MS to widen the window in which a save can be interrupted.
+void test_delay() {
+  if (const char* d = std::getenv("LOONGFORGE_TEST_SAVE_DELAY_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
+}
+}  // namespace
+
+std::string checkpoint_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string save_checkpoint(const std::string& root, int64_t step, models::llama::CausalLMImpl& model,
+                            const TrainableSet& trainable, optim::AdamW& opt, const nlohmann::json& trainer_state,
+                            const std::string& tokenizer_src, int keep) {
+  fs::create_directories(root);
+  const std::string name = checkpoint_name(step);
+  fs::path tmp = fs::path(root) / (".tmp-" + name + "-" + std::to_string(::getpid()));
+  remove_tree(tmp.string());
+  fs::create_directories(tmp);
+  if (trainable.lora) {  // the adapter in PEFT's layout, plus config and tokenizer for convenience
+    io::save_peft_adapter(tmp.string(), model, *trainable.lora, trainable.base_model);
+    nlohmann::json cfg = model.config().raw;
+    write_file_atomic((tmp / "base_config.json").string(), cfg.dump(2) + "\n");
+  } else {  // weights as a Hugging Face folder, fp32 (the master weights)
+    io::export_hf(model, tmp.string(), at::kFloat, size_t(5) << 30, tokenizer_src);
+  }
+  test_delay();
+  io::NamedTensors state;
+  for (size_t i = 0; i < trainable.names.size(); ++i) {
+    state.emplace_back("exp_avg." + trainable.names[i], opt.exp_avg()[i]);
+    state.emplace_back("exp_avg_sq." + trainable.names[i], opt.exp_avg_sq()[i]);
+  }
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state.emplace_back("rng.cpu", gen.get_state());
+  }
+  io::save_file((tmp / "optimizer.safetensors").string(), state, {{"optimizer_steps", std::to_string(opt.steps())}});
+  write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(2) + "\n");
+  fsync_path(tmp);
+  fs::path final_dir = fs::path(root) / name;
+  if (fs::exists(final_dir)) {  // an older run's checkpoint of the same step: move it aside, then drop it
+    fs::path old = fs::path(root) / (".old-" + name + "-" + std::to_string(::getpid()));
+    fs::rename(final_dir, old);
+    fs::rename(tmp, final_dir);
+    remove_tree(old.string());
+  } else {
+    fs::rename(tmp, final_dir);
+  }
+  fsync_path(root);
+  test_delay();
+  write_file_atomic((fs::path(root) / "latest").string(), name + "\n");
+  fsync_path(root);
+  if (keep > 0) {
+    std::vector<std::string> steps;
+    for (const auto& e : fs::directory_iterator(root))
+      if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path().filename().string());
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; i + static_cast<size_t>(keep) < steps.size(); ++i)
+      if (steps[i] != name) remove_tree((fs::path(root) / steps[i]).string());
+  }
+  return final_dir.string();
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& root) {
+  fs::path latest = fs::path(root) / "latest";
+  if (!fs::exists(latest)) return std::nullopt;
+  std::string name = read_text_file(latest.string());
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  fs::path dir = fs::path(root) / name;
+  if (name.empty() || !fs::is_directory(dir)) throw Error(latest.string() + ": points at a missing checkpoint '" + name + "'");
+  return dir.string();
+}
+
+nlohmann::json load_checkpoint(const std::string& dir, models::llama::CausalLMImpl& model,
+                               const TrainableSet& trainable, optim::AdamW& opt) {
+  at::NoGradGuard no_grad;
+  if (trainable.lora) {
+    auto adapter = io::SafetensorsFile::open((fs::path(dir) / "adapter_model.safetensors").string());
+    for (size_t i = 0; i < trainable.names.size(); ++i) {
+      std::string key = io::peft_name(trainable.names[i]);
+      if (!adapter->contains(key)) throw file_error(adapter->path(), key, "missing");
+      trainable.params[i].copy_(adapter->tensor(key));
+    }
+  } else {
+    io::load_state(model, dir);
+  }
+  auto st = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
+  for (size_t i = 0; i < trainable.names.size(); ++i) {
+    for (auto [prefix, vec] : {std::pair{"exp_avg.", &opt.exp_avg()}, std::pair{"exp_avg_sq.", &opt.exp_avg_sq()}}) {
+      std::string key = prefix + trainable.names[i];
+      if (!st->contains(key)) throw file_error(st->path(), key, "missing");
+      at::Tensor t = st->tensor(key);
+      if (t.sizes() != (*vec)[i].sizes()) throw file_error(st->path(), key, "shape does not match the model");
+      (*vec)[i].copy_(t);
+    }
+  }
+  auto meta = st->metadata();
+  auto it = meta.find("optimizer_steps");
+  if (it == meta.end()) throw file_error(st->path(), "__metadata__.optimizer_steps", "missing");
+  opt.set_steps(std::stoll(it->second));
+  if (st->contains("rng.cpu")) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(st->tensor("rng.cpu"));
+  }
+  return read_json_file((fs::path(dir) / "trainer_state.json").string());
+}
+
+}  // namespace lf::train

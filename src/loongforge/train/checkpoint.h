@@ -1,0 +1,43 @@
+// Training checkpoints: OUTPUT_DIR/checkpoints/step_NNNNNNNN/ holding
+//   model.safetensors + config.json (+ tokenizer files): a Hugging Face folder of the full model, or for LoRA
+//   runs adapter_config.json + adapter_model.safetensors (PEFT's layout; the base stays where it is),
+//   optimizer.safetensors: exp_avg.<name>, exp_avg_sq.<name> and the CPU RNG state (rng.cpu),
+//   trainer_state.json: step, optimizer steps, data position, tokens seen, the recipe.
+// A checkpoint is written into a temporary folder, every file fsync'ed, then renamed into place, and only then
+// does OUTPUT_DIR/checkpoints/latest (itself replaced atomically) point at it: a killed process never leaves a
+// half-written latest checkpoint.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loongforge/models/llama/model.h"
+#include "loongforge/nn/lora.h"
+#include "loongforge/optim/adamw.h"
+
+namespace lf::train {
+
+struct TrainableSet {  // the parameters the optimizer updates, by HF name, in optimizer order
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  std::optional<nn::LoraConfig> lora;  // a LoRA run: checkpoints hold the adapter (PEFT layout), not the base
+  std::string base_model;              // the base model folder of a LoRA run
+};
+
+std::string checkpoint_name(int64_t step);
+
+// Writes ROOT/step_N atomically and points ROOT/latest at it; keeps the newest `keep` checkpoints (0: all).
+// Returns the folder written.
+std::string save_checkpoint(const std::string& root, int64_t step, models::llama::CausalLMImpl& model,
+                            const TrainableSet& trainable, optim::AdamW& opt, const nlohmann::json& trainer_state,
+                            const std::string& tokenizer_src, int keep);
+
+// The folder ROOT/latest points at, if any (lf::Error if `latest` names a missing folder).
+std::optional<std::string> latest_checkpoint(const std::string& root);
+
+// Restores weights, optimizer moments and step, and the RNG; returns trainer_state.json.
+nlohmann::json load_checkpoint(const std::string& dir, models::llama::CausalLMImpl& model,
+                               const TrainableSet& trainable, optim::AdamW& opt);
+
+}  // namespace lf::train

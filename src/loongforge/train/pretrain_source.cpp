@@ -1,0 +1,48 @@
+#include "loongforge/train/pretrain_source.h"
+
+#include <ATen/ATen.h>
+
+namespace lf::train {
+
+int64_t Batch::counted() const { return (targets != -100).sum().item<int64_t>(); }
+
+PretrainSource::PretrainSource(data::PretrainOptions opts, bool per_document)
+    : ds_(std::move(opts)), per_document_(per_document) {}
+
+Batch PretrainSource::next(int64_t b) {
+  const int64_t t = ds_.options().seq_len;
+  std::vector<data::Sample> samples = ds_.next_batch(static_cast<size_t>(b));
+  at::Tensor ids = at::empty({b, t}, at::kLong), tgt = at::empty({b, t}, at::kLong);
+  at::Tensor pos, seg;
+  if (per_document_) {
+    pos = at::empty({b, t}, at::kLong);
+    seg = at::empty({b, t}, at::kLong);
+  }
+  for (int64_t i = 0; i < b; ++i) {
+    const auto& s = samples[i].tokens;
+    std::copy(s.begin(), s.begin() + t, ids[i].data_ptr<int64_t>());
+    std::copy(s.begin() + 1, s.begin() + t + 1, tgt[i].data_ptr<int64_t>());
+    if (per_document_) {
+      int64_t* p = pos[i].data_ptr<int64_t>();
+      int64_t* g = seg[i].data_ptr<int64_t>();
+      int64_t start = 0, segment = 0;
+      size_t next = 0;
+      const auto& starts = samples[i].doc_starts;
+      for (int64_t j = 0; j < t; ++j) {
+        while (next < starts.size() && starts[next] <= j) {
+          if (starts[next] == j && j > 0) start = j, ++segment;
+          ++next;
+        }
+        p[j] = j - start;
+        g[j] = segment;
+      }
+    }
+  }
+  return Batch{ids, tgt, pos, seg};
+}
+
+nlohmann::json PretrainSource::state() const { return ds_.state().to_json(); }
+
+void PretrainSource::restore(const nlohmann::json& s) { ds_.restore(data::PretrainState::from_json(s, "trainer_state.json data")); }
+
+}  // namespace lf::train

@@ -1,0 +1,390 @@
+#include "loongforge/train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "loongforge/core/error.h"
+#include "loongforge/core/json.h"
+#include "loongforge/io/hf_model.h"
+#include "loongforge/io/peft.h"
+#include "loongforge/io/plot.h"
+#include "loongforge/io/tensorboard.h"
+#include "loongforge/nn/lora.h"
+#include "loongforge/nn/loss.h"
+#include "loongforge/optim/schedule.h"
+#include "loongforge/train/checkpoint.h"
+#include "loongforge/train/pretrain_source.h"
+#include "loongforge/train/recipe.h"
+
+namespace lf::train {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using models::llama::CausalLM;
+
+namespace {
+
+void check_layout(const json& r) {
+  const json& p = r["parallel"];
+  for (const char* k : {"dp", "tp", "pp", "vpp", "cp", "ep"})
+    if (p[k].get<int64_t>() != 1)
+      throw Error(std::string("recipe: field 'parallel.") + k + "': " + std::to_string(p[k].get<int64_t>()) +
+                  " needs the distributed engines (not available yet); use 1");
+  if (p["sp"].get<bool>() || p["zero"].get<int64_t>() != 0 || p["hsdp_shard"].get<int64_t>() != 0)
+    throw Error("recipe: field 'parallel.sp/zero/hsdp_shard': needs the distributed engines (not available yet)");
+}
+
+// transformers' _init_weights for these models: normal(0, std) for Linear and Embedding (padding row zero),
+// zeros for biases, ones for norms.
+void init_weights(models::llama::CausalLMImpl& m, double std) {
+  at::NoGradGuard no_grad;
+  for (auto& item : m.named_parameters()) {
+    const std::string& n = item.key();
+    at::Tensor& p = item.value();
+    if (n.find("norm.weight") != std::string::npos) p.fill_(1.0);
+    else if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0) p.zero_();
+    else p.normal_(0.0, std);
+  }
+  if (m.config().pad_token_id) m.model->embed_tokens->weight[*m.config().pad_token_id].zero_();
+}
+
+std::string resolve(const std::string& base_dir, const std::string& p) {
+  if (p.empty() || fs::path(p).is_absolute() || fs::exists(p)) return p;
+  fs::path alt = fs::path(base_dir) / p;
+  return fs::exists(alt) ? alt.string() : p;
+}
+
+struct Built {
+  CausalLM model{nullptr};
+  TrainableSet trainable;
+  std::vector<double> weight_decay;
+  std::string tokenizer;
+};
+
+Built build_model(const json& r) {
+  Built b;
+  const json& m = r["model"];
+  std::string path = m["path"], cfg = m["config"];
+  if (path.empty() == cfg.empty()) throw Error("recipe: field 'model': set exactly one of model.path (a HF folder) and model.config (a config.json for random init)");
+  if (!path.empty()) {
+    b.model = io::load_causal_lm(path, at::kFloat);
+  } else {
+    auto c = models::llama::DecoderConfig::from_file(cfg);
+    b.model = CausalLM(c);
+    double std = m["init_std"].get<double>();
+    if (std < 0) std = c.raw.value("initializer_range", 0.02);
+    init_weights(*b.model, std);
+  }
+  b.tokenizer = m["tokenizer"].get<std::string>();
+  if (b.tokenizer.empty()) b.tokenizer = path;
+  std::string rc = m["recompute"];
+  b.model->set_recompute(rc == "full" ? 1 : rc == "per_layer" ? 2 : 0);
+
+  const json& lo = r["lora"];
+  if (lo["enabled"].get<bool>()) {
+    nn::LoraConfig lc;
+    lc.r = lo["r"];
+    lc.alpha = lo["alpha"];
+    lc.dropout = lo["dropout"];
+    for (const auto& t : lo["target_modules"]) lc.target_modules.push_back(t.get<std::string>());
+    for (auto& p : b.model->parameters()) p.set_requires_grad(false);  // only the adapter trains
+    nn::apply_lora(*b.model, lc);
+    b.trainable.lora = lc;
+    b.trainable.base_model = path;
+  }
+  std::vector<std::regex> freeze, no_decay;
+  for (const auto& f : m["freeze"]) freeze.emplace_back(f.get<std::string>());
+  for (const auto& f : r["optim"]["no_decay"]) no_decay.emplace_back(f.get<std::string>());
+  double wd = r["optim"]["weight_decay"];
+  for (auto& item : b.model->named_parameters()) {
+    const std::string& n = item.key();
+    bool frozen = std::any_of(freeze.begin(), freeze.end(), [&](const std::regex& re) { return std::regex_search(n, re); });
+    if (b.trainable.lora) frozen = frozen || n.find(".lora_") == std::string::npos;
+    item.value().set_requires_grad(!frozen);
+    if (frozen) continue;
+    bool nd = std::any_of(no_decay.begin(), no_decay.end(), [&](const std::regex& re) { return std::regex_search(n, re); });
+    b.trainable.names.push_back(n);
+    b.trainable.params.push_back(item.value());
+    b.weight_decay.push_back(nd ? 0.0 : wd);
+  }
+  if (b.trainable.params.empty()) throw Error("recipe: field 'model.freeze': every parameter is frozen");
+  return b;
+}
+
+std::unique_ptr<BatchSource> build_data(const json& r, data::Split split) {
+  const json& d = r["data"];
+  if (d["format"] != "pretrain") throw Error("recipe: field 'data.format': 'sft' is not available yet");
+  data::PretrainOptions o;
+  for (const auto& s : d["train"]) o.sources.push_back({s["path"].get<std::string>(), s["weight"].get<double>()});
+  if (o.sources.empty()) throw Error("recipe: field 'data.train': no datasets (a list of {path: PREFIX, weight: W})");
+  o.seq_len = d["seq_len"];
+  o.seed = static_cast<uint64_t>(r["seed"].get<int64_t>());
+  o.split = split;
+  o.valid_fraction = d["valid_fraction"];
+  return std::make_unique<PretrainSource>(o, d["per_document_attention"].get<bool>());
+}
+
+// Sum of token losses and the count, for one micro-batch.
+std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b) {
+  at::Tensor h = model.hidden_states(b.input_ids, b.position_ids, nullptr, b.segment_ids);
+  at::Tensor logits = model.logits(h);
+  at::Tensor loss = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), b.targets.reshape({-1}),
+                                           {}, at::Reduction::Sum, nn::kIgnoreIndex);
+  return {loss, b.counted()};
+}
+
+double validation_loss(models::llama::CausalLMImpl& model, BatchSource& src, int64_t batches, int64_t mb) {
+  at::NoGradGuard no_grad;
+  bool was_training = model.is_training();
+  model.eval();
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    Batch b = src.next(mb);
+    auto [l, c] = micro_loss(model, b);
+    sum += l.item<double>();
+    count += c;
+  }
+  if (was_training) model.train();
+  return count ? sum / static_cast<double>(count) : std::nan("");
+}
+
+double peak_flops(const json& r) {
+  double p = r["log"]["peak_tflops"];
+  if (p > 0) return p * 1e12;
+  // CPU: AVX2 FMA, 2 x 8 fp32 lanes x 2 flops per cycle at ~3 GHz per thread (the brief measures ~98 GFLOP/s a core).
+  return 98e9 * at::get_num_threads();
+}
+
+class Progress {
+ public:
+  Progress(const std::string& mode, int64_t total) : total_(total) {
+    bar_ = mode == "bar" || (mode == "auto" && ::isatty(STDOUT_FILENO));
+    off_ = mode == "off";
+  }
+  void update(int64_t step, double loss, double lr, double tps, double eta_s, bool line) {
+    if (off_) return;
+    if (bar_) {
+      int width = 30, filled = static_cast<int>(width * step / std::max<int64_t>(1, total_));
+      std::string bar(filled, '#');
+      bar.resize(width, '.');
+      std::printf("\r[%s] %lld/%lld loss %.4f lr %.2e %.0f tok/s ETA %s   ", bar.c_str(), (long long)step,
+                  (long long)total_, loss, lr, tps, fmt_eta(eta_s).c_str());
+      std::fflush(stdout);
+    } else if (line) {
+      std::printf("step %lld/%lld loss %.4f lr %.3e tok/s %.0f eta %s\n", (long long)step, (long long)total_, loss, lr, tps,
+                  fmt_eta(eta_s).c_str());
+      std::fflush(stdout);
+    }
+  }
+  void note(const std::string& s) {
+    if (off_) return;
+    std::printf("%s%s\n", bar_ ? "\n" : "", s.c_str());
+    std::fflush(stdout);
+  }
+  void done() {
+    if (bar_ && !off_) std::printf("\n");
+  }
+
+ private:
+  static std::string fmt_eta(double s) {
+    char buf[32];
+    int t = static_cast<int>(s);
+    std::snprintf(buf, sizeof buf, "%d:%02d", t / 60, t % 60);
+    return buf;
+  }
+  int64_t total_;
+  bool bar_ = false, off_ = false;
+};
+
+}  // namespace
+
+TrainOutcome train(const json& r, bool resume) {
+  check_layout(r);
+  if (r["device"] == "cuda") {
+    std::fprintf(stderr, "loongforge: device 'cuda' requested but this build has no CUDA support yet; running on the CPU\n");
+  }
+  if (r["train"]["threads"].get<int64_t>() > 0) at::set_num_threads(static_cast<int>(r["train"]["threads"].get<int64_t>()));
+  at::manual_seed(static_cast<uint64_t>(r["seed"].get<int64_t>()));
+  const std::string out = r["output_dir"];
+  fs::create_directories(out);
+  const std::string ckpt_root = (fs::path(out) / "checkpoints").string();
+
+  Built b = build_model(r);
+  auto& model = *b.model;
+  const json& o = r["optim"];
+  optim::AdamW opt(b.trainable.params,
+                   optim::AdamWOptions{o["lr"], o["beta1"], o["beta2"], o["eps"], o["weight_decay"]}, b.weight_decay);
+  optim::Schedule sched;
+  sched.kind = r["schedule"]["kind"];
+  sched.lr = o["lr"];
+  sched.min_lr_ratio = r["schedule"]["min_lr_ratio"];
+  sched.warmup_steps = r["schedule"]["warmup_steps"];
+  sched.decay_steps = r["schedule"]["decay_steps"];
+  const int64_t steps = r["train"]["steps"];
+  sched.total_steps = steps;
+
+  auto data = build_data(r, data::Split::Train);
+  std::unique_ptr<BatchSource> valid;
+  const int64_t eval_every = r["eval"]["every"];
+  if (r["data"]["valid_fraction"].get<double>() > 0) valid = build_data(r, data::Split::Valid);
+  // Every evaluation uses the same first eval.batches validation batches, so values compare across steps and
+  // with `loongforge eval`.
+  const json valid_start = valid ? valid->state() : json();
+
+  int64_t step = 0, tokens_seen = 0;
+  json history = json::array();
+  if (resume) {
+    auto dir = latest_checkpoint(ckpt_root);
+    if (!dir) throw Error(ckpt_root + ": --resume given but there is no checkpoint (no 'latest')");
+    json st = load_checkpoint(*dir, model, b.trainable, opt);
+    step = st.at("step");
+    tokens_seen = st.at("tokens");
+    data->restore(st.at("data"));
+    std::printf("resumed from %s at step %lld\n", dir->c_str(), static_cast<long long>(step));
+  }
+
+  const int64_t mb = r["train"]["micro_batch_size"], accum = r["train"]["grad_accum"];
+  const double clip = o["clip"];
+  const bool bf16 = r["precision"] == "bf16";
+  const int64_t log_every = std::max<int64_t>(1, r["log"]["every"].get<int64_t>());
+  const int64_t ckpt_every = r["checkpoint"]["every"];
+  const int keep = static_cast<int>(r["checkpoint"]["keep"].get<int64_t>());
+  const auto& cfg = model.config();
+  const double n_params = static_cast<double>(cfg.num_parameters());
+  const double seq = static_cast<double>(r["data"]["seq_len"].get<int64_t>());
+  const double flops_per_token = 6.0 * n_params + 12.0 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * seq;
+  const double peak = peak_flops(r);
+
+  const std::string metrics_path = (fs::path(out) / "metrics.jsonl").string();
+  if (resume && fs::exists(metrics_path)) {  // drop lines of steps after the checkpoint (they will be redone)
+    std::ifstream in(metrics_path);
+    std::string l, kept;
+    while (std::getline(in, l)) {
+      json j = json::parse(l, nullptr, false);
+      if (!j.is_discarded() && j.value("step", int64_t(0)) <= step) kept += l + "\n";
+    }
+    write_file_atomic(metrics_path, kept);
+  }
+  write_file_atomic((fs::path(out) / "recipe.yaml").string(), recipe_to_yaml(r));
+  std::ofstream metrics(metrics_path, resume ? std::ios::app : std::ios::trunc);
+  if (!metrics) throw Error((fs::path(out) / "metrics.jsonl").string() + ": cannot write");
+  std::unique_ptr<io::TensorBoardWriter> tb;
+  if (r["log"]["tensorboard"].get<bool>()) tb = std::make_unique<io::TensorBoardWriter>((fs::path(out) / "tensorboard").string());
+  Progress progress(r["log"]["progress"], steps);
+
+  auto state_json = [&]() {
+    json st = {{"step", step}, {"tokens", tokens_seen}, {"data", data->state()}, {"recipe", r}};
+    return st;
+  };
+  TrainOutcome outcome;
+  auto t_start = std::chrono::steady_clock::now();
+  int64_t start_step = step;
+  const int64_t stop_at = r["train"]["stop_at_step"];  // leave early (with a checkpoint), e.g. before a preemption
+  while (step < steps && !(stop_at > 0 && step >= stop_at)) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<Batch> micro;
+    int64_t counted = 0;
+    for (int64_t i = 0; i < accum; ++i) {
+      micro.push_back(data->next(mb));
+      counted += micro.back().counted();
+    }
+    // The loss of the step averages over every counted token of all its micro-batches.
+    double loss_sum = 0;
+    for (const Batch& mbatch : micro) {
+      at::Tensor l;
+      if (bf16) {
+        at::autocast::set_autocast_enabled(at::kCPU, true);
+        at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+        l = micro_loss(model, mbatch).first;
+        at::autocast::set_autocast_enabled(at::kCPU, false);
+        at::autocast::clear_cache();
+      } else {
+        l = micro_loss(model, mbatch).first;
+      }
+      (l / static_cast<double>(std::max<int64_t>(1, counted))).backward();
+      loss_sum += l.item<double>();
+    }
+    double loss = loss_sum / static_cast<double>(std::max<int64_t>(1, counted));
+    double gnorm = optim::clip_grad_norm(b.trainable.params, clip);
+    double lr = sched.at(step);
+    opt.step(lr);
+    opt.zero_grad();
+    ++step;
+    int64_t step_tokens = accum * mb * static_cast<int64_t>(seq);
+    tokens_seen += step_tokens;
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double tps = step_tokens / std::max(dt, 1e-9);
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    double eta = elapsed / static_cast<double>(step - start_step) * static_cast<double>(steps - step);
+    json line = {{"step", step}, {"loss", loss}, {"grad_norm", gnorm}, {"lr", lr}, {"tokens", tokens_seen},
+                 {"tokens_per_s", tps}, {"mfu", flops_per_token * tps / peak}, {"step_time_s", dt}};
+    if (valid && eval_every > 0 && (step % eval_every == 0 || step == steps)) {
+      valid->restore(valid_start);
+      double vl = validation_loss(model, *valid, r["eval"]["batches"], mb);
+      line["valid_loss"] = vl;
+      if (tb) tb->add_scalar("valid/loss", vl, step);
+      progress.note("step " + std::to_string(step) + " valid loss " + std::to_string(vl));
+    }
+    metrics << line.dump() << "\n";
+    metrics.flush();
+    history.push_back(line);
+    if (tb) {
+      tb->add_scalar("train/loss", loss, step);
+      tb->add_scalar("train/grad_norm", gnorm, step);
+      tb->add_scalar("train/lr", lr, step);
+      tb->add_scalar("train/tokens_per_s", tps, step);
+    }
+    progress.update(step, loss, lr, tps, eta, step % log_every == 0 || step == steps);
+    outcome.last_loss = loss;
+    if ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps || step == stop_at) {
+      outcome.last_checkpoint = save_checkpoint(ckpt_root, step, model, b.trainable, opt, state_json(), b.tokenizer, keep);
+      if (ckpt_every > 0 && step != steps) progress.note("saved " + outcome.last_checkpoint);
+    }
+  }
+  progress.done();
+  if (tb) tb->flush();
+  if (r["log"]["plot"].get<bool>()) {
+    // The whole run's curve, resumed runs included: read metrics.jsonl back.
+    io::Series train_s{"train loss", {}, {}, 0x1f77b4}, valid_s{"valid loss", {}, {}, 0xd62728};
+    std::ifstream in((fs::path(out) / "metrics.jsonl").string());
+    std::string l;
+    while (std::getline(in, l)) {
+      json j = json::parse(l, nullptr, false);
+      if (j.is_discarded()) continue;
+      train_s.x.push_back(j["step"].get<double>());
+      train_s.y.push_back(j["loss"].get<double>());
+      if (j.contains("valid_loss")) {
+        valid_s.x.push_back(j["step"].get<double>());
+        valid_s.y.push_back(j["valid_loss"].get<double>());
+      }
+    }
+    std::vector<io::Series> series{train_s};
+    if (!valid_s.x.empty()) series.push_back(valid_s);
+    io::write_line_plot((fs::path(out) / "loss.png").string(), "loss", series);
+  }
+  outcome.steps = step;
+  return outcome;
+}
+
+double evaluate(const json& r, const std::string& model_dir, int64_t batches) {
+  models::llama::CausalLM model{nullptr};
+  if (fs::exists(fs::path(model_dir) / "adapter_config.json")) {  // a LoRA checkpoint: base from the recipe
+    model = io::load_causal_lm(r["model"]["path"].get<std::string>(), at::kFloat);
+    io::load_peft_adapter(model_dir, *model);
+  } else {
+    model = io::load_causal_lm(model_dir, at::kFloat);
+  }
+  auto src = build_data(r, r["data"]["valid_fraction"].get<double>() > 0 ? data::Split::Valid : data::Split::Train);
+  return validation_loss(*model, *src, batches, r["train"]["micro_batch_size"]);
+}
+
+}  // namespace lf::train

@@ -1,0 +1,228 @@
+"""`loongforge train`: resume is bitwise, saves are atomic, accumulation equals a larger batch, loss falls, and bad
+recipes fail with one clear line."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import LF_BIN, ROOT, run_lf
+
+MODEL = {
+    "model_type": "llama", "vocab_size": 17, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    run_lf("data", "synth", "--task", "addition", "--docs", 3000, "--digits", 2, "--out", d)
+    run_lf("data", "tokenize", "--tokenizer", d, "--input", d / "train.jsonl", "--out", d / "train")
+    (d / "model.json").write_text(json.dumps(MODEL))
+    return d
+
+
+def recipe(tmp_path, data_dir, name="r.yaml", **extra):
+    text = f"""
+output_dir: {tmp_path / 'run'}
+seed: 7
+model:
+  config: {data_dir / 'model.json'}
+  tokenizer: {data_dir}
+data:
+  train:
+    - path: {data_dir / 'train'}
+  seq_len: 32
+  valid_fraction: 0.05
+train:
+  steps: 6
+  micro_batch_size: 4
+  threads: 2
+optim:
+  lr: 3.0e-3
+schedule:
+  warmup_steps: 2
+eval:
+  every: 3
+  batches: 2
+log:
+  progress: lines
+  plot: false
+"""
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def metrics(run_dir):
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def latest(run_dir):
+    root = run_dir / "checkpoints"
+    return root / (root / "latest").read_text().strip()
+
+
+def test_resume_is_bitwise(tmp_path, data_dir):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    ra, rb = recipe(a, data_dir), recipe(b, data_dir)
+    run_lf("train", ra)
+    run_lf("train", rb, "--set", "train.stop_at_step=3")
+    assert [m["step"] for m in metrics(b / "run")] == [1, 2, 3]
+    run_lf("train", rb, "--resume")
+    ma, mb = metrics(a / "run"), metrics(b / "run")
+    assert [m["step"] for m in mb] == [1, 2, 3, 4, 5, 6]
+    for x, y in zip(ma, mb):
+        assert x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"] and x["lr"] == y["lr"]
+        assert x.get("valid_loss") == y.get("valid_loss")
+    wa, wb = load_file(str(latest(a / "run") / "model.safetensors")), load_file(str(latest(b / "run") / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    oa = load_file(str(latest(a / "run") / "optimizer.safetensors"))
+    ob = load_file(str(latest(b / "run") / "optimizer.safetensors"))
+    assert all(torch.equal(oa[k], ob[k]) for k in oa)
+
+
+def test_loss_falls_and_outputs_exist(tmp_path, data_dir):
+    r = recipe(tmp_path, data_dir)
+    run_lf("train", r, "--set", "train.steps=40", "--set", "eval.every=20", "--set", "log.plot=true",
+           "--set", "optim.lr=1e-2")
+    m = metrics(tmp_path / "run")
+    assert len(m) == 40
+    for k in ("step", "loss", "grad_norm", "lr", "tokens", "tokens_per_s", "mfu"):
+        assert k in m[0]
+    assert sum(x["loss"] for x in m[-5:]) / 5 < m[0]["loss"] - 0.5
+    assert m[19]["valid_loss"] < m[0]["loss"]
+    run_dir = tmp_path / "run"
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ck = latest(run_dir)
+    # a checkpoint is a Hugging Face folder: transformers loads it, and eval reproduces the last validation loss
+    import transformers
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ck)
+    assert hf.config.vocab_size == 17
+    out = json.loads(run_lf("eval", r, "--model", ck, "--set", "eval.batches=2").stdout)
+    assert out["valid_loss"] == pytest.approx(m[-1]["valid_loss"], rel=1e-5)
+
+
+def test_grad_accumulation_equals_larger_batch(tmp_path, data_dir):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    common = ["--set", "train.steps=1", "--set", "data.valid_fraction=0", "--set", "eval.every=0"]
+    run_lf("train", recipe(a, data_dir), *common, "--set", "train.micro_batch_size=8")
+    run_lf("train", recipe(b, data_dir), *common, "--set", "train.micro_batch_size=2", "--set", "train.grad_accum=4")
+    wa = load_file(str(latest(a / "run") / "model.safetensors"))
+    wb = load_file(str(latest(b / "run") / "model.safetensors"))
+    worst = max((wa[k] - wb[k]).abs().max().item() for k in wa)
+    assert worst <= 1e-6
+    assert metrics(a / "run")[0]["loss"] == pytest.approx(metrics(b / "run")[0]["loss"], rel=1e-6)
+
+
+def test_kill_during_save_keeps_previous_checkpoint(tmp_path, data_dir):
+    r = recipe(tmp_path, data_dir)
+    env = {**os.environ, "LOONGFORGE_TEST_SAVE_DELAY_MS": "1500"}
+    proc = subprocess.Popen([str(LF_BIN), "train", str(r), "--set", "checkpoint.every=2", "--set", "eval.every=0"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    root = tmp_path / "run" / "checkpoints"
+    deadline = time.time() + 120
+    # wait until step 2 is complete and the save of step 4 has started, then kill hard
+    while time.time() < deadline:
+        if (root / "latest").exists() and (root / "latest").read_text().strip() == "step_00000002" and \
+                any(p.name.startswith(".tmp-step_00000004") for p in root.iterdir()):
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("the save of step 4 never started")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (root / "latest").read_text().strip() == "step_00000002"
+    assert not (root / "step_00000004").exists()
+    run_lf("train", r, "--set", "checkpoint.every=2", "--set", "eval.every=0", "--resume")
+    assert [m["step"] for m in metrics(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["train.stpes=5"], "did you mean 'train.steps'"),
+    (["optim.lrr=1"], "did you mean 'optim.lr'"),
+    (["train.steps=many"], "'train.steps': expected an integer"),
+    (["precision=fp8"], "'precision': 'fp8' is not one of"),
+    (["parallel.tp=2"], "parallel.tp"),
+    (["data.train=[{path: /nonexistent/shard}]"], "/nonexistent/shard"),
+])
+def test_bad_recipe_one_line(tmp_path, data_dir, sets, needle):
+    r = recipe(tmp_path, data_dir)
+    args = sum((["--set", s] for s in sets), [])
+    proc = run_lf("train", r, *args, check=False)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+def test_bad_recipe_file(tmp_path, data_dir):
+    p = tmp_path / "bad.yaml"
+    p.write_text("train:\n  steps: 5\n  micro_batch: 4\n")
+    proc = run_lf("train", p, check=False)
+    assert proc.returncode == 1 and "bad.yaml" in proc.stderr and "train.micro_batch_size" in proc.stderr
+    p.write_text("train: [1, 2\n")
+    proc = run_lf("train", p, check=False)
+    assert proc.returncode == 1 and "bad.yaml" in proc.stderr and "line" in proc.stderr
+
+
+def test_recompute_gives_the_same_training(tmp_path, data_dir):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    common = ["--set", "train.steps=2", "--set", "eval.every=0"]
+    run_lf("train", recipe(a, data_dir), *common)
+    run_lf("train", recipe(b, data_dir), *common, "--set", "model.recompute=full")
+    wa = load_file(str(latest(a / "run") / "model.safetensors"))
+    wb = load_file(str(latest(b / "run") / "model.safetensors"))
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
+    assert [m["loss"] for m in metrics(a / "run")] == pytest.approx([m["loss"] for m in metrics(b / "run")], rel=1e-6)
+
+
+def test_bf16_trains(tmp_path, data_dir):
+    r = recipe(tmp_path, data_dir)
+    run_lf("train", r, "--set", "precision=bf16", "--set", "train.steps=20", "--set", "optim.lr=1e-2",
+           "--set", "eval.every=0")
+    m = metrics(tmp_path / "run")
+    assert m[-1]["loss"] < m[0]["loss"] - 0.3
+
+
+def test_lora_run_resumes_and_loads_in_peft(tmp_path, data_dir):
+    import peft
+    import transformers
+    torch.manual_seed(0)
+    base = tmp_path / "base"
+    cfg = transformers.AutoConfig.for_model(**MODEL)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(base)
+    lora = ["--set", f"model.path={base}", "--set", "model.config=", "--set", "lora.enabled=true",
+            "--set", "lora.r=4", "--set", "lora.target_modules=[q_proj,v_proj,down_proj]", "--set", "eval.every=0",
+            "--set", "optim.lr=1e-2"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    run_lf("train", recipe(a, data_dir), *lora)
+    run_lf("train", recipe(b, data_dir), *lora, "--set", "train.stop_at_step=3")
+    run_lf("train", recipe(b, data_dir), *lora, "--resume")
+    assert [m["loss"] for m in metrics(a / "run")] == [m["loss"] for m in metrics(b / "run")]
+    ck = latest(a / "run")
+    assert (ck / "adapter_config.json").exists() and not (ck / "model.safetensors").exists()
+    assert metrics(a / "run")[-1]["loss"] < metrics(a / "run")[0]["loss"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base)
+    ids = torch.randint(3, 17, (2, 12))
+    with torch.no_grad():
+        before = hf(input_ids=ids).logits
+        model = peft.PeftModel.from_pretrained(hf, ck)
+        after = model(input_ids=ids).logits
+    assert (after - before).abs().max() > 1e-4  # the adapter learned something
+    from safetensors.torch import save_file
+    save_file({"input_ids": ids}, str(tmp_path / "batch.safetensors"))
+    run_lf("dump", "--model", base, "--lora", ck, "--batch", tmp_path / "batch.safetensors", "--out", tmp_path / "o.st")
+    ours = load_file(str(tmp_path / "o.st"))["logits"]
+    assert ((ours - after).abs().max() / after.abs().max()).item() <= 1e-5
