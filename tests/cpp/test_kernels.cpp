@@ -65,3 +65,4 @@ TEST(RMSNormKernel, FallsBackForOtherDtypes) {
 }
 
 }  // namespace
+

@@ -226,3 +226,69 @@ def test_lora_run_resumes_and_loads_in_peft(tmp_path, data_dir):
     run_lf("dump", "--model", base, "--lora", ck, "--batch", tmp_path / "batch.safetensors", "--out", tmp_path / "o.st")
     ours = load_file(str(tmp_path / "o.st"))["logits"]
     assert ((ours - after).abs().max() / after.abs().max()).item() <= 1e-5
+
+
+def test_train_matches_dump_steps_on_fixture(tmp_path):
+    """`dump --steps 10` on tests/fixtures/hf_llama equals a 10-step `train` on the same batch and settings."""
+    from safetensors.torch import save_file
+    from conftest import FIXTURES
+    ref = load_file(str(FIXTURES / "hf_llama" / "reference.safetensors"))
+    batch = tmp_path / "batch.safetensors"
+    save_file({"input_ids": ref["input_ids"], "labels": ref["labels"]}, str(batch))
+    run_lf("dump", "--model", FIXTURES / "hf_llama", "--batch", batch, "--out", tmp_path / "dump.st",
+           "--adamw", "lr=1e-3,beta1=0.9,beta2=0.95,eps=1e-8,weight_decay=0.1", "--steps", 10, "--clip", 1.0)
+    dump = load_file(str(tmp_path / "dump.st"))
+    r = tmp_path / "r.yaml"
+    r.write_text(f"""
+output_dir: {tmp_path / 'run'}
+model: {{path: {FIXTURES / 'hf_llama'}}}
+data: {{format: batch, train: [{{path: {batch}}}], seq_len: 24}}
+train: {{steps: 10, micro_batch_size: 2}}
+optim: {{lr: 1.0e-3, beta1: 0.9, beta2: 0.95, eps: 1.0e-8, weight_decay: 0.1, no_decay: [], clip: 1.0}}
+schedule: {{kind: constant}}
+log: {{progress: off, plot: false, tensorboard: false}}
+""")
+    run_lf("train", r)
+    m = metrics(tmp_path / "run")
+    assert torch.allclose(torch.tensor([x["loss"] for x in m], dtype=torch.float64), dump["losses"].double(), rtol=1e-6, atol=0)
+    assert torch.allclose(torch.tensor([x["grad_norm"] for x in m], dtype=torch.float64), dump["grad_norms"].double(), rtol=1e-5, atol=0)
+    w = load_file(str(latest(tmp_path / "run") / "model.safetensors"))
+    for k, v in w.items():
+        assert (v - dump["after_step." + k]).abs().max().item() <= 1e-6, k
+
+
+def test_sft_trains_on_chat_data(tmp_path):
+    """SFT from alpaca / sharegpt / OpenAI-messages lines with a ChatML template, loss on assistant tokens only."""
+    import shutil
+    from conftest import FIXTURES
+    tok = tmp_path / "tok"
+    shutil.copytree(FIXTURES / "tok_bytelevel_gpt2", tok)
+    (tok / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": "<|im_end|>", "bos_token": None,
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}))
+    lines = []
+    for i in range(40):
+        a, b = i % 7, (i * 3) % 5
+        lines.append({"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
+                                   {"role": "assistant", "content": f"It is {a + b}."}]})
+        lines.append({"instruction": f"Repeat the word number {i % 4}", "input": "", "output": f"word {i % 4}"})
+        lines.append({"conversations": [{"from": "human", "value": "Say hello"}, {"from": "gpt", "value": "Hello!"}]})
+    (tmp_path / "chat.jsonl").write_text("\n".join(json.dumps(l) for l in lines) + "\n")
+    model = dict(MODEL, vocab_size=2000, hidden_size=64, intermediate_size=128, max_position_embeddings=256)
+    (tmp_path / "model.json").write_text(json.dumps(model))
+    r = tmp_path / "sft.yaml"
+    r.write_text(f"""
+output_dir: {tmp_path / 'run'}
+model: {{config: {tmp_path / 'model.json'}, tokenizer: {tok}}}
+data: {{format: sft, train: [{{path: {tmp_path / 'chat.jsonl'}}}], seq_len: 96, packing: true}}
+train: {{steps: 30, micro_batch_size: 4, threads: 2}}
+optim: {{lr: 3.0e-3}}
+log: {{progress: off, plot: false, tensorboard: false}}
+""")
+    run_lf("train", r)
+    m = metrics(tmp_path / "run")
+    assert m[-1]["loss"] < m[0]["loss"] - 1.0
+    # the checkpoint answers like its training data
+    ck = latest(tmp_path / "run")
+    assert (ck / "tokenizer_config.json").exists()

@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include "loongforge/core/error.h"
+#include "loongforge/io/safetensors.h"
+
 namespace lf::train {
 
 int64_t Batch::counted() const { return (targets != -100).sum().item<int64_t>(); }
@@ -44,5 +47,26 @@ Batch PretrainSource::next(int64_t b) {
 nlohmann::json PretrainSource::state() const { return ds_.state().to_json(); }
 
 void PretrainSource::restore(const nlohmann::json& s) { ds_.restore(data::PretrainState::from_json(s, "trainer_state.json data")); }
+
+BatchFileSource::BatchFileSource(const std::string& path) {
+  auto f = io::SafetensorsFile::open(path);
+  if (!f->contains("input_ids")) throw file_error(path, "input_ids", "missing");
+  ids_ = f->tensor("input_ids");
+  if (ids_.scalar_type() != at::kLong || ids_.dim() != 2 || ids_.size(0) == 0)
+    throw file_error(path, "input_ids", "expected int64 [B,T] with B > 0");
+  at::Tensor labels = f->contains("labels") ? f->tensor("labels") : ids_;
+  if (labels.sizes() != ids_.sizes() || labels.scalar_type() != at::kLong)
+    throw file_error(path, "labels", "expected int64 with the shape of input_ids");
+  // transformers' convention: labels align with inputs and shift inside; targets are the shifted labels
+  targets_ = at::cat({labels.narrow(1, 1, labels.size(1) - 1), at::full({labels.size(0), 1}, -100, at::kLong)}, 1);
+}
+
+Batch BatchFileSource::next(int64_t b) {
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < b; ++i) rows.push_back((row_ + i) % ids_.size(0));
+  row_ = (row_ + b) % ids_.size(0);
+  at::Tensor idx = at::tensor(rows, at::kLong);
+  return Batch{ids_.index_select(0, idx), targets_.index_select(0, idx), {}, {}};
+}
 
 }  // namespace lf::train

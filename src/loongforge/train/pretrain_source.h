@@ -20,4 +20,18 @@ class PretrainSource : public BatchSource {
   bool per_document_;
 };
 
+// The rows of one safetensors batch (input_ids int64 [B,T], optional labels with -100, as `loongforge dump` takes),
+// served in order and repeated: for overfitting checks and for parity with `dump --steps`.
+class BatchFileSource : public BatchSource {
+ public:
+  explicit BatchFileSource(const std::string& path);
+  Batch next(int64_t micro_batch_size) override;
+  nlohmann::json state() const override { return {{"row", row_}}; }
+  void restore(const nlohmann::json& state) override { row_ = state.at("row").get<int64_t>(); }
+
+ private:
+  at::Tensor ids_, targets_;
+  int64_t row_ = 0;
+};
+
 }  // namespace lf::train

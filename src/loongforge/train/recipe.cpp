@@ -49,7 +49,7 @@ const std::map<std::string, std::vector<std::string>> kChoices = {
     {"precision", {"fp32", "bf16"}},
     {"device", {"cpu", "cuda"}},
     {"model.recompute", {"none", "full", "per_layer"}},
-    {"data.format", {"pretrain", "sft"}},
+    {"data.format", {"pretrain", "sft", "batch"}},
     {"schedule.kind", {"cosine", "linear", "constant", "wsd"}},
     {"log.progress", {"auto", "bar", "lines", "off"}},
     {"parallel.cp_mode", {"ring", "a2a"}},

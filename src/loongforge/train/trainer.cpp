@@ -24,6 +24,7 @@
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/pretrain_source.h"
 #include "loongforge/train/recipe.h"
+#include "loongforge/train/sft_source.h"
 
 namespace lf::train {
 namespace fs = std::filesystem;
@@ -119,9 +120,21 @@ Built build_model(const json& r) {
   return b;
 }
 
-std::unique_ptr<BatchSource> build_data(const json& r, data::Split split) {
+std::unique_ptr<BatchSource> build_data(const json& r, data::Split split, const std::string& tokenizer) {
   const json& d = r["data"];
-  if (d["format"] != "pretrain") throw Error("recipe: field 'data.format': 'sft' is not available yet");
+  if (d["format"] == "batch") {
+    if (d["train"].size() != 1) throw Error("recipe: field 'data.train': format 'batch' takes one safetensors file");
+    return std::make_unique<BatchFileSource>(d["train"][0]["path"].get<std::string>());
+  }
+  if (d["format"] == "sft") {
+    std::vector<std::string> files;
+    for (const auto& s : d["train"]) files.push_back(s["path"].get<std::string>());
+    if (files.empty()) throw Error("recipe: field 'data.train': no files (a list of {path: FILE.jsonl})");
+    if (split == data::Split::Valid) throw Error("recipe: field 'data.valid_fraction': not supported for SFT data yet");
+    return std::make_unique<SftSource>(files, tokenizer, d["chat_template"].get<std::string>(), d["seq_len"],
+                                       d["assistant_only_loss"].get<bool>(), d["packing"].get<bool>(),
+                                       static_cast<uint64_t>(r["seed"].get<int64_t>()));
+  }
   data::PretrainOptions o;
   for (const auto& s : d["train"]) o.sources.push_back({s["path"].get<std::string>(), s["weight"].get<double>()});
   if (o.sources.empty()) throw Error("recipe: field 'data.train': no datasets (a list of {path: PREFIX, weight: W})");
@@ -232,10 +245,10 @@ TrainOutcome train(const json& r, bool resume) {
   const int64_t steps = r["train"]["steps"];
   sched.total_steps = steps;
 
-  auto data = build_data(r, data::Split::Train);
+  auto data = build_data(r, data::Split::Train, b.tokenizer);
   std::unique_ptr<BatchSource> valid;
   const int64_t eval_every = r["eval"]["every"];
-  if (r["data"]["valid_fraction"].get<double>() > 0) valid = build_data(r, data::Split::Valid);
+  if (r["data"]["valid_fraction"].get<double>() > 0) valid = build_data(r, data::Split::Valid, b.tokenizer);
   // Every evaluation uses the same first eval.batches validation batches, so values compare across steps and
   // with `loongforge eval`.
   const json valid_start = valid ? valid->state() : json();
@@ -383,7 +396,9 @@ double evaluate(const json& r, const std::string& model_dir, int64_t batches) {
   } else {
     model = io::load_causal_lm(model_dir, at::kFloat);
   }
-  auto src = build_data(r, r["data"]["valid_fraction"].get<double>() > 0 ? data::Split::Valid : data::Split::Train);
+  std::string tok = r["model"]["tokenizer"].get<std::string>();
+  if (tok.empty()) tok = r["model"]["path"].get<std::string>();
+  auto src = build_data(r, r["data"]["valid_fraction"].get<double>() > 0 ? data::Split::Valid : data::Split::Train, tok);
   return validation_loss(*model, *src, batches, r["train"]["micro_batch_size"]);
 }
 

@@ -1,0 +1,321 @@
+#include "loongforge/data/sft_dataset.h"
+
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "loongforge/core/error.h"
+
+namespace lf::data {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+uint64_t mix(uint64_t x) {  // splitmix64: the same order with every standard library
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t below(uint64_t& state, uint64_t n) {  // uniform in [0, n), Lemire's method
+  auto draw = [&] { return static_cast<unsigned __int128>(state = mix(state)) * n; };
+  unsigned __int128 m = draw();
+  if (static_cast<uint64_t>(m) < n) {
+    const uint64_t t = (0 - n) % n;
+    while (static_cast<uint64_t>(m) < t) m = draw();
+  }
+  return static_cast<uint64_t>(m >> 64);
+}
+
+std::string one_line(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  std::replace(s.begin(), s.end(), '\r', ' ');
+  return s;
+}
+
+const std::string& str_field(const nlohmann::json& obj, const std::string& key, const std::string& where,
+                             const std::string& field) {
+  auto it = obj.find(key);
+  if (it == obj.end()) throw file_error(where, field, "missing");
+  if (!it->is_string()) throw file_error(where, field, "expected a string, got " + std::string(it->type_name()));
+  return it->get_ref<const std::string&>();
+}
+
+// One line of the data file -> messages (alpaca / sharegpt / openai).
+std::vector<SftDataset::Message> parse_conversation(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) throw file_error(where, "", "expected a JSON object, got " + std::string(j.type_name()));
+  std::vector<SftDataset::Message> msgs;
+  auto system = [&] {  // alpaca / sharegpt: an optional top-level system prompt
+    if (j.contains("system") && !j["system"].is_null()) {
+      const std::string& s = str_field(j, "system", where, "system");
+      if (!s.empty()) msgs.push_back({"system", s});
+    }
+  };
+  auto list = [&](const char* key) -> const nlohmann::json& {
+    const auto& a = j[key];
+    if (!a.is_array()) throw file_error(where, key, "expected a list, got " + std::string(a.type_name()));
+    if (a.empty()) throw file_error(where, key, "empty");
+    return a;
+  };
+  if (j.contains("messages")) {
+    const auto& a = list("messages");
+    for (size_t i = 0; i < a.size(); ++i) {
+      const std::string f = "messages[" + std::to_string(i) + "]";
+      if (!a[i].is_object()) throw file_error(where, f, "expected an object");
+      const std::string& role = str_field(a[i], "role", where, f + ".role");
+      if (role != "system" && role != "user" && role != "assistant")
+        throw file_error(where, f + ".role", "unknown role '" + role + "' (expected system, user or assistant)");
+      msgs.push_back({role, str_field(a[i], "content", where, f + ".content")});
+    }
+  } else if (j.contains("conversations")) {
+    system();
+    const auto& a = list("conversations");
+    for (size_t i = 0; i < a.size(); ++i) {
+      const std::string f = "conversations[" + std::to_string(i) + "]";
+      if (!a[i].is_object()) throw file_error(where, f, "expected an object");
+      const std::string& from = str_field(a[i], "from", where, f + ".from");
+      std::string role = from == "human" || from == "user"      ? "user"
+                         : from == "gpt" || from == "assistant" ? "assistant"
+                         : from == "system"                     ? "system"
+                                                                : "";
+      if (role.empty()) throw file_error(where, f + ".from", "unknown role '" + from + "' (expected human, gpt or system)");
+      msgs.push_back({role, str_field(a[i], "value", where, f + ".value")});
+    }
+  } else if (j.contains("instruction")) {
+    system();
+    std::string user = str_field(j, "instruction", where, "instruction");
+    if (j.contains("input") && !j["input"].is_null()) {
+      const std::string& in = str_field(j, "input", where, "input");
+      if (!in.empty()) user += "\n\n" + in;
+    }
+    msgs.push_back({"user", user});
+    msgs.push_back({"assistant", str_field(j, "output", where, "output")});
+  } else {
+    throw file_error(where, "", "unknown format: expected alpaca {\"instruction\", \"output\"}, sharegpt "
+                                "{\"conversations\"} or OpenAI {\"messages\"}");
+  }
+  if (std::none_of(msgs.begin(), msgs.end(), [](const auto& m) { return m.role == "assistant"; }))
+    throw file_error(where, j.contains("messages") ? "messages" : "conversations", "no assistant message");
+  return msgs;
+}
+
+bool is_space_token(const Tokenizer& tok, int64_t id) {
+  std::string s = tok.decode({id}, false);
+  return !s.empty() && s.find_first_not_of(" \t\r\n") == std::string::npos;
+}
+
+bool is_special_token(const Tokenizer& tok, int64_t id) {
+  return tok.decode({id}, true).empty() && !tok.decode({id}, false).empty();
+}
+
+}  // namespace
+
+SftDataset::SftDataset(SftOptions opts, const Tokenizer& tok)
+    : opts_(std::move(opts)), tmpl_(opts_.chat_template, opts_.template_origin), tok_(&tok) {
+  if (opts_.seq_len < 1) throw file_error("sft options", "seq_len", "must be >= 1");
+  if (opts_.files.empty()) throw file_error("sft options", "files", "no data files");
+  for (const auto& file : opts_.files) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw file_error(file, "", "cannot open");
+    std::string line;
+    for (size_t n = 1; std::getline(in, line); ++n) {
+      if (line.find_first_not_of(" \t\r\n") == std::string::npos) continue;
+      const std::string where = file + ":" + std::to_string(n);
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(where + ": invalid JSON: " + one_line(e.what()));
+      }
+      convs_.push_back({where, parse_conversation(j, where), {}, {}});
+    }
+  }
+  if (convs_.empty()) throw file_error(opts_.files.front(), "", "no conversations in the data files");
+  if (convs_.size() > UINT32_MAX) throw file_error("sft options", "files", "too many conversations");
+  const size_t max_tokens = static_cast<size_t>(opts_.seq_len) + 1;
+  for (size_t i = 0; i < convs_.size(); ++i) {
+    Encoded e = encode_conversation(i);
+    if (e.ids.empty()) throw Error(convs_[i].where + ": the conversation renders to no tokens");
+    if (e.ids.size() > max_tokens) {
+      ++truncated_;
+      e.ids.resize(max_tokens);
+      e.assistant_mask.resize(max_tokens);
+    }
+    convs_[i].ids = std::move(e.ids);
+    convs_[i].mask = std::move(e.assistant_mask);
+  }
+  if (truncated_)
+    std::cerr << "warning: sft data: " << truncated_ << " of " << convs_.size() << " conversations have more than "
+              << "seq_len + 1 = " << max_tokens << " tokens and are truncated\n";
+  pad_id_ = opts_.pad_id >= 0 ? opts_.pad_id : 0;
+  if (opts_.pad_id < 0 && !opts_.eos_token.empty())
+    if (auto id = tok.token_to_id(opts_.eos_token)) pad_id_ = *id;
+}
+
+SftDataset::Encoded SftDataset::encode_conversation(size_t i) const {
+  if (i >= convs_.size()) throw Error("sft data: conversation " + std::to_string(i) + " out of range");
+  const Conv& c = convs_.at(i);
+  const Tokenizer& tok = *tok_;
+  auto render = [&](size_t n, bool gen) {
+    ojson msgs = ojson::array();
+    for (size_t k = 0; k < n; ++k) msgs.push_back({{"role", c.messages[k].role}, {"content", c.messages[k].content}});
+    ojson ctx = {{"messages", std::move(msgs)},      {"tools", nullptr},
+                 {"add_generation_prompt", gen},     {"bos_token", opts_.bos_token},
+                 {"eos_token", opts_.eos_token}};
+    try {
+      return tmpl_.render_ordered(ctx);
+    } catch (const Error& e) {
+      throw Error(c.where + ": chat template: " + one_line(e.what()));
+    }
+  };
+  auto encode = [&](std::string_view s) {
+    try {
+      return tok.encode(s, false);
+    } catch (const Error& e) {
+      throw Error(c.where + ": " + one_line(e.what()));
+    }
+  };
+  Encoded e;
+  e.text = render(c.messages.size(), false);
+  if (!opts_.assistant_only_loss) {
+    e.ids = encode(e.text);
+    e.assistant_mask.assign(e.ids.size(), 1);
+    return e;
+  }
+  // Character spans of the assistant replies.
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (size_t k = 0; k < c.messages.size(); ++k) {
+    if (c.messages[k].role != "assistant") continue;
+    const std::string before = render(k, true), through = render(k + 1, false);
+    const size_t prev = spans.empty() ? 0 : spans.back().second;
+    if (!e.text.starts_with(before) || !e.text.starts_with(through) || through.size() < before.size() ||
+        before.size() < prev)
+      throw Error(c.where + ": chat template " + tmpl_.origin() + " is not prefix-stable: rendering the first " +
+                  std::to_string(k) + " or " + std::to_string(k + 1) +
+                  " messages does not give a prefix of the whole conversation, so the assistant tokens cannot be "
+                  "found (use assistant_only_loss=false or another template)");
+    spans.emplace_back(before.size(), through.size());
+  }
+  // Character boundaries -> token boundaries. Fast path: the segments between the boundaries, encoded separately,
+  // concatenate to the encoding of the whole text (boundaries at special tokens).
+  std::vector<size_t> cuts{0};
+  for (auto [a, b] : spans) cuts.insert(cuts.end(), {a, b});
+  cuts.push_back(e.text.size());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  e.ids = encode(e.text);
+  std::vector<int64_t> joined;
+  std::vector<size_t> tok_at{0};  // token index of each cut
+  for (size_t s = 0; s + 1 < cuts.size(); ++s) {
+    auto part = encode(std::string_view(e.text).substr(cuts[s], cuts[s + 1] - cuts[s]));
+    joined.insert(joined.end(), part.begin(), part.end());
+    tok_at.push_back(joined.size());
+  }
+  const bool fast = joined == e.ids;
+  // Otherwise per boundary P: the encoding of text[:P] when it is a prefix of the ids; else the first J whose decoded
+  // ids[:J] reach P (exact when they spell text[:P]); a token straddling P counts as assistant (it overlaps the span,
+  // as transformers' offsets-based mask has it).
+  auto token_of = [&](size_t p, bool start) -> size_t {
+    if (fast) return tok_at[std::lower_bound(cuts.begin(), cuts.end(), p) - cuts.begin()];
+    if (p == 0 || p == e.text.size()) return p == 0 ? 0 : e.ids.size();
+    auto pre = encode(std::string_view(e.text).substr(0, p));
+    if (pre.size() <= e.ids.size() && std::equal(pre.begin(), pre.end(), e.ids.begin())) return pre.size();
+    auto decoded = [&](size_t j) { return tok.decode(std::vector<int64_t>(e.ids.begin(), e.ids.begin() + j), false); };
+    size_t lo = 0, hi = e.ids.size();
+    while (lo < hi) {
+      const size_t mid = (lo + hi) / 2;
+      if (decoded(mid).size() >= p)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    if (decoded(lo) == std::string_view(e.text).substr(0, p)) return lo;
+    return start && lo > 0 ? lo - 1 : lo;
+  };
+  e.assistant_mask.assign(e.ids.size(), 0);
+  for (auto [a, b] : spans) {
+    size_t ta = token_of(a, true), tb = std::max(ta, token_of(b, false)), j = tb;
+    // Whitespace the template writes after the end-of-turn special token is not predicted.
+    while (j > ta && is_space_token(tok, e.ids[j - 1])) --j;
+    if (j < tb && j > ta && is_special_token(tok, e.ids[j - 1])) tb = j;
+    std::fill(e.assistant_mask.begin() + ta, e.assistant_mask.begin() + tb, 1);
+  }
+  return e;
+}
+
+size_t SftDataset::conv_at(uint64_t k) {
+  const uint64_t n = convs_.size(), epoch = k / n;
+  if (perm_epoch_ != epoch) {
+    perm_.resize(n);
+    std::iota(perm_.begin(), perm_.end(), 0u);
+    uint64_t state = mix(mix(opts_.seed) ^ epoch);
+    for (size_t i = n; i > 1; --i) std::swap(perm_[i - 1], perm_[below(state, i)]);
+    perm_epoch_ = epoch;
+  }
+  return perm_[k % n];
+}
+
+SftSample SftDataset::next() {
+  const size_t L = static_cast<size_t>(opts_.seq_len);
+  SftSample s;
+  for (auto* v : {&s.input_ids, &s.labels, &s.position_ids, &s.segment_ids}) v->reserve(L);
+  int64_t seg = 0;
+  while (s.input_ids.size() < L) {
+    const Conv& c = convs_[conv_at(consumed_)];
+    const size_t n = std::min(c.ids.size(), L);
+    if (s.input_ids.size() + n > L) break;
+    for (size_t i = 0; i < n; ++i) {
+      s.input_ids.push_back(c.ids[i]);
+      s.labels.push_back(i + 1 < c.ids.size() && c.mask[i + 1] ? c.ids[i + 1] : -100);
+      s.position_ids.push_back(static_cast<int64_t>(i));
+      s.segment_ids.push_back(seg);
+    }
+    ++seg;
+    ++consumed_;
+    if (!opts_.packing) break;
+  }
+  for (int64_t p = 0; s.input_ids.size() < L; ++p) {
+    s.input_ids.push_back(pad_id_);
+    s.labels.push_back(-100);
+    s.position_ids.push_back(p);
+    s.segment_ids.push_back(seg);
+  }
+  ++samples_;
+  return s;
+}
+
+nlohmann::json SftDataset::state() const {
+  return {{"conversations_consumed", consumed_}, {"samples", samples_},          {"seed", opts_.seed},
+          {"seq_len", opts_.seq_len},            {"packing", opts_.packing},     {"num_conversations", convs_.size()}};
+}
+
+void SftDataset::restore(const nlohmann::json& st, const std::string& where) {
+  if (!st.is_object()) throw file_error(where, "", "expected a JSON object");
+  auto get = [&](const char* key, auto expected_type) {
+    using T = decltype(expected_type);
+    auto it = st.find(key);
+    if (it == st.end()) throw file_error(where, key, "missing");
+    try {
+      return it->template get<T>();
+    } catch (const nlohmann::json::exception&) {
+      throw file_error(where, key, "has the wrong type (" + std::string(it->type_name()) + ")");
+    }
+  };
+  auto same = [&](const char* key, auto mine) {
+    auto theirs = get(key, mine);
+    if (theirs != mine)
+      throw file_error(where, key, "is " + nlohmann::json(theirs).dump() + " but this dataset has " +
+                                       nlohmann::json(mine).dump());
+  };
+  same("seed", opts_.seed);
+  same("seq_len", opts_.seq_len);
+  same("packing", opts_.packing);
+  same("num_conversations", static_cast<uint64_t>(convs_.size()));
+  consumed_ = get("conversations_consumed", uint64_t{});
+  samples_ = get("samples", uint64_t{});
+}
+
+}  // namespace lf::data

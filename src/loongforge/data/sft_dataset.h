@@ -1,0 +1,117 @@
+// Supervised fine-tuning samples from chat data (.jsonl), torch-free.
+//
+// Each line of a file is one conversation in one of three formats, detected per line:
+//   alpaca   {"instruction", "input"?, "output", "system"?}  -> [system], user: instruction (+ "\n\n" + input), assistant
+//   sharegpt {"conversations": [{"from": human|gpt|system (or user|assistant), "value"}...], "system"?}
+//   openai   {"messages": [{"role": system|user|assistant, "content"}...]}
+// Blank lines are skipped; every other line must be one of these with at least one assistant turn (lf::Error
+// "FILE:LINE: field 'F': what" otherwise).
+//
+// A conversation is rendered with the chat template (add_generation_prompt=false; context: messages, tools=null,
+// add_generation_prompt, bos_token, eos_token, as transformers' apply_chat_template) and encoded with
+// add_special_tokens=false (the template writes BOS itself).
+//
+// Assistant mask: for assistant turn k, render(messages[:k], add_generation_prompt=true) is the text before the reply
+// and render(messages[:k+1]) the text through its end; both must be prefixes of the full render ("chat template
+// ORIGIN is not prefix-stable" otherwise). The characters between are assistant, including the template's
+// end-of-turn token (<|im_end|>, <|eot_id|>, </s>) which the model must learn to emit, but excluding whitespace the
+// template writes after that end-of-turn special token (ChatML's "\n" after <|im_end|>): generation stops at the
+// special token, so that newline is never predicted. Character boundaries map to tokens by encoding the segments
+// separately when their concatenation equals the encoding of the whole text (the usual case, boundaries being special
+// tokens); otherwise per boundary by encoding the text before it (when that is a prefix of the ids) or by decoding
+// prefixes of the ids; a token straddling a boundary counts as assistant (it overlaps the reply, as in transformers'
+// return_assistant_tokens_mask).
+//
+// Labels are already shifted: position i holds input ids[i] and label ids[i+1] when token i+1 takes loss (an
+// assistant token, or any token when assistant_only_loss is false), else -100; the last token of a conversation has
+// label -100, as has padding. A conversation of n tokens takes n positions; one longer than seq_len takes seq_len
+// positions and the token after them is only a label, so up to seq_len + 1 tokens lose nothing; longer ones are
+// truncated to their first seq_len + 1 tokens (counted, one warning on stderr).
+//
+// Order: per epoch e the conversations are shuffled by (seed, e); the epochs form one stream that is packed greedily
+// (in order, a conversation joins the current sequence when it fits, else the sequence is emitted padded and the
+// conversation starts the next one). packing=false: one conversation per sequence. The dataset is a pure function of
+// (options, data, position in the stream): state()/restore() resume exactly.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "loongforge/data/chat_template.h"
+#include "loongforge/data/tokenizer/tokenizer.h"
+
+namespace lf::data {
+
+struct SftOptions {
+  std::vector<std::string> files;    // .jsonl files
+  std::string chat_template;         // template source (ChatTemplate::load_from_folder(..).source or builtin(..))
+  std::string template_origin = "chat_template";  // names the template in errors
+  std::string bos_token, eos_token;  // passed to the template context
+  int64_t seq_len = 2048;
+  bool assistant_only_loss = true;   // false: loss on every token (except padding)
+  bool packing = true;               // several conversations per sequence (per-document attention, restarting positions)
+  uint64_t seed = 1234;              // shuffle order per epoch
+  int64_t pad_id = -1;               // -1: the id of eos_token, else 0
+};
+
+struct SftSample {  // one training sequence of exactly seq_len positions
+  std::vector<int64_t> input_ids;     // padded with pad_id
+  std::vector<int64_t> labels;        // next token, already shifted; -100 = no loss
+  std::vector<int64_t> position_ids;  // restart at 0 at each packed conversation (and at the padding)
+  std::vector<int64_t> segment_ids;   // 0,0,..,1,1,..: which packed conversation; padding gets its own id
+  bool operator==(const SftSample&) const = default;
+};
+
+class SftDataset {
+ public:
+  // Reads, renders and tokenizes everything up front. Errors (lf::Error) name FILE:LINE and the field. TOK must
+  // outlive the dataset.
+  SftDataset(SftOptions opts, const Tokenizer& tok);
+
+  SftSample next();
+  // {"conversations_consumed", "samples", "seed", "seq_len", "packing", "num_conversations"}; restore refuses a state
+  // of other options or data (lf::Error naming WHERE and the field).
+  nlohmann::json state() const;
+  void restore(const nlohmann::json& state, const std::string& where = "sft data state");
+
+  size_t num_conversations() const { return convs_.size(); }
+  size_t num_truncated() const { return truncated_; }
+  uint64_t epoch() const { return consumed_ / convs_.size(); }  // epoch of the next conversation
+  int64_t pad_id() const { return pad_id_; }
+  const SftOptions& options() const { return opts_; }
+
+  // One conversation rendered + tokenized (unpacked, untruncated) with its loss mask: 1 on assistant tokens (every
+  // token when assistant_only_loss is false).
+  struct Encoded {
+    std::string text;
+    std::vector<int64_t> ids;
+    std::vector<uint8_t> assistant_mask;
+  };
+  Encoded encode_conversation(size_t i) const;
+
+  struct Message {
+    std::string role, content;
+  };
+
+ private:
+  struct Conv {
+    std::string where;  // FILE:LINE
+    std::vector<Message> messages;
+    std::vector<int64_t> ids;  // truncated to seq_len + 1
+    std::vector<uint8_t> mask;
+  };
+  size_t conv_at(uint64_t k);  // conversation index of stream position K
+
+  SftOptions opts_;
+  ChatTemplate tmpl_;
+  const Tokenizer* tok_;
+  std::vector<Conv> convs_;
+  int64_t pad_id_ = 0;
+  size_t truncated_ = 0;
+  uint64_t consumed_ = 0, samples_ = 0;
+  uint64_t perm_epoch_ = UINT64_MAX;  // the epoch perm_ belongs to
+  std::vector<uint32_t> perm_;
+};
+
+}  // namespace lf::data
