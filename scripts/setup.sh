@@ -29,6 +29,12 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q -r requirements.txt
   touch "$VENV/.complete"
+  # environments of older requirements.txt versions are a few GB each: drop them
+  if [ -z "${LOONGFORGE_VENV:-}" ]; then
+    for old in "$(dirname "$VENV")"/venv-*; do
+      if [ "$old" != "$VENV" ]; then rm -rf "$old"; fi
+    done
+  fi
 fi
 if [ "$(readlink -f .venv 2>/dev/null)" != "$(readlink -f "$VENV")" ]; then rm -rf .venv; ln -s "$VENV" .venv; fi
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -222,6 +223,10 @@ class Progress {
 
 TrainOutcome train(const json& r, bool resume) {
   check_layout(r);
+  // Training allocates and frees the same large activation buffers every step. glibc would hand buffers above
+  // its mmap threshold back to the kernel on free and fault them in again (zeroed) on the next step; keep them.
+  ::mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
   if (r["device"] == "cuda") {
     std::fprintf(stderr, "loongforge: device 'cuda' requested but this build has no CUDA support yet; running on the CPU\n");
   }
