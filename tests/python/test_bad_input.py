@@ -112,3 +112,11 @@ def test_bad_adamw_spec(model_dir, batch, tmp_path):
     proc = run_lf("dump", "--model", model_dir, "--batch", batch, "--out", tmp_path / "o.safetensors",
                   "--adamw", "lr=1e-3,momentum=0.9", check=False)
     assert proc.returncode == 1 and "momentum" in proc.stderr
+
+
+def test_old_rotary_buffers_are_ignored(model_dir, batch, tmp_path):
+    """Checkpoints from older transformers carry rotary_emb.inv_freq buffers; transformers ignores them, so do we."""
+    sd = load_file(str(model_dir / "model.safetensors"))
+    sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(sd, str(model_dir / "model.safetensors"))
+    run_lf("dump", "--model", model_dir, "--batch", batch, "--out", tmp_path / "o.safetensors")

@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 namespace {
 // Tensors that transformers ignores on load (buffers older versions saved).
 bool ignorable(const std::string& name) {
-  return name.size() > 21 && name.compare(name.size() - 21, 21, "rotary_emb.inv_freq") == 0;
+  return name.ends_with("rotary_emb.inv_freq");
 }
 }  // namespace
 

@@ -152,8 +152,6 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
 
   if (rd.has("attention_dropout") && rd.number("attention_dropout") != 0.0)
     throw file_error(file, "attention_dropout", "attention dropout is not supported (must be 0)");
-  if (rd.has("pretraining_tp") && rd.integer("pretraining_tp") != 1 && c.model_type != "llama")
-    throw file_error(file, "pretraining_tp", "must be 1");
   if (rd.has("logits_soft_cap") || rd.has("final_logit_softcapping"))
     throw file_error(file, rd.has("logits_soft_cap") ? "logits_soft_cap" : "final_logit_softcapping", "logit soft-capping is not supported");
 
