@@ -21,6 +21,19 @@ def run_lf(*args, input=None, check=True):
     return proc
 
 
+def run_gtest_hook(test, env):
+    """Runs one C++ oracle hook of the gtest binary (a gtest that skips unless its env vars are set) and fails unless
+    it really ran and passed. Returns the CompletedProcess."""
+    if not TESTS_BIN.exists():
+        pytest.fail(f"{TESTS_BIN} does not exist (build it with scripts/build.sh)")
+    proc = subprocess.run([str(TESTS_BIN), f"--gtest_filter={test}"], capture_output=True, text=True,
+                          env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if "[  PASSED  ] 1 test" not in proc.stdout:
+        pytest.fail(f"{TESTS_BIN} did not run {test} (stale binary? rebuild it):\n{proc.stdout}")
+    return proc
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir():
     return FIXTURES

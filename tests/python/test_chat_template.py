@@ -10,14 +10,12 @@ built-ins "chatml" / "llama3" / "mistral" must match the real templates on simpl
 """
 import copy
 import json
-import os
 import pathlib
-import subprocess
 import tempfile
 
 import pytest
 
-from conftest import TESTS_BIN
+from conftest import run_gtest_hook
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ctu = pytest.importorskip("transformers.utils.chat_template_utils")
@@ -675,22 +673,13 @@ SNIPPETS = [
 ]
 
 
-def binary_path():
-    return TESTS_BIN
-
-
 def run_cpp(items):
     """items: list of {"template"|"builtin", "context"}; returns list of {"ok": str} | {"error": str}."""
-    binary = binary_path()
-    if not binary.exists():
-        pytest.fail(f"{binary} does not exist")
     with tempfile.TemporaryDirectory() as tmp:
         cases, out = pathlib.Path(tmp) / "cases.json", pathlib.Path(tmp) / "out.json"
         cases.write_text(json.dumps(items, ensure_ascii=False), encoding="utf-8")
-        proc = subprocess.run([str(binary), "--gtest_filter=ChatTemplateOracle.RenderCases"], capture_output=True,
-                              text=True, env={**os.environ, "LF_CHAT_TEMPLATE_CASES": str(cases),
-                                              "LF_CHAT_TEMPLATE_OUT": str(out)})
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        proc = run_gtest_hook("ChatTemplateOracle.RenderCases",
+                              {"LF_CHAT_TEMPLATE_CASES": str(cases), "LF_CHAT_TEMPLATE_OUT": str(out)})
         assert out.exists(), "the gtest hook wrote no output (was it skipped?)\n" + proc.stdout
         res = json.loads(out.read_text(encoding="utf-8"))
     assert len(res) == len(items)

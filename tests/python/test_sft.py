@@ -16,14 +16,12 @@ Packing is checked against a re-implementation here: labels[i] = ids[i+1] where 
 the last token of a conversation -100, positions restart per conversation, padding its own segment.
 """
 import json
-import os
 import pathlib
-import subprocess
 import tempfile
 
 import pytest
 
-from conftest import TESTS_BIN
+from conftest import run_gtest_hook
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 tokenizers = pytest.importorskip("tokenizers")
@@ -119,15 +117,8 @@ def hf_mask(t, messages, template):
     return list(out["input_ids"]), list(out["assistant_masks"])
 
 
-def binary_path():
-    return TESTS_BIN
-
-
 def run_cpp(cases):
     """cases: list of dicts for SftOracle.Cases; "lines" (list of dicts or raw strings) become a .jsonl file."""
-    binary = binary_path()
-    if not binary.exists():
-        pytest.fail(f"{binary} does not exist")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         for i, c in enumerate(cases):
@@ -138,12 +129,8 @@ def run_cpp(cases):
                 c["files"] = [str(f)]
             c["tokenizer_dir"] = str(c["tokenizer_dir"])
         (tmp / "cases.json").write_text(json.dumps(cases, ensure_ascii=False), encoding="utf-8")
-        proc = subprocess.run([str(binary), "--gtest_filter=SftOracle.Cases"], capture_output=True, text=True,
-                              env={**os.environ, "LF_SFT_CASES": str(tmp / "cases.json"),
-                                   "LF_SFT_OUT": str(tmp / "out.json")})
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        if "[  PASSED  ] 1 test" not in proc.stdout:
-            pytest.fail(f"{binary} did not run SftOracle.Cases (stale binary? rebuild it):\n{proc.stdout}")
+        proc = run_gtest_hook("SftOracle.Cases",
+                              {"LF_SFT_CASES": str(tmp / "cases.json"), "LF_SFT_OUT": str(tmp / "out.json")})
         return json.loads((tmp / "out.json").read_text(encoding="utf-8")), proc.stderr
 
 
