@@ -37,3 +37,46 @@ def run_gtest_hook(test, env):
 @pytest.fixture(scope="session")
 def fixtures_dir():
     return FIXTURES
+
+
+def free_port():
+    """A TCP port nobody listens on now (for MASTER_PORT)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_ranks(n, argv, env=None, timeout=300, threads=1):
+    """Starts `argv` as n ranks with torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+    MASTER_PORT) and waits for all. Returns the list of CompletedProcess-like results (returncode, stdout, stderr) in
+    rank order."""
+    port = free_port()
+    procs = []
+    for r in range(n):
+        e = {**os.environ, **(env or {}), "RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r),
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(threads)}
+        procs.append(subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=e))
+    results = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"rank {len(results)} of {argv} did not finish within {timeout} s")
+        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return results
+
+
+def run_gtest_hook_ranks(n, test, env, timeout=300):
+    """Runs one C++ hook of the gtest binary as n ranks; fails unless every rank ran it and passed."""
+    if not TESTS_BIN.exists():
+        pytest.fail(f"{TESTS_BIN} does not exist (build it with scripts/build.sh)")
+    res = launch_ranks(n, [TESTS_BIN, f"--gtest_filter={test}"], env, timeout)
+    for r, p in enumerate(res):
+        assert p.returncode == 0, f"rank {r}:\n{p.stdout[-3000:]}{p.stderr[-3000:]}"
+        if "[  PASSED  ] 1 test" not in p.stdout:
+            pytest.fail(f"rank {r} did not run {test} (stale binary? rebuild it):\n{p.stdout}")
+    return res

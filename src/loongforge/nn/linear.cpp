@@ -13,10 +13,11 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias) : in_features(in
   if (with_bias) bias = register_parameter("bias", at::empty({out}).uniform_(-bound, bound));
 }
 
-at::Tensor LinearImpl::forward(const at::Tensor& x) {
+at::Tensor LinearImpl::forward(const at::Tensor& x_in) {
+  const at::Tensor x = input_fn ? input_fn(x_in) : x_in;
   at::Tensor y = at::linear(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
   if (adapter) y = y + adapter->forward(x);
-  return y;
+  return output_fn ? output_fn(y) : y;
 }
 
 }  // namespace lf::nn

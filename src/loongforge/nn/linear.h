@@ -3,6 +3,7 @@
 #pragma once
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 
 namespace lf::nn {
@@ -23,6 +24,9 @@ class LinearImpl : public torch::nn::Module {
   at::Tensor weight, bias;
   int64_t in_features, out_features;
   std::shared_ptr<LinearAdapter> adapter;  // null: a plain linear layer
+  // Set from outside by parallel layouts (tensor/sequence parallel): applied to the input before the product and
+  // to the output after it (adapter included). Empty: identity.
+  std::function<at::Tensor(const at::Tensor&)> input_fn, output_fn;
 };
 TORCH_MODULE(Linear);
 

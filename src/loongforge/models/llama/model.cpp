@@ -61,7 +61,9 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
     offset = cache->keys[layer_idx].defined() ? cache->keys[layer_idx].size(2) : 0;
     std::tie(k, v) = cache->append(static_cast<size_t>(layer_idx), k, v);
   }
-  at::Tensor o = nn::causal_attention(q, k, v, offset, window, 1.0 / std::sqrt(static_cast<double>(head_dim)), segment_ids);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  at::Tensor o = attention_fn ? attention_fn(q, k, v, offset, window, scale, segment_ids)
+                              : nn::causal_attention(q, k, v, offset, window, scale, segment_ids);
   return o_proj->forward(o.transpose(1, 2).reshape({b, t, heads * head_dim}));
 }
 
@@ -115,13 +117,25 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const at::Te
     position_ids = at::arange(past, past + input_ids.size(1), input_ids.options().dtype(at::kLong))
                        .unsqueeze(0).expand({input_ids.size(0), input_ids.size(1)});
   }
+  at::Tensor h = embed(input_ids);
+  auto [cos, sin] = rotary(position_ids, h.scalar_type());
+  h = run_layers(h, cos, sin, 0, config_.num_hidden_layers, cache, segment_ids);
+  return final_norm(h);
+}
+
+at::Tensor CausalLMImpl::embed(const at::Tensor& input_ids) {
+  return embed_fn ? embed_fn(input_ids) : model->embed_tokens->forward(input_ids);
+}
+
+std::pair<at::Tensor, at::Tensor> CausalLMImpl::rotary(const at::Tensor& position_ids, at::ScalarType dtype) const {
   auto [cos, sin] = rotary_.cos_sin(position_ids);
-  at::Tensor h = model->embed_tokens->forward(input_ids);
-  cos = cos.to(h.scalar_type());
-  sin = sin.to(h.scalar_type());
-  int64_t i = 0;
-  for (const auto& layer : *model->layers) {
-    auto* l = layer->as<DecoderLayerImpl>();
+  return {cos.to(dtype), sin.to(dtype)};
+}
+
+at::Tensor CausalLMImpl::run_layers(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin, int64_t begin,
+                                    int64_t end, nn::KVCache* cache, const at::Tensor& segment_ids) {
+  for (int64_t i = begin; i < end; ++i) {
+    auto* l = (*model->layers)[static_cast<size_t>(i)]->as<DecoderLayerImpl>();
     bool recompute = recompute_every_ > 0 && !cache && i % recompute_every_ == 0 && at::GradMode::is_enabled();
     if (recompute) {
       h = nn::recompute([l, cos, sin, segment_ids](const at::Tensor& x) { return l->forward(x, cos, sin, nullptr, segment_ids); },
@@ -129,10 +143,11 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const at::Te
     } else {
       h = l->forward(h, cos, sin, cache, segment_ids);
     }
-    ++i;
   }
-  return model->norm->forward(h);
+  return h;
 }
+
+at::Tensor CausalLMImpl::final_norm(const at::Tensor& h) { return model->norm->forward(h); }
 
 at::Tensor CausalLMImpl::output_weight() const {
   return lm_head ? lm_head->weight : model->embed_tokens->weight;

@@ -6,6 +6,8 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 
+#include <functional>
+
 #include "loongforge/models/llama/config.h"
 #include "loongforge/nn/attention.h"
 #include "loongforge/nn/linear.h"
@@ -22,7 +24,13 @@ class AttentionImpl : public torch::nn::Module {
 
   nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   nn::RMSNorm q_norm{nullptr}, k_norm{nullptr};
+  // heads/kv_heads: the heads this module computes (a tensor-parallel layout lowers them to the local share).
   int64_t layer_idx, heads, kv_heads, head_dim, window;
+  // Replaces nn::causal_attention when set (context parallel layouts): same arguments and result.
+  using AttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               int64_t q_offset, int64_t window, double scale,
+                                               const at::Tensor& segment_ids)>;
+  AttentionFn attention_fn;
 };
 TORCH_MODULE(Attention);
 
@@ -70,6 +78,16 @@ class CausalLMImpl : public torch::nn::Module {
   void set_recompute(int64_t every_n_layers) { recompute_every_ = every_n_layers; }
   // Logits [B,T,V] from hidden states.
   at::Tensor logits(const at::Tensor& hidden);
+
+  // The pieces of hidden_states, for engines that run part of the model (pipeline stages):
+  // embeddings of input_ids; cos/sin of the positions; layers [begin, end) (recomputation as set); final norm.
+  at::Tensor embed(const at::Tensor& input_ids);
+  std::pair<at::Tensor, at::Tensor> rotary(const at::Tensor& position_ids, at::ScalarType dtype) const;
+  at::Tensor run_layers(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin, int64_t begin, int64_t end,
+                        nn::KVCache* cache = nullptr, const at::Tensor& segment_ids = {});
+  at::Tensor final_norm(const at::Tensor& h);
+  // Replace the embedding lookup (vocabulary-parallel layouts); same argument and result as embed().
+  std::function<at::Tensor(const at::Tensor& input_ids)> embed_fn;
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids = {}, nn::KVCache* cache = nullptr) {
     return logits(hidden_states(input_ids, position_ids, cache));
   }

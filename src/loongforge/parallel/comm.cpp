@@ -1,0 +1,470 @@
+#include "loongforge/parallel/comm.h"
+
+#include <ATen/ATen.h>
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO 1  // libtorch_cpu is built with Gloo; the header declares it only under this macro
+#endif
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <numeric>
+#include <sstream>
+#include <thread>
+
+#include "loongforge/core/error.h"
+
+extern char** environ;
+
+namespace lf::parallel {
+
+namespace {
+
+std::map<std::string, std::string> process_env() {
+  std::map<std::string, std::string> m;
+  for (char** e = environ; e && *e; ++e) {
+    std::string s(*e);
+    auto eq = s.find('=');
+    if (eq != std::string::npos) m[s.substr(0, eq)] = s.substr(eq + 1);
+  }
+  return m;
+}
+
+int to_int(const std::map<std::string, std::string>& env, const std::string& key, int fallback) {
+  auto it = env.find(key);
+  if (it == env.end() || it->second.empty()) return fallback;
+  try {
+    size_t pos = 0;
+    int v = std::stoi(it->second, &pos);
+    if (pos != it->second.size()) throw std::invalid_argument("trailing");
+    return v;
+  } catch (const std::exception&) {
+    throw Error("environment: variable '" + key + "': not an integer: '" + it->second + "'");
+  }
+}
+
+std::string join(const std::vector<int>& v, const char* sep = ",") {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + std::to_string(v[i]);
+  return s;
+}
+
+c10d::ReduceOp to_c10d(Reduce op) {
+  switch (op) {
+    case Reduce::Max: return c10d::ReduceOp::MAX;
+    case Reduce::Min: return c10d::ReduceOp::MIN;
+    default: return c10d::ReduceOp::SUM;
+  }
+}
+
+// The network device Gloo binds: GLOO_SOCKET_IFNAME if set, loopback when the master is local, else the
+// address the host name resolves to.
+auto gloo_device(const LaunchEnv& env) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  if (env.master_addr == "localhost" || env.master_addr.rfind("127.", 0) == 0)
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+std::string first_slurm_host(const std::string& nodelist) {
+  // First entry up to a top-level comma; expand its first bracket range.
+  int depth = 0;
+  size_t end = nodelist.size();
+  for (size_t i = 0; i < nodelist.size(); ++i) {
+    if (nodelist[i] == '[') ++depth;
+    else if (nodelist[i] == ']') --depth;
+    else if (nodelist[i] == ',' && depth == 0) { end = i; break; }
+  }
+  std::string first = nodelist.substr(0, end);
+  auto lb = first.find('[');
+  if (lb == std::string::npos) return first;
+  auto rb = first.find(']', lb);
+  if (rb == std::string::npos) throw Error("environment: variable 'SLURM_JOB_NODELIST': malformed node list '" + nodelist + "'");
+  std::string inside = first.substr(lb + 1, rb - lb - 1);
+  std::string item = inside.substr(0, inside.find(','));
+  std::string lo = item.substr(0, item.find('-'));
+  return first.substr(0, lb) + lo + first.substr(rb + 1);
+}
+
+LaunchEnv detect_launch(const std::map<std::string, std::string>& env_in) {
+  const auto env = env_in.empty() ? process_env() : env_in;
+  LaunchEnv e;
+  auto has = [&](const char* k) { return env.count(k) && !env.at(k).empty(); };
+  if (has("RANK") && has("WORLD_SIZE")) {
+    e.launcher = "torchrun";
+    e.rank = to_int(env, "RANK", 0);
+    e.world = to_int(env, "WORLD_SIZE", 1);
+    e.local_rank = to_int(env, "LOCAL_RANK", 0);
+  } else if (has("OMPI_COMM_WORLD_RANK") && has("OMPI_COMM_WORLD_SIZE")) {
+    e.launcher = "mpirun";
+    e.rank = to_int(env, "OMPI_COMM_WORLD_RANK", 0);
+    e.world = to_int(env, "OMPI_COMM_WORLD_SIZE", 1);
+    e.local_rank = to_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0);
+    int local_size = to_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", e.world);
+    if (!has("MASTER_ADDR") && local_size != e.world)
+      throw Error("environment: variable 'MASTER_ADDR': mpirun over several nodes needs MASTER_ADDR (rank 0's host)");
+  } else if (has("SLURM_PROCID") && has("SLURM_NTASKS")) {
+    e.launcher = "srun";
+    e.rank = to_int(env, "SLURM_PROCID", 0);
+    e.world = to_int(env, "SLURM_NTASKS", 1);
+    e.local_rank = to_int(env, "SLURM_LOCALID", 0);
+    if (!has("MASTER_ADDR")) {
+      const char* keys[] = {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"};
+      for (const char* k : keys)
+        if (has(k)) { e.master_addr = first_slurm_host(env.at(k)); break; }
+    }
+  }
+  if (has("MASTER_ADDR")) e.master_addr = env.at("MASTER_ADDR");
+  e.master_port = to_int(env, "MASTER_PORT", 29500);
+  if (e.world < 1) throw Error("environment: world size " + std::to_string(e.world) + " is not positive");
+  if (e.rank < 0 || e.rank >= e.world)
+    throw Error("environment: rank " + std::to_string(e.rank) + " is outside world size " + std::to_string(e.world));
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+struct Comm::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Store> hb_store;  // its own connection: the heartbeat never waits behind a collective
+  std::thread heartbeat;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  std::atomic<int64_t> beats{0};
+};
+
+std::shared_ptr<Comm> Comm::init(const LaunchEnv& env, const Options& opts) {
+  std::shared_ptr<Comm> c(new Comm());
+  c->env_ = env;
+  c->opts_ = opts;
+  c->impl_ = std::make_unique<Impl>();
+  c->world_group_.name_ = "world";
+  c->world_group_.ranks_.resize(static_cast<size_t>(env.world));
+  std::iota(c->world_group_.ranks_.begin(), c->world_group_.ranks_.end(), 0);
+  c->world_group_.rank_ = env.rank;
+  c->world_group_.comm_ = c.get();
+  if (opts.backend != "gloo")
+    throw Error("recipe: field 'parallel.backend': '" + opts.backend + "' is not available in this build (gloo)");
+  if (env.world == 1) return c;
+
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(env.master_port);
+    so.isServer = env.rank == 0;
+    so.numWorkers = env.world;
+    so.timeout = opts.timeout;
+    c->impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    c10d::TCPStoreOptions ho = so;
+    ho.isServer = false;
+    ho.numWorkers = std::nullopt;
+    ho.waitWorkers = false;
+    c->impl_->hb_store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, ho);
+  } catch (const std::exception& e) {
+    throw Error("rank " + std::to_string(env.rank) + ": cannot reach the rendezvous store at " + env.master_addr + ":" +
+                std::to_string(env.master_port) + " (" + env.launcher + "): " + std::string(e.what()).substr(0, 200));
+  }
+  // Heartbeat: a counter every 500 ms.
+  Impl* impl = c->impl_.get();
+  const std::string key = "lf/hb/" + std::to_string(env.rank);
+  impl->heartbeat = std::thread([impl, key] {
+    std::unique_lock<std::mutex> lock(impl->mu);
+    while (!impl->stop) {
+      try {
+        impl->hb_store->set(key, std::to_string(++impl->beats));
+      } catch (...) {
+        return;  // the store is gone (rank 0 exited): nothing left to report to
+      }
+      impl->cv.wait_for(lock, std::chrono::milliseconds(500), [impl] { return impl->stop; });
+    }
+  });
+  Group* g = &c->world_group_;
+  c->backends_.push_back(std::make_unique<c10::intrusive_ptr<c10d::Backend>>());
+  g->backend_ = c->backends_.back().get();
+  try {
+    auto o = c10d::ProcessGroupGloo::Options::create(opts.timeout);
+    o->devices.push_back(gloo_device(env));
+    auto prefix = c10::make_intrusive<c10d::PrefixStore>("lf/world", impl->store);
+    *g->backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, env.rank, env.world, o);
+  } catch (const std::exception& e) {
+    g->fail("connect", e);
+  }
+  return c;
+}
+
+Comm::~Comm() {
+  if (!impl_) return;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->heartbeat.joinable()) impl_->heartbeat.join();
+}
+
+const Group& Comm::group(const std::vector<int>& ranks) const {
+  if (ranks == world_group_.ranks_) return world_group_;
+  auto it = groups_.find(ranks);
+  if (it != groups_.end()) return *it->second;
+  auto pos = std::find(ranks.begin(), ranks.end(), env_.rank);
+  if (pos == ranks.end())
+    throw Error("rank " + std::to_string(env_.rank) + " asked for group [" + join(ranks) + "] it is not part of");
+  auto g = std::make_unique<Group>();
+  g->name_ = "[" + join(ranks) + "]";
+  g->ranks_ = ranks;
+  g->rank_ = static_cast<int>(pos - ranks.begin());
+  g->comm_ = this;
+  if (ranks.size() > 1) {
+    backends_.push_back(std::make_unique<c10::intrusive_ptr<c10d::Backend>>());
+    g->backend_ = backends_.back().get();
+    try {
+      auto o = c10d::ProcessGroupGloo::Options::create(opts_.timeout);
+      o->devices.push_back(gloo_device(env_));
+      auto prefix = c10::make_intrusive<c10d::PrefixStore>("lf/g/" + join(ranks, "_"), impl_->store);
+      *g->backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, g->rank_, static_cast<int>(ranks.size()), o);
+    } catch (const std::exception& e) {
+      g->fail("connect", e);
+    }
+  }
+  return *groups_.emplace(ranks, std::move(g)).first->second;
+}
+
+std::vector<int> Comm::silent_ranks() const {
+  std::vector<int> silent;
+  if (env_.world == 1 || !impl_->hb_store) return silent;
+  auto read = [&](std::vector<std::string>& out) {
+    out.assign(static_cast<size_t>(env_.world), "");
+    for (int r = 0; r < env_.world; ++r) {
+      std::string k = "lf/hb/" + std::to_string(r);
+      if (impl_->hb_store->check({k})) {
+        auto v = impl_->hb_store->get(k);
+        out[static_cast<size_t>(r)] = std::string(v.begin(), v.end());
+      }
+    }
+  };
+  try {
+    std::vector<std::string> a, b;
+    read(a);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+    read(b);
+    for (int r = 0; r < env_.world; ++r)
+      if (r != env_.rank && a[static_cast<size_t>(r)] == b[static_cast<size_t>(r)]) silent.push_back(r);
+  } catch (...) {
+    silent = {0};  // the store lives in rank 0: it is gone
+  }
+  return silent;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+void Group::fail(const char* op, const std::exception& e) const {
+  std::string what = e.what();
+  what = what.substr(0, what.find('\n'));
+  if (what.size() > 160) what = what.substr(0, 160) + "...";
+  std::string who;
+  if (comm_) {
+    auto silent = comm_->silent_ranks();
+    who = silent.empty() ? "no rank found silent" : "rank(s) " + join(silent) + " stopped answering (exited or hung)";
+  }
+  throw Error("rank " + std::to_string(comm_ ? comm_->rank() : 0) + ": " + op + " on group " + name_ + " failed: " +
+              who + "; " + what);
+}
+
+#define LF_COLLECTIVE(opname, ...)                  \
+  try {                                              \
+    __VA_ARGS__;                                     \
+  } catch (const lf::Error&) {                       \
+    throw;                                           \
+  } catch (const std::exception& e) {                \
+    fail(opname, e);                                 \
+  }
+
+void Group::all_reduce(at::Tensor& t, Reduce op) const {
+  if (size() == 1) return;
+  TORCH_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
+  LF_COLLECTIVE("all_reduce", {
+    std::vector<at::Tensor> v{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    o.timeout = comm_->timeout();
+    (*backend_)->allreduce(v, o)->wait(comm_->timeout());
+  });
+  if (op == Reduce::Avg) t.div_(size());
+}
+
+at::Tensor Group::all_gather(const at::Tensor& t, int64_t dim) const {
+  if (size() == 1) return t;
+  at::Tensor in = t.contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape.insert(shape.begin(), size());
+  at::Tensor out = at::empty(shape, in.options());
+  LF_COLLECTIVE("all_gather", {
+    c10d::AllgatherOptions o;
+    o.timeout = comm_->timeout();
+    at::Tensor flat_out = out.view({-1}), flat_in = in.view({-1});
+    (*backend_)->_allgather_base(flat_out, flat_in, o)->wait(comm_->timeout());
+  });
+  // out [size, ...]: move the rank axis next to dim and merge.
+  if (dim < 0) dim += in.dim();
+  return out.movedim(0, dim).flatten(dim, dim + 1).contiguous();
+}
+
+at::Tensor Group::reduce_scatter(const at::Tensor& t, int64_t dim) const {
+  if (size() == 1) return t;
+  if (dim < 0) dim += t.dim();
+  TORCH_CHECK(t.size(dim) % size() == 0, "reduce_scatter: dim ", dim, " of size ", t.size(dim), " is not divisible by ", size());
+  // [.., size*k, ..] -> [size, .., k, ..] contiguous so that each rank's part is one block.
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[static_cast<size_t>(dim)] /= size();
+  std::vector<int64_t> split = t.sizes().vec();
+  split[static_cast<size_t>(dim)] = shape[static_cast<size_t>(dim)];
+  split.insert(split.begin() + dim, size());
+  at::Tensor in = t.reshape(split).movedim(dim, 0).contiguous();
+  at::Tensor out = at::empty(shape, t.options());
+  LF_COLLECTIVE("reduce_scatter", {
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    o.timeout = comm_->timeout();
+    at::Tensor flat_out = out.view({-1}), flat_in = in.view({-1});
+    (*backend_)->_reduce_scatter_base(flat_out, flat_in, o)->wait(comm_->timeout());
+  });
+  return out;
+}
+
+at::Tensor Group::all_to_all(const at::Tensor& t) const {
+  if (size() == 1) return t;
+  std::vector<int64_t> counts(static_cast<size_t>(size()), t.size(0) / size());
+  TORCH_CHECK(t.size(0) % size() == 0, "all_to_all: dim 0 of size ", t.size(0), " is not divisible by ", size());
+  return all_to_all_v(t, counts, counts);
+}
+
+at::Tensor Group::all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& send_counts,
+                               const std::vector<int64_t>& recv_counts) const {
+  if (size() == 1) return t;
+  at::Tensor in = t.contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  int64_t total = 0;
+  for (auto c : recv_counts) total += c;
+  shape[0] = total;
+  at::Tensor out = at::empty(shape, in.options());
+  std::vector<int64_t> sc = send_counts, rc = recv_counts;
+  LF_COLLECTIVE("all_to_all", {
+    c10d::AllToAllOptions o;
+    o.timeout = comm_->timeout();
+    (*backend_)->alltoall_base(out, in, rc, sc, o)->wait(comm_->timeout());
+  });
+  return out;
+}
+
+void Group::broadcast(at::Tensor& t, int root) const {
+  if (size() == 1) return;
+  LF_COLLECTIVE("broadcast", {
+    std::vector<at::Tensor> v{t};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.timeout = comm_->timeout();
+    (*backend_)->broadcast(v, o)->wait(comm_->timeout());
+  });
+}
+
+void Group::send(const at::Tensor& t, int dst) const {
+  TORCH_CHECK(size() > 1 && dst != rank_, "send to self");
+  LF_COLLECTIVE("send", {
+    std::vector<at::Tensor> v{t.contiguous()};
+    (*backend_)->send(v, dst, 0)->wait(comm_->timeout());
+  });
+}
+
+void Group::recv(at::Tensor& t, int src) const {
+  TORCH_CHECK(size() > 1 && src != rank_, "recv from self");
+  TORCH_CHECK(t.is_contiguous(), "recv needs a contiguous tensor");
+  LF_COLLECTIVE("recv", {
+    std::vector<at::Tensor> v{t};
+    (*backend_)->recv(v, src, 0)->wait(comm_->timeout());
+  });
+}
+
+void Group::barrier() const {
+  if (size() == 1) return;
+  LF_COLLECTIVE("barrier", {
+    // An all-reduce of one element: Gloo's barrier has no per-call timeout of its own.
+    at::Tensor t = at::zeros({1});
+    std::vector<at::Tensor> v{t};
+    c10d::AllreduceOptions o;
+    o.timeout = comm_->timeout();
+    (*backend_)->allreduce(v, o)->wait(comm_->timeout());
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+Mesh::Mesh(std::shared_ptr<Comm> comm, std::vector<std::pair<std::string, int>> dims) : comm_(std::move(comm)), dims_(std::move(dims)) {
+  int64_t prod = 1;
+  std::string desc;
+  for (auto& [n, s] : dims_) {
+    if (s < 1) throw Error("mesh: dimension '" + n + "' has size " + std::to_string(s));
+    prod *= s;
+    desc += (desc.empty() ? "" : " x ") + n + std::to_string(s);
+  }
+  if (prod != comm_->world())
+    throw Error("recipe: field 'parallel': layout " + desc + " needs " + std::to_string(prod) + " ranks but the job has " +
+                std::to_string(comm_->world()));
+  int r = comm_->rank();
+  coords_.assign(dims_.size(), 0);
+  for (size_t i = dims_.size(); i-- > 0;) {
+    coords_[i] = r % dims_[i].second;
+    r /= dims_[i].second;
+  }
+  for (auto& d : dims_) group(d.first);  // every rank creates the one-dimension groups in the same order
+}
+
+size_t Mesh::index(const std::string& dim) const {
+  for (size_t i = 0; i < dims_.size(); ++i)
+    if (dims_[i].first == dim) return i;
+  throw Error("mesh: no dimension '" + dim + "'");
+}
+
+int Mesh::size(const std::string& dim) const { return dims_[index(dim)].second; }
+int Mesh::coord(const std::string& dim) const { return coords_[index(dim)]; }
+
+int Mesh::rank_at(const std::map<std::string, int>& coords) const {
+  int r = 0;
+  for (size_t i = 0; i < dims_.size(); ++i) {
+    auto it = coords.find(dims_[i].first);
+    int c = it == coords.end() ? coords_[i] : it->second;
+    r = r * dims_[i].second + c;
+  }
+  return r;
+}
+
+const Group& Mesh::group_over(const std::vector<std::string>& names) const {
+  std::vector<size_t> idx;
+  for (size_t i = 0; i < dims_.size(); ++i)
+    if (std::find(names.begin(), names.end(), dims_[i].first) != names.end()) idx.push_back(i);
+  for (const auto& n : names) index(n);  // unknown names are errors
+  // Enumerate the coordinates of the chosen dimensions in mesh order (last fastest).
+  std::vector<int> ranks;
+  std::vector<int> c = coords_;
+  int64_t count = 1;
+  for (size_t i : idx) count *= dims_[i].second;
+  for (int64_t k = 0; k < count; ++k) {
+    int64_t rem = k;
+    for (size_t j = idx.size(); j-- > 0;) {
+      c[idx[j]] = static_cast<int>(rem % dims_[idx[j]].second);
+      rem /= dims_[idx[j]].second;
+    }
+    int r = 0;
+    for (size_t i = 0; i < dims_.size(); ++i) r = r * dims_[i].second + c[i];
+    ranks.push_back(r);
+  }
+  return comm_->group(ranks);
+}
+
+}  // namespace lf::parallel

@@ -1,0 +1,142 @@
+// The communication layer: process groups over LibTorch's c10d engines (Gloo for CPU tensors; NCCL for CUDA
+// tensors in CUDA builds) and a device mesh with named dimensions. Nothing here is global: a Comm is created once
+// per process (Comm::init) and passed to whatever needs it.
+//
+// Ranks come from torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), from Open
+// MPI's mpirun (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK) or from Slurm's srun (SLURM_PROCID/NTASKS/LOCALID, the
+// master being the first host of the step's node list unless MASTER_ADDR is set). Without any of them the world
+// is one process and every collective is the identity.
+//
+// A rank that exits or hangs never leaves the others hanging: every collective has the timeout given at init
+// and every failure becomes an lf::Error that names the group, the operation and the ranks that stopped
+// answering (each rank keeps a heartbeat in the rendezvous store).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class Backend;
+class Store;
+}  // namespace c10d
+
+namespace lf::parallel {
+
+struct LaunchEnv {
+  int rank = 0, world = 1, local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string launcher = "single";  // single | torchrun | mpirun | srun
+};
+
+// Reads the launcher's variables from `env` (the process environment when empty).
+LaunchEnv detect_launch(const std::map<std::string, std::string>& env = {});
+// The first host name of a Slurm node list ("node[03-05,9],gpu1" -> "node03").
+std::string first_slurm_host(const std::string& nodelist);
+
+enum class Reduce { Sum, Max, Min, Avg };
+
+class Comm;
+
+// One process group: the ranks (global numbers, in group order) and this rank's place among them.
+class Group {
+ public:
+  Group() = default;
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& ranks() const { return ranks_; }
+  const std::string& name() const { return name_; }
+  int global_rank(int group_rank) const { return ranks_.at(static_cast<size_t>(group_rank)); }
+
+  // In place. Avg divides by the group size.
+  void all_reduce(at::Tensor& t, Reduce op = Reduce::Sum) const;
+  // Concatenation of every rank's `t` along `dim` (equal shapes).
+  at::Tensor all_gather(const at::Tensor& t, int64_t dim = 0) const;
+  // Sum over ranks of `t`, split along `dim` in size() equal parts; this rank's part.
+  at::Tensor reduce_scatter(const at::Tensor& t, int64_t dim = 0) const;
+  // `t` split along dim 0 in size() equal parts; part j goes to rank j; returns the received parts concatenated
+  // along dim 0 in rank order.
+  at::Tensor all_to_all(const at::Tensor& t) const;
+  // Uneven version: send_counts/recv_counts are rows of dim 0 to and from each rank.
+  at::Tensor all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& send_counts,
+                          const std::vector<int64_t>& recv_counts) const;
+  void broadcast(at::Tensor& t, int root) const;  // root: group rank
+  void send(const at::Tensor& t, int dst) const;  // dst/src: group ranks; tensors contiguous
+  void recv(at::Tensor& t, int src) const;
+  void barrier() const;
+
+ private:
+  friend class Comm;
+  [[noreturn]] void fail(const char* op, const std::exception& e) const;
+  std::string name_;
+  std::vector<int> ranks_{0};
+  int rank_ = 0;
+  c10::intrusive_ptr<c10d::Backend>* backend_ = nullptr;  // owned by Comm; null for a group of one
+  const Comm* comm_ = nullptr;
+};
+
+// The process's view of the job: the world group and the groups of a mesh.
+class Comm {
+ public:
+  struct Options {
+    std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+    std::string backend = "gloo";  // gloo | nccl (CUDA builds)
+  };
+  static std::shared_ptr<Comm> init(const LaunchEnv& env, const Options& opts);
+  static std::shared_ptr<Comm> init() { return init(detect_launch(), Options{}); }
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  int rank() const { return env_.rank; }
+  int world() const { return env_.world; }
+  const LaunchEnv& env() const { return env_; }
+  const Group& world_group() const { return world_group_; }
+  // The group of `ranks` (global, in order), created on first use. Every member must ask for it, in the same
+  // order of creation as the other members; a rank that is not a member gets an error.
+  const Group& group(const std::vector<int>& ranks) const;
+  // Ranks whose heartbeat stopped (exited or hung); used in error messages.
+  std::vector<int> silent_ranks() const;
+  std::chrono::milliseconds timeout() const { return opts_.timeout; }
+
+ private:
+  Comm() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  LaunchEnv env_;
+  Options opts_;
+  Group world_group_;
+  mutable std::map<std::vector<int>, std::unique_ptr<Group>> groups_;
+  mutable std::vector<std::unique_ptr<c10::intrusive_ptr<c10d::Backend>>> backends_;
+};
+
+// Named dimensions over the world, outermost first; the last dimension varies fastest among global ranks
+// (e.g. {{"pp",2},{"dp",2},{"tp",2}}: ranks 0,1 share pp=0,dp=0 and differ in tp). Sizes must multiply to the
+// world size.
+class Mesh {
+ public:
+  Mesh(std::shared_ptr<Comm> comm, std::vector<std::pair<std::string, int>> dims);
+  const Comm& comm() const { return *comm_; }
+  std::shared_ptr<Comm> comm_ptr() const { return comm_; }
+  int size(const std::string& dim) const;
+  int coord(const std::string& dim) const;  // this rank's index along dim
+  // The group of ranks that share every coordinate except those in `dims` (its group rank order follows the
+  // mesh order of those dimensions).
+  const Group& group_over(const std::vector<std::string>& dims) const;
+  const Group& group(const std::string& dim) const { return group_over(std::vector<std::string>{dim}); }
+  // Global rank at the given coordinates (all dimensions).
+  int rank_at(const std::map<std::string, int>& coords) const;
+  const std::vector<std::pair<std::string, int>>& dims() const { return dims_; }
+
+ private:
+  std::shared_ptr<Comm> comm_;
+  std::vector<std::pair<std::string, int>> dims_;
+  std::vector<int> coords_;
+  size_t index(const std::string& dim) const;
+};
+
+}  // namespace lf::parallel
