@@ -113,6 +113,24 @@ TEST(DistHook, Collectives) {
     w.send(all[static_cast<size_t>(r)], (r + 1) % n);
   }
   EXPECT_TRUE(at::equal(got, all[static_cast<size_t>((r + n - 1) % n)]));
+  // asynchronous: everyone sends first, then receives (blocking sends would deadlock if unbuffered)
+  {
+    at::Tensor in = at::empty({8, 3}, at::kDouble);
+    Pending s1 = w.isend(all[static_cast<size_t>(r)], (r + 1) % n, 7);
+    Pending r1 = w.irecv(in, (r + n - 1) % n, 7);
+    at::Tensor sum_async = all[static_cast<size_t>(r)].clone();
+    Pending ar = w.all_reduce_async(sum_async, Reduce::Avg);
+    r1.wait();
+    s1.wait();
+    ar.wait();
+    EXPECT_TRUE(at::equal(in, all[static_cast<size_t>((r + n - 1) % n)]));
+    EXPECT_TRUE(at::allclose(sum_async, sum / n));
+    at::Tensor gathered = at::empty({32, 3}, at::kDouble), scattered = at::empty({2, 3}, at::kDouble);
+    w.all_gather_async(gathered, all[static_cast<size_t>(r)]).wait();
+    EXPECT_TRUE(at::equal(gathered, at::cat(all, 0)));
+    w.reduce_scatter_async(scattered, all[static_cast<size_t>(r)]).wait();
+    EXPECT_TRUE(at::allclose(scattered, sum.chunk(n, 0)[static_cast<size_t>(r)]));
+  }
   // mesh groups: "b" varies fastest
   const Group& gb = mesh.group("b");
   EXPECT_EQ(gb.ranks(), (std::vector<int>{r / 2 * 2, r / 2 * 2 + 1}));

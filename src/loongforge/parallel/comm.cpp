@@ -405,6 +405,127 @@ void Group::barrier() const {
 
 // ---------------------------------------------------------------------------------------------------------------
 
+Pending& Pending::operator=(Pending&& o) noexcept {
+  if (this != &o) {
+    if (work_) {
+      try { wait(); } catch (...) {}
+    }
+    work_ = std::move(o.work_);
+    group_ = o.group_;
+    op_ = o.op_;
+    then_ = std::move(o.then_);
+  }
+  return *this;
+}
+
+Pending::~Pending() {
+  if (work_) {
+    try { wait(); } catch (...) {}
+  }
+}
+
+void Pending::wait() {
+  if (!work_) return;
+  auto w = std::move(work_);
+  work_.reset();
+  try {
+    w->wait(group_->comm_->timeout());
+  } catch (const std::exception& e) {
+    group_->fail(op_, e);
+  }
+  if (then_) {
+    auto f = std::move(then_);
+    then_ = nullptr;
+    f();
+  }
+}
+
+Pending Group::all_reduce_async(at::Tensor& t, Reduce op) const {
+  Pending p;
+  if (size() == 1) return p;
+  TORCH_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
+  p.group_ = this;
+  p.op_ = "all_reduce";
+  LF_COLLECTIVE("all_reduce", {
+    std::vector<at::Tensor> v{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    o.timeout = comm_->timeout();
+    p.work_ = (*backend_)->allreduce(v, o);
+  });
+  if (op == Reduce::Avg) {
+    at::Tensor tt = t;
+    int n = size();
+    p.then_ = [tt, n]() mutable { tt.div_(n); };
+  }
+  return p;
+}
+
+Pending Group::all_gather_async(at::Tensor& out, const at::Tensor& in) const {
+  Pending p;
+  if (size() == 1) {
+    out.copy_(in);
+    return p;
+  }
+  TORCH_CHECK(out.is_contiguous() && in.is_contiguous() && out.numel() == in.numel() * size(), "all_gather_async: shapes");
+  p.group_ = this;
+  p.op_ = "all_gather";
+  LF_COLLECTIVE("all_gather", {
+    c10d::AllgatherOptions o;
+    o.timeout = comm_->timeout();
+    at::Tensor fo = out.view({-1}), fi = in.view({-1});
+    p.work_ = (*backend_)->_allgather_base(fo, fi, o);
+  });
+  return p;
+}
+
+Pending Group::reduce_scatter_async(at::Tensor& out, const at::Tensor& in) const {
+  Pending p;
+  if (size() == 1) {
+    out.copy_(in);
+    return p;
+  }
+  TORCH_CHECK(out.is_contiguous() && in.is_contiguous() && in.numel() == out.numel() * size(), "reduce_scatter_async: shapes");
+  p.group_ = this;
+  p.op_ = "reduce_scatter";
+  LF_COLLECTIVE("reduce_scatter", {
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    o.timeout = comm_->timeout();
+    at::Tensor fo = out.view({-1}), fi = in.view({-1});
+    p.work_ = (*backend_)->_reduce_scatter_base(fo, fi, o);
+  });
+  return p;
+}
+
+Pending Group::isend(const at::Tensor& t, int dst, int tag) const {
+  TORCH_CHECK(size() > 1 && dst != rank_, "send to self");
+  TORCH_CHECK(t.is_contiguous(), "isend needs a contiguous tensor");
+  Pending p;
+  p.group_ = this;
+  p.op_ = "send";
+  LF_COLLECTIVE("send", {
+    std::vector<at::Tensor> v{t};
+    p.work_ = (*backend_)->send(v, dst, tag);
+  });
+  return p;
+}
+
+Pending Group::irecv(at::Tensor& t, int src, int tag) const {
+  TORCH_CHECK(size() > 1 && src != rank_, "recv from self");
+  TORCH_CHECK(t.is_contiguous(), "irecv needs a contiguous tensor");
+  Pending p;
+  p.group_ = this;
+  p.op_ = "recv";
+  LF_COLLECTIVE("recv", {
+    std::vector<at::Tensor> v{t};
+    p.work_ = (*backend_)->recv(v, src, tag);
+  });
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
 Mesh::Mesh(std::shared_ptr<Comm> comm, std::vector<std::pair<std::string, int>> dims) : comm_(std::move(comm)), dims_(std::move(dims)) {
   int64_t prod = 1;
   std::string desc;

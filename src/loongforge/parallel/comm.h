@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,6 +23,7 @@
 namespace c10d {
 class Backend;
 class Store;
+class Work;
 }  // namespace c10d
 
 namespace lf::parallel {
@@ -41,6 +43,26 @@ std::string first_slurm_host(const std::string& nodelist);
 enum class Reduce { Sum, Max, Min, Avg };
 
 class Comm;
+class Group;
+
+// An operation in flight (the *_async collectives, isend/irecv); wait() finishes it (errors as the blocking
+// versions). Destroying an unfinished Pending waits for it.
+class Pending {
+ public:
+  Pending() = default;
+  Pending(Pending&&) noexcept = default;
+  Pending& operator=(Pending&&) noexcept;
+  ~Pending();
+  void wait();
+  bool done() const { return !work_; }
+
+ private:
+  friend class Group;
+  c10::intrusive_ptr<c10d::Work> work_;
+  const Group* group_ = nullptr;
+  const char* op_ = "";
+  std::function<void()> then_;  // runs after the wait (e.g. the division of an average)
+};
 
 // One process group: the ranks (global numbers, in group order) and this rank's place among them.
 class Group {
@@ -69,8 +91,19 @@ class Group {
   void recv(at::Tensor& t, int src) const;
   void barrier() const;
 
+  // Started now, finished by Pending::wait() (tensors must stay alive and untouched until then). Collectives
+  // must still be started in the same order on every rank of the group.
+  Pending all_reduce_async(at::Tensor& t, Reduce op = Reduce::Sum) const;
+  // out: [size() * n, ...] for an input of [n, ...] (dim 0 concatenation).
+  Pending all_gather_async(at::Tensor& out, const at::Tensor& in) const;
+  // in: [size() * n, ...] (contiguous), out: [n, ...]; sum.
+  Pending reduce_scatter_async(at::Tensor& out, const at::Tensor& in) const;
+  Pending isend(const at::Tensor& t, int dst, int tag = 0) const;
+  Pending irecv(at::Tensor& t, int src, int tag = 0) const;
+
  private:
   friend class Comm;
+  friend class Pending;
   [[noreturn]] void fail(const char* op, const std::exception& e) const;
   std::string name_;
   std::vector<int> ranks_{0};
