@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include "loongforge/core/error.h"
 #include "loongforge/parallel/comm.h"
@@ -182,5 +183,30 @@ TEST(DistHook, PeerExitIsAnErrorNamingTheRank) {
     std::string msg = e.what();
     std::fprintf(stderr, "ERROR: %s\n", msg.c_str());
     EXPECT_NE(msg.find("rank(s) 1 stopped answering"), std::string::npos) << msg;
+  }
+}
+
+TEST(DistHook, HungPeerIsNamedAfterTheTimeout) {
+  if (!std::getenv("LF_DIST_HOOK_HANG")) GTEST_SKIP() << "run by tests/python/test_dist_comm.py";
+  lf::parallel::Comm::Options o;
+  o.timeout = std::chrono::milliseconds(std::atoi(std::getenv("LF_DIST_HOOK_HANG")));
+  auto comm = Comm::init(detect_launch(), o);
+  const Group& w = comm->world_group();
+  at::Tensor x = at::ones({4});
+  w.all_reduce(x);
+  if (comm->rank() == 1) {  // alive (its heartbeat goes on) but stuck: never joins the next collective
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    std::_Exit(0);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    w.all_reduce(x);
+    FAIL() << "all_reduce with a hung peer returned";
+  } catch (const lf::Error& e) {
+    std::string msg = e.what();
+    std::fprintf(stderr, "ERROR: %s\n", msg.c_str());
+    EXPECT_NE(msg.find("rank(s) 1 never reached collective #2"), std::string::npos) << msg;
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 9.0);  // the timeout (3 s) plus the diagnosis, well before the peer wakes up
   }
 }

@@ -21,3 +21,12 @@ def test_dead_rank_is_named_and_the_others_exit():
         assert "[  PASSED  ] 1 test" in res[r].stdout
         assert "rank(s) 1 stopped answering" in res[r].stderr
     assert elapsed < 30  # well within the 30 s collective timeout: a dead peer is noticed at once
+
+
+def test_hung_rank_is_named_after_the_timeout():
+    res = launch_ranks(3, [TESTS_BIN, "--gtest_filter=DistHook.HungPeerIsNamedAfterTheTimeout"],
+                       {"LF_DIST_HOOK_HANG": "3000"}, timeout=120)
+    for r in (0, 2):
+        assert res[r].returncode == 0, res[r].stdout + res[r].stderr
+        assert "[  PASSED  ] 1 test" in res[r].stdout
+        assert "rank(s) 1 never reached" in res[r].stderr

@@ -64,7 +64,12 @@ void export_hf(models::llama::CausalLMImpl& model, const std::string& out_dir, a
   NamedTensors tensors;
   for (auto& item : model.named_parameters()) tensors.emplace_back(item.key(), item.value().detach().to(at::kCPU, dtype).contiguous());
   save_sharded(out_dir, tensors, max_shard_bytes, {{"format", "pt"}});
-  nlohmann::json cfg = model.config().raw;
+  write_hf_metadata(model.config(), out_dir, dtype, tokenizer_src);
+}
+
+void write_hf_metadata(const models::llama::DecoderConfig& config, const std::string& out_dir, at::ScalarType dtype,
+                       const std::string& tokenizer_src) {
+  nlohmann::json cfg = config.raw;
   cfg["dtype"] = dtype_name(dtype) == "BF16" ? "bfloat16" : dtype_name(dtype) == "F16" ? "float16" : "float32";
   cfg.erase("torch_dtype");
   write_file_atomic((fs::path(out_dir) / "config.json").string(), cfg.dump(2) + "\n");

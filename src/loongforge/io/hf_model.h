@@ -22,4 +22,9 @@ void load_state(torch::nn::Module& module, const std::string& dir);
 void export_hf(models::llama::CausalLMImpl& model, const std::string& out_dir, at::ScalarType dtype,
                size_t max_shard_bytes = size_t(5) << 30, const std::string& tokenizer_src = "");
 
+// The files of a HF folder besides the weights: config.json (with "dtype"), and generation_config.json and
+// tokenizer files copied from tokenizer_src when given and present.
+void write_hf_metadata(const models::llama::DecoderConfig& config, const std::string& out_dir, at::ScalarType dtype,
+                       const std::string& tokenizer_src = "");
+
 }  // namespace lf::io

@@ -53,6 +53,12 @@ std::string join(const std::vector<int>& v, const char* sep = ",") {
   return s;
 }
 
+// The first line of an engine's message (c10 errors append a stack trace), at most 200 characters.
+std::string first_line(const std::string& s) {
+  std::string l = s.substr(0, s.find('\n'));
+  return l.size() > 200 ? l.substr(0, 200) + "..." : l;
+}
+
 c10d::ReduceOp to_c10d(Reduce op) {
   switch (op) {
     case Reduce::Max: return c10d::ReduceOp::MAX;
@@ -139,6 +145,7 @@ struct Comm::Impl {
   std::condition_variable cv;
   bool stop = false;
   std::atomic<int64_t> beats{0};
+  std::mutex groups_mu;  // Comm::groups_ is read by the heartbeat
 };
 
 std::shared_ptr<Comm> Comm::init(const LaunchEnv& env, const Options& opts) {
@@ -169,16 +176,23 @@ std::shared_ptr<Comm> Comm::init(const LaunchEnv& env, const Options& opts) {
     c->impl_->hb_store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, ho);
   } catch (const std::exception& e) {
     throw Error("rank " + std::to_string(env.rank) + ": cannot reach the rendezvous store at " + env.master_addr + ":" +
-                std::to_string(env.master_port) + " (" + env.launcher + "): " + std::string(e.what()).substr(0, 200));
+                std::to_string(env.master_port) + " (" + env.launcher + "): " + first_line(e.what()));
   }
-  // Heartbeat: a counter every 500 ms.
+  // Heartbeat: every 500 ms a counter and how many collectives each group has started ("beat|name=seq;...").
   Impl* impl = c->impl_.get();
+  Comm* self = c.get();
   const std::string key = "lf/hb/" + std::to_string(env.rank);
-  impl->heartbeat = std::thread([impl, key] {
+  impl->heartbeat = std::thread([impl, self, key] {
     std::unique_lock<std::mutex> lock(impl->mu);
     while (!impl->stop) {
+      std::string v = std::to_string(++impl->beats) + "|";
+      {
+        std::lock_guard<std::mutex> g(impl->groups_mu);
+        v += self->world_group_.name_ + "=" + std::to_string(self->world_group_.sequence()) + ";";
+        for (const auto& [ranks, grp] : self->groups_) v += grp->name_ + "=" + std::to_string(grp->sequence()) + ";";
+      }
       try {
-        impl->hb_store->set(key, std::to_string(++impl->beats));
+        impl->hb_store->set(key, v);
       } catch (...) {
         return;  // the store is gone (rank 0 exited): nothing left to report to
       }
@@ -233,12 +247,12 @@ const Group& Comm::group(const std::vector<int>& ranks) const {
       g->fail("connect", e);
     }
   }
+  std::lock_guard<std::mutex> lock(impl_->groups_mu);
   return *groups_.emplace(ranks, std::move(g)).first->second;
 }
 
-std::vector<int> Comm::silent_ranks() const {
-  std::vector<int> silent;
-  if (env_.world == 1 || !impl_->hb_store) return silent;
+std::string Comm::diagnose(const Group& g) const {
+  if (env_.world == 1 || !impl_->hb_store) return "";
   auto read = [&](std::vector<std::string>& out) {
     out.assign(static_cast<size_t>(env_.world), "");
     for (int r = 0; r < env_.world; ++r) {
@@ -249,30 +263,42 @@ std::vector<int> Comm::silent_ranks() const {
       }
     }
   };
+  std::vector<int> dead, behind;
   try {
     std::vector<std::string> a, b;
     read(a);
     std::this_thread::sleep_for(std::chrono::milliseconds(1600));
     read(b);
-    for (int r = 0; r < env_.world; ++r)
-      if (r != env_.rank && a[static_cast<size_t>(r)] == b[static_cast<size_t>(r)]) silent.push_back(r);
+    const std::string tag = g.name() + "=";
+    for (int r = 0; r < env_.world; ++r) {
+      if (r == env_.rank) continue;
+      const std::string& now = b[static_cast<size_t>(r)];
+      if (now.substr(0, now.find('|')) == a[static_cast<size_t>(r)].substr(0, a[static_cast<size_t>(r)].find('|'))) {
+        dead.push_back(r);
+        continue;
+      }
+      if (std::find(g.ranks().begin(), g.ranks().end(), r) == g.ranks().end()) continue;
+      auto pos = now.find("|" + tag) != std::string::npos ? now.find("|" + tag) + 1 : now.find(";" + tag) != std::string::npos ? now.find(";" + tag) + 1 : std::string::npos;
+      int64_t seq = pos == std::string::npos ? 0 : std::atoll(now.c_str() + pos + tag.size());
+      if (seq < g.sequence()) behind.push_back(r);
+    }
   } catch (...) {
-    silent = {0};  // the store lives in rank 0: it is gone
+    return "rank 0 (the rendezvous store's host) is gone";
   }
-  return silent;
+  std::string out;
+  if (!dead.empty()) out = "rank(s) " + join(dead) + " stopped answering (exited)";
+  if (!behind.empty())
+    out += (out.empty() ? "" : "; ") + std::string("rank(s) ") + join(behind) + " never reached collective #" +
+           std::to_string(g.sequence()) + " on this group (hung or elsewhere)";
+  return out.empty() ? "no rank found silent" : out;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 
 void Group::fail(const char* op, const std::exception& e) const {
-  std::string what = e.what();
-  what = what.substr(0, what.find('\n'));
-  if (what.size() > 160) what = what.substr(0, 160) + "...";
+  std::string what = first_line(e.what());
   std::string who;
-  if (comm_) {
-    auto silent = comm_->silent_ranks();
-    who = silent.empty() ? "no rank found silent" : "rank(s) " + join(silent) + " stopped answering (exited or hung)";
-  }
+  if (comm_) who = comm_->diagnose(*this);
   throw Error("rank " + std::to_string(comm_ ? comm_->rank() : 0) + ": " + op + " on group " + name_ + " failed: " +
               who + "; " + what);
 }
@@ -288,6 +314,7 @@ void Group::fail(const char* op, const std::exception& e) const {
 
 void Group::all_reduce(at::Tensor& t, Reduce op) const {
   if (size() == 1) return;
+  bump();
   TORCH_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
   LF_COLLECTIVE("all_reduce", {
     std::vector<at::Tensor> v{t};
@@ -301,6 +328,7 @@ void Group::all_reduce(at::Tensor& t, Reduce op) const {
 
 at::Tensor Group::all_gather(const at::Tensor& t, int64_t dim) const {
   if (size() == 1) return t;
+  bump();
   at::Tensor in = t.contiguous();
   std::vector<int64_t> shape = in.sizes().vec();
   shape.insert(shape.begin(), size());
@@ -318,6 +346,7 @@ at::Tensor Group::all_gather(const at::Tensor& t, int64_t dim) const {
 
 at::Tensor Group::reduce_scatter(const at::Tensor& t, int64_t dim) const {
   if (size() == 1) return t;
+  bump();
   if (dim < 0) dim += t.dim();
   TORCH_CHECK(t.size(dim) % size() == 0, "reduce_scatter: dim ", dim, " of size ", t.size(dim), " is not divisible by ", size());
   // [.., size*k, ..] -> [size, .., k, ..] contiguous so that each rank's part is one block.
@@ -348,6 +377,7 @@ at::Tensor Group::all_to_all(const at::Tensor& t) const {
 at::Tensor Group::all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& send_counts,
                                const std::vector<int64_t>& recv_counts) const {
   if (size() == 1) return t;
+  bump();
   at::Tensor in = t.contiguous();
   std::vector<int64_t> shape = in.sizes().vec();
   int64_t total = 0;
@@ -365,6 +395,7 @@ at::Tensor Group::all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& 
 
 void Group::broadcast(at::Tensor& t, int root) const {
   if (size() == 1) return;
+  bump();
   LF_COLLECTIVE("broadcast", {
     std::vector<at::Tensor> v{t};
     c10d::BroadcastOptions o;
@@ -393,6 +424,7 @@ void Group::recv(at::Tensor& t, int src) const {
 
 void Group::barrier() const {
   if (size() == 1) return;
+  bump();
   LF_COLLECTIVE("barrier", {
     // An all-reduce of one element: Gloo's barrier has no per-call timeout of its own.
     at::Tensor t = at::zeros({1});
@@ -404,6 +436,10 @@ void Group::barrier() const {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+
+Pending::Pending() = default;
+Pending::Pending(Pending&& o) noexcept
+    : work_(std::move(o.work_)), group_(o.group_), op_(o.op_), then_(std::move(o.then_)) {}
 
 Pending& Pending::operator=(Pending&& o) noexcept {
   if (this != &o) {
@@ -443,6 +479,7 @@ void Pending::wait() {
 Pending Group::all_reduce_async(at::Tensor& t, Reduce op) const {
   Pending p;
   if (size() == 1) return p;
+  bump();
   TORCH_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
   p.group_ = this;
   p.op_ = "all_reduce";
@@ -470,6 +507,7 @@ Pending Group::all_gather_async(at::Tensor& out, const at::Tensor& in) const {
   TORCH_CHECK(out.is_contiguous() && in.is_contiguous() && out.numel() == in.numel() * size(), "all_gather_async: shapes");
   p.group_ = this;
   p.op_ = "all_gather";
+  bump();
   LF_COLLECTIVE("all_gather", {
     c10d::AllgatherOptions o;
     o.timeout = comm_->timeout();
@@ -488,6 +526,7 @@ Pending Group::reduce_scatter_async(at::Tensor& out, const at::Tensor& in) const
   TORCH_CHECK(out.is_contiguous() && in.is_contiguous() && in.numel() == out.numel() * size(), "reduce_scatter_async: shapes");
   p.group_ = this;
   p.op_ = "reduce_scatter";
+  bump();
   LF_COLLECTIVE("reduce_scatter", {
     c10d::ReduceScatterOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;

@@ -13,6 +13,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -49,8 +50,8 @@ class Group;
 // versions). Destroying an unfinished Pending waits for it.
 class Pending {
  public:
-  Pending() = default;
-  Pending(Pending&&) noexcept = default;
+  Pending();
+  Pending(Pending&&) noexcept;
   Pending& operator=(Pending&&) noexcept;
   ~Pending();
   void wait();
@@ -73,6 +74,8 @@ class Group {
   const std::vector<int>& ranks() const { return ranks_; }
   const std::string& name() const { return name_; }
   int global_rank(int group_rank) const { return ranks_.at(static_cast<size_t>(group_rank)); }
+  // Collectives started on this group so far (every member counts the same ones).
+  int64_t sequence() const { return seq_.load(); }
 
   // In place. Avg divides by the group size.
   void all_reduce(at::Tensor& t, Reduce op = Reduce::Sum) const;
@@ -105,6 +108,8 @@ class Group {
   friend class Comm;
   friend class Pending;
   [[noreturn]] void fail(const char* op, const std::exception& e) const;
+  void bump() const { ++seq_; }
+  mutable std::atomic<int64_t> seq_{0};
   std::string name_;
   std::vector<int> ranks_{0};
   int rank_ = 0;
@@ -132,8 +137,9 @@ class Comm {
   // The group of `ranks` (global, in order), created on first use. Every member must ask for it, in the same
   // order of creation as the other members; a rank that is not a member gets an error.
   const Group& group(const std::vector<int>& ranks) const;
-  // Ranks whose heartbeat stopped (exited or hung); used in error messages.
-  std::vector<int> silent_ranks() const;
+  // Why `g`'s collective failed, for the error message: the ranks whose heartbeat stopped (exited) and the members
+  // of `g` that never reached this rank's latest collective on it (hung, or busy elsewhere).
+  std::string diagnose(const Group& g) const;
   std::chrono::milliseconds timeout() const { return opts_.timeout; }
 
  private:

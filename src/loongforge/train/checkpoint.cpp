@@ -43,34 +43,19 @@ std::string checkpoint_name(int64_t step) {
   return buf;
 }
 
-std::string save_checkpoint(const std::string& root, int64_t step, models::llama::CausalLMImpl& model,
-                            const TrainableSet& trainable, optim::AdamW& opt, const nlohmann::json& trainer_state,
-                            const std::string& tokenizer_src, int keep) {
+std::string begin_checkpoint(const std::string& root, int64_t step, bool unique) {
   fs::create_directories(root);
   const std::string name = checkpoint_name(step);
-  fs::path tmp = fs::path(root) / (".tmp-" + name + "-" + std::to_string(::getpid()));
+  fs::path tmp = fs::path(root) / (".tmp-" + name + (unique ? "-" + std::to_string(::getpid()) : std::string()));
   remove_tree(tmp.string());
   fs::create_directories(tmp);
-  if (trainable.lora) {  // the adapter in PEFT's layout, plus config and tokenizer for convenience
-    io::save_peft_adapter(tmp.string(), model, *trainable.lora, trainable.base_model);
-    nlohmann::json cfg = model.config().raw;
-    write_file_atomic((tmp / "base_config.json").string(), cfg.dump(2) + "\n");
-  } else {  // weights as a Hugging Face folder, fp32 (the master weights)
-    io::export_hf(model, tmp.string(), at::kFloat, size_t(5) << 30, tokenizer_src);
-  }
-  test_delay();
-  io::NamedTensors state;
-  for (size_t i = 0; i < trainable.names.size(); ++i) {
-    state.emplace_back("exp_avg." + trainable.names[i], opt.exp_avg()[i]);
-    state.emplace_back("exp_avg_sq." + trainable.names[i], opt.exp_avg_sq()[i]);
-  }
-  {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    state.emplace_back("rng.cpu", gen.get_state());
-  }
-  io::save_file((tmp / "optimizer.safetensors").string(), state, {{"optimizer_steps", std::to_string(opt.steps())}});
-  write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(2) + "\n");
+  return tmp.string();
+}
+
+std::string commit_checkpoint(const std::string& root, int64_t step, const std::string& tmp_dir, int keep) {
+  const std::string name = checkpoint_name(step);
+  fs::path tmp(tmp_dir);
+  for (const auto& e : fs::directory_iterator(tmp)) fsync_path(e.path());
   fsync_path(tmp);
   fs::path final_dir = fs::path(root) / name;
   if (fs::exists(final_dir)) {  // an older run's checkpoint of the same step: move it aside, then drop it
@@ -96,6 +81,74 @@ std::string save_checkpoint(const std::string& root, int64_t step, models::llama
   return final_dir.string();
 }
 
+at::Tensor cpu_rng_state() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_cpu_rng_state(const at::Tensor& state) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+void checkpoint_test_delay() { test_delay(); }
+
+std::string save_checkpoint(const std::string& root, int64_t step, models::llama::CausalLMImpl& model,
+                            const TrainableSet& trainable, optim::AdamW& opt, const nlohmann::json& trainer_state,
+                            const std::string& tokenizer_src, int keep) {
+  fs::path tmp = begin_checkpoint(root, step, true);
+  if (trainable.lora) {  // the adapter in PEFT's layout, plus config and tokenizer for convenience
+    io::save_peft_adapter(tmp.string(), model, *trainable.lora, trainable.base_model);
+    nlohmann::json cfg = model.config().raw;
+    write_file_atomic((tmp / "base_config.json").string(), cfg.dump(2) + "\n");
+  } else {  // weights as a Hugging Face folder, fp32 (the master weights)
+    io::export_hf(model, tmp.string(), at::kFloat, size_t(5) << 30, tokenizer_src);
+  }
+  test_delay();
+  io::NamedTensors state;
+  for (size_t i = 0; i < trainable.names.size(); ++i) {
+    state.emplace_back("exp_avg." + trainable.names[i], opt.exp_avg()[i]);
+    state.emplace_back("exp_avg_sq." + trainable.names[i], opt.exp_avg_sq()[i]);
+  }
+  state.emplace_back("rng.cpu", cpu_rng_state());
+  io::save_file((tmp / "optimizer.safetensors").string(), state, {{"optimizer_steps", std::to_string(opt.steps())}});
+  write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(2) + "\n");
+  return commit_checkpoint(root, step, tmp.string(), keep);
+}
+
+OptimizerStateReader::OptimizerStateReader(const std::string& dir) : dir_(dir) {
+  fs::path idx = fs::path(dir) / "optimizer.index.json";
+  if (fs::exists(idx)) {
+    nlohmann::json j = read_json_file(idx.string());
+    try {
+      for (auto it = j.at("weight_map").begin(); it != j.at("weight_map").end(); ++it) file_of_[it.key()] = it.value();
+      steps_ = j.at("optimizer_steps");
+      world_ = j.at("world");
+    } catch (const nlohmann::json::exception& e) {
+      throw file_error(idx.string(), "weight_map/optimizer_steps/world", "missing or malformed");
+    }
+    return;
+  }
+  auto f = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
+  open_["optimizer.safetensors"] = f;
+  auto meta = f->metadata();
+  auto it = meta.find("optimizer_steps");
+  if (it == meta.end()) throw file_error(f->path(), "__metadata__.optimizer_steps", "missing");
+  steps_ = std::stoll(it->second);
+}
+
+at::Tensor OptimizerStateReader::tensor(const std::string& key) {
+  std::string name = key.substr(key.find('.') + 1);
+  std::string file = file_of_.empty() ? "optimizer.safetensors" : file_of_.count(name) ? file_of_[name] : "";
+  if (file.empty()) throw file_error((fs::path(dir_) / "optimizer.index.json").string(), "weight_map." + name, "missing");
+  auto& f = open_[file];
+  if (!f) f = io::SafetensorsFile::open((fs::path(dir_) / file).string());
+  if (!f->contains(key)) throw file_error(f->path(), key, "missing");
+  return f->tensor(key);
+}
+
 std::optional<std::string> latest_checkpoint(const std::string& root) {
   fs::path latest = fs::path(root) / "latest";
   if (!fs::exists(latest)) return std::nullopt;
@@ -119,24 +172,19 @@ nlohmann::json load_checkpoint(const std::string& dir, models::llama::CausalLMIm
   } else {
     io::load_state(model, dir);
   }
-  auto st = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
+  OptimizerStateReader st(dir);
   for (size_t i = 0; i < trainable.names.size(); ++i) {
     for (auto [prefix, vec] : {std::pair{"exp_avg.", &opt.exp_avg()}, std::pair{"exp_avg_sq.", &opt.exp_avg_sq()}}) {
       std::string key = prefix + trainable.names[i];
-      if (!st->contains(key)) throw file_error(st->path(), key, "missing");
-      at::Tensor t = st->tensor(key);
-      if (t.sizes() != (*vec)[i].sizes()) throw file_error(st->path(), key, "shape does not match the model");
+      at::Tensor t = st.tensor(key);
+      if (t.sizes() != (*vec)[i].sizes()) throw Error(dir + ": optimizer tensor '" + key + "': shape does not match the model");
       (*vec)[i].copy_(t);
     }
   }
-  auto meta = st->metadata();
-  auto it = meta.find("optimizer_steps");
-  if (it == meta.end()) throw file_error(st->path(), "__metadata__.optimizer_steps", "missing");
-  opt.set_steps(std::stoll(it->second));
-  if (st->contains("rng.cpu")) {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(st->tensor("rng.cpu"));
+  opt.set_steps(st.steps());
+  if (st.saved_world() == 1 && fs::exists(fs::path(dir) / "optimizer.safetensors")) {
+    auto f = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
+    if (f->contains("rng.cpu")) set_cpu_rng_state(f->tensor("rng.cpu"));
   }
   return read_json_file((fs::path(dir) / "trainer_state.json").string());
 }

@@ -8,12 +8,15 @@
 // half-written latest checkpoint.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "loongforge/models/llama/model.h"
 #include "loongforge/nn/lora.h"
+#include "loongforge/io/safetensors.h"
 #include "loongforge/optim/adamw.h"
 
 namespace lf::train {
@@ -32,6 +35,32 @@ std::string checkpoint_name(int64_t step);
 std::string save_checkpoint(const std::string& root, int64_t step, models::llama::CausalLMImpl& model,
                             const TrainableSet& trainable, optim::AdamW& opt, const nlohmann::json& trainer_state,
                             const std::string& tokenizer_src, int keep);
+
+// The steps of save_checkpoint, for engines that write a checkpoint from several processes: a fresh temporary
+// folder for step N (unique: named after this process; else the same name on every rank of a job); then, once
+// every file is in it, fsync + rename into ROOT/step_N + point ROOT/latest at it + prune to `keep`.
+std::string begin_checkpoint(const std::string& root, int64_t step, bool unique);
+std::string commit_checkpoint(const std::string& root, int64_t step, const std::string& tmp_dir, int keep);
+at::Tensor cpu_rng_state();
+void set_cpu_rng_state(const at::Tensor& state);
+void checkpoint_test_delay();  // LOONGFORGE_TEST_SAVE_DELAY_MS (tests interrupt saves in that window)
+
+// The optimizer part of a checkpoint: optimizer.safetensors (one process) or the per-rank files named by
+// optimizer.index.json (distributed runs). Keys "exp_avg.<name>", "exp_avg_sq.<name>".
+class OptimizerStateReader {
+ public:
+  explicit OptimizerStateReader(const std::string& dir);
+  at::Tensor tensor(const std::string& key);  // lf::Error naming the file and key when missing
+  int64_t steps() const { return steps_; }
+  int saved_world() const { return world_; }
+
+ private:
+  std::string dir_;
+  std::map<std::string, std::string> file_of_;  // parameter name -> file (distributed)
+  std::map<std::string, std::shared_ptr<io::SafetensorsFile>> open_;
+  int64_t steps_ = 0;
+  int world_ = 1;
+};
 
 // The folder ROOT/latest points at, if any (lf::Error if `latest` names a missing folder).
 std::optional<std::string> latest_checkpoint(const std::string& root);

@@ -41,7 +41,7 @@ const char* kDefaults = R"json({
   "log": {"every": 1, "progress": "auto", "tensorboard": true, "plot": true, "peak_tflops": 0.0},
   "eval": {"every": 0, "batches": 4},
   "parallel": {"dp": 1, "tp": 1, "pp": 1, "vpp": 1, "cp": 1, "cp_mode": "ring", "ep": 1, "sp": false, "zero": 0,
-               "hsdp_shard": 0}
+               "hsdp_shard": 0, "pp_layout": [], "timeout_s": 300}
 })json";
 
 // Keys whose value must be one of a few choices.
@@ -132,6 +132,10 @@ json conform(const json& v, const json& s, const std::string& key, const std::st
     if (v.is_null()) return json::array();
     if (!v.is_array()) throw fail("expected a list");
     json out = json::array();
+    if (s.empty()) {  // a list of integers whose default is empty (parallel.pp_layout)
+      for (const auto& e : v) out.push_back(conform(e, json(int64_t(0)), key, origin));
+      return out;
+    }
     const json& item = s.at(0);
     for (const auto& e : v) {
       if (item.is_object()) {  // merge each item over the item defaults

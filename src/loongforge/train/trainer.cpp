@@ -23,6 +23,7 @@
 #include "loongforge/nn/loss.h"
 #include "loongforge/optim/schedule.h"
 #include "loongforge/train/checkpoint.h"
+#include "loongforge/train/engine.h"
 #include "loongforge/train/pretrain_source.h"
 #include "loongforge/train/recipe.h"
 #include "loongforge/train/sft_source.h"
@@ -33,16 +34,6 @@ using nlohmann::json;
 using models::llama::CausalLM;
 
 namespace {
-
-void check_layout(const json& r) {
-  const json& p = r["parallel"];
-  for (const char* k : {"dp", "tp", "pp", "vpp", "cp", "ep"})
-    if (p[k].get<int64_t>() != 1)
-      throw Error(std::string("recipe: field 'parallel.") + k + "': " + std::to_string(p[k].get<int64_t>()) +
-                  " needs the distributed engines (not available yet); use 1");
-  if (p["sp"].get<bool>() || p["zero"].get<int64_t>() != 0 || p["hsdp_shard"].get<int64_t>() != 0)
-    throw Error("recipe: field 'parallel.sp/zero/hsdp_shard': needs the distributed engines (not available yet)");
-}
 
 // transformers' _init_weights for these models: normal(0, std) for Linear and Embedding (padding row zero),
 // zeros for biases, ones for norms.
@@ -64,12 +55,7 @@ std::string resolve(const std::string& base_dir, const std::string& p) {
   return fs::exists(alt) ? alt.string() : p;
 }
 
-struct Built {
-  CausalLM model{nullptr};
-  TrainableSet trainable;
-  std::vector<double> weight_decay;
-  std::string tokenizer;
-};
+using Built = ModelBundle;
 
 Built build_model(const json& r) {
   Built b;
@@ -146,30 +132,67 @@ std::unique_ptr<BatchSource> build_data(const json& r, data::Split split, const 
   return std::make_unique<PretrainSource>(o, d["per_document_attention"].get<bool>());
 }
 
-// Sum of token losses and the count, for one micro-batch.
-std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b) {
-  at::Tensor h = model.hidden_states(b.input_ids, b.position_ids, nullptr, b.segment_ids);
-  at::Tensor logits = model.logits(h);
-  at::Tensor loss = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), b.targets.reshape({-1}),
-                                           {}, at::Reduction::Sum, nn::kIgnoreIndex);
-  return {loss, b.counted()};
-}
-
-double validation_loss(models::llama::CausalLMImpl& model, BatchSource& src, int64_t batches, int64_t mb) {
-  at::NoGradGuard no_grad;
-  bool was_training = model.is_training();
-  model.eval();
+double validation_loss(Engine& engine, BatchSource& src, int64_t batches, int64_t mb) {
   double sum = 0;
   int64_t count = 0;
   for (int64_t i = 0; i < batches; ++i) {
-    Batch b = src.next(mb);
-    auto [l, c] = micro_loss(model, b);
-    sum += l.item<double>();
+    Batch b = src.next(mb * engine.data_parallel());
+    auto [l, c] = engine.eval_loss(b);
+    sum += l;
     count += c;
   }
-  if (was_training) model.train();
   return count ? sum / static_cast<double>(count) : std::nan("");
 }
+
+// One process, no layout: the model, AdamW and checkpoints as HF folders.
+class SingleEngine : public Engine {
+ public:
+  explicit SingleEngine(const json& r, Built b)
+      : b_(std::move(b)),
+        opt_(b_.trainable.params,
+             optim::AdamWOptions{r["optim"]["lr"], r["optim"]["beta1"], r["optim"]["beta2"], r["optim"]["eps"],
+                                 r["optim"]["weight_decay"]},
+             b_.weight_decay) {}
+  double forward_backward(const std::vector<Batch>& micro, int64_t counted, bool bf16) override {
+    auto& model = *b_.model;
+    double loss_sum = 0;
+    for (const Batch& mbatch : micro) {
+      at::Tensor l;
+      if (bf16) {
+        at::autocast::set_autocast_enabled(at::kCPU, true);
+        at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+        l = micro_loss(model, mbatch).first;
+        at::autocast::set_autocast_enabled(at::kCPU, false);
+        at::autocast::clear_cache();
+      } else {
+        l = micro_loss(model, mbatch).first;
+      }
+      (l / static_cast<double>(std::max<int64_t>(1, counted))).backward();
+      loss_sum += l.item<double>();
+    }
+    return loss_sum;
+  }
+  double clip_grad_norm(double max_norm) override { return optim::clip_grad_norm(b_.trainable.params, max_norm); }
+  void step(double lr) override { opt_.step(lr); }
+  void zero_grad() override { opt_.zero_grad(); }
+  std::pair<double, int64_t> eval_loss(const Batch& b) override {
+    at::NoGradGuard no_grad;
+    auto& model = *b_.model;
+    bool was_training = model.is_training();
+    model.eval();
+    auto [l, c] = micro_loss(model, b);
+    if (was_training) model.train();
+    return {l.item<double>(), c};
+  }
+  std::string save(const std::string& root, int64_t step, const json& st, const std::string& tokenizer, int keep) override {
+    return save_checkpoint(root, step, *b_.model, b_.trainable, opt_, st, tokenizer, keep);
+  }
+  json load(const std::string& dir) override { return load_checkpoint(dir, *b_.model, b_.trainable, opt_); }
+
+ private:
+  Built b_;
+  optim::AdamW opt_;
+};
 
 double peak_flops(const json& r) {
   double p = r["log"]["peak_tflops"];
@@ -221,8 +244,16 @@ class Progress {
 
 }  // namespace
 
+std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b) {
+  at::Tensor h = model.hidden_states(b.input_ids, b.position_ids, nullptr, b.segment_ids);
+  at::Tensor logits = model.logits(h);
+  at::Tensor loss = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), b.targets.reshape({-1}),
+                                           {}, at::Reduction::Sum, nn::kIgnoreIndex);
+  return {loss, b.counted()};
+}
+
+
 TrainOutcome train(const json& r, bool resume) {
-  check_layout(r);
   // Training allocates and frees the same large activation buffers every step. glibc would hand buffers above
   // its mmap threshold back to the kernel on free and fault them in again (zeroed) on the next step; keep them.
   ::mallopt(M_MMAP_THRESHOLD, 1 << 30);
@@ -237,10 +268,19 @@ TrainOutcome train(const json& r, bool resume) {
   const std::string ckpt_root = (fs::path(out) / "checkpoints").string();
 
   Built b = build_model(r);
-  auto& model = *b.model;
+  const std::string tokenizer = b.tokenizer;
+  const models::llama::DecoderConfig cfg = b.model->config();
   const json& o = r["optim"];
-  optim::AdamW opt(b.trainable.params,
-                   optim::AdamWOptions{o["lr"], o["beta1"], o["beta2"], o["eps"], o["weight_decay"]}, b.weight_decay);
+  const json& par = r["parallel"];
+  bool distributed = false;  // launched as several processes, or a layout that needs them
+  for (const char* v : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"})
+    if (const char* n = std::getenv(v)) distributed = distributed || std::atoi(n) > 1;
+  for (const char* k : {"dp", "tp", "pp", "cp", "vpp", "ep"}) distributed = distributed || par[k].get<int64_t>() != 1;
+  distributed = distributed || par["zero"].get<int64_t>() != 0 || par["sp"].get<bool>();
+  std::unique_ptr<Engine> engine = distributed ? make_distributed_engine(r, std::move(b))
+                                               : std::make_unique<SingleEngine>(r, std::move(b));
+  const bool main_rank = engine->is_main();
+  const int64_t dp = engine->data_parallel();
   optim::Schedule sched;
   sched.kind = r["schedule"]["kind"];
   sched.lr = o["lr"];
@@ -250,10 +290,10 @@ TrainOutcome train(const json& r, bool resume) {
   const int64_t steps = r["train"]["steps"];
   sched.total_steps = steps;
 
-  auto data = build_data(r, data::Split::Train, b.tokenizer);
+  auto data = build_data(r, data::Split::Train, tokenizer);
   std::unique_ptr<BatchSource> valid;
   const int64_t eval_every = r["eval"]["every"];
-  if (r["data"]["valid_fraction"].get<double>() > 0) valid = build_data(r, data::Split::Valid, b.tokenizer);
+  if (r["data"]["valid_fraction"].get<double>() > 0) valid = build_data(r, data::Split::Valid, tokenizer);
   // Every evaluation uses the same first eval.batches validation batches, so values compare across steps and
   // with `loongforge eval`.
   const json valid_start = valid ? valid->state() : json();
@@ -263,11 +303,11 @@ TrainOutcome train(const json& r, bool resume) {
   if (resume) {
     auto dir = latest_checkpoint(ckpt_root);
     if (!dir) throw Error(ckpt_root + ": --resume given but there is no checkpoint (no 'latest')");
-    json st = load_checkpoint(*dir, model, b.trainable, opt);
+    json st = engine->load(*dir);
     step = st.at("step");
     tokens_seen = st.at("tokens");
     data->restore(st.at("data"));
-    std::printf("resumed from %s at step %lld\n", dir->c_str(), static_cast<long long>(step));
+    if (main_rank) std::printf("resumed from %s at step %lld\n", dir->c_str(), static_cast<long long>(step));
   }
 
   const int64_t mb = r["train"]["micro_batch_size"], accum = r["train"]["grad_accum"];
@@ -276,14 +316,13 @@ TrainOutcome train(const json& r, bool resume) {
   const int64_t log_every = std::max<int64_t>(1, r["log"]["every"].get<int64_t>());
   const int64_t ckpt_every = r["checkpoint"]["every"];
   const int keep = static_cast<int>(r["checkpoint"]["keep"].get<int64_t>());
-  const auto& cfg = model.config();
   const double n_params = static_cast<double>(cfg.num_parameters());
   const double seq = static_cast<double>(r["data"]["seq_len"].get<int64_t>());
   const double flops_per_token = 6.0 * n_params + 12.0 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * seq;
   const double peak = peak_flops(r);
 
   const std::string metrics_path = (fs::path(out) / "metrics.jsonl").string();
-  if (resume && fs::exists(metrics_path)) {  // drop lines of steps after the checkpoint (they will be redone)
+  if (main_rank && resume && fs::exists(metrics_path)) {  // drop lines of steps after the checkpoint (they will be redone)
     std::ifstream in(metrics_path);
     std::string l, kept;
     while (std::getline(in, l)) {
@@ -292,12 +331,15 @@ TrainOutcome train(const json& r, bool resume) {
     }
     write_file_atomic(metrics_path, kept);
   }
-  write_file_atomic((fs::path(out) / "recipe.yaml").string(), recipe_to_yaml(r));
-  std::ofstream metrics(metrics_path, resume ? std::ios::app : std::ios::trunc);
-  if (!metrics) throw Error((fs::path(out) / "metrics.jsonl").string() + ": cannot write");
+  std::ofstream metrics;
   std::unique_ptr<io::TensorBoardWriter> tb;
-  if (r["log"]["tensorboard"].get<bool>()) tb = std::make_unique<io::TensorBoardWriter>((fs::path(out) / "tensorboard").string());
-  Progress progress(r["log"]["progress"], steps);
+  if (main_rank) {  // rank 0 writes the logs
+    write_file_atomic((fs::path(out) / "recipe.yaml").string(), recipe_to_yaml(r));
+    metrics.open(metrics_path, resume ? std::ios::app : std::ios::trunc);
+    if (!metrics) throw Error((fs::path(out) / "metrics.jsonl").string() + ": cannot write");
+    if (r["log"]["tensorboard"].get<bool>()) tb = std::make_unique<io::TensorBoardWriter>((fs::path(out) / "tensorboard").string());
+  }
+  Progress progress(main_rank ? r["log"]["progress"].get<std::string>() : "off", steps);
 
   auto state_json = [&]() {
     json st = {{"step", step}, {"tokens", tokens_seen}, {"data", data->state()}, {"recipe", r}};
@@ -312,32 +354,17 @@ TrainOutcome train(const json& r, bool resume) {
     std::vector<Batch> micro;
     int64_t counted = 0;
     for (int64_t i = 0; i < accum; ++i) {
-      micro.push_back(data->next(mb));
+      micro.push_back(data->next(mb * dp));
       counted += micro.back().counted();
     }
-    // The loss of the step averages over every counted token of all its micro-batches.
-    double loss_sum = 0;
-    for (const Batch& mbatch : micro) {
-      at::Tensor l;
-      if (bf16) {
-        at::autocast::set_autocast_enabled(at::kCPU, true);
-        at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-        l = micro_loss(model, mbatch).first;
-        at::autocast::set_autocast_enabled(at::kCPU, false);
-        at::autocast::clear_cache();
-      } else {
-        l = micro_loss(model, mbatch).first;
-      }
-      (l / static_cast<double>(std::max<int64_t>(1, counted))).backward();
-      loss_sum += l.item<double>();
-    }
-    double loss = loss_sum / static_cast<double>(std::max<int64_t>(1, counted));
-    double gnorm = optim::clip_grad_norm(b.trainable.params, clip);
+    // The loss of the step averages over every counted token of all its micro-batches (and ranks).
+    double loss = engine->forward_backward(micro, counted, bf16) / static_cast<double>(std::max<int64_t>(1, counted));
+    double gnorm = engine->clip_grad_norm(clip);
     double lr = sched.at(step);
-    opt.step(lr);
-    opt.zero_grad();
+    engine->step(lr);
+    engine->zero_grad();
     ++step;
-    int64_t step_tokens = accum * mb * static_cast<int64_t>(seq);
+    int64_t step_tokens = accum * mb * dp * static_cast<int64_t>(seq);
     tokens_seen += step_tokens;
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double tps = step_tokens / std::max(dt, 1e-9);
@@ -347,13 +374,15 @@ TrainOutcome train(const json& r, bool resume) {
                  {"tokens_per_s", tps}, {"mfu", flops_per_token * tps / peak}, {"step_time_s", dt}};
     if (valid && eval_every > 0 && (step % eval_every == 0 || step == steps)) {
       valid->restore(valid_start);
-      double vl = validation_loss(model, *valid, r["eval"]["batches"], mb);
+      double vl = validation_loss(*engine, *valid, r["eval"]["batches"], mb);
       line["valid_loss"] = vl;
       if (tb) tb->add_scalar("valid/loss", vl, step);
       progress.note("step " + std::to_string(step) + " valid loss " + std::to_string(vl));
     }
-    metrics << line.dump() << "\n";
-    metrics.flush();
+    if (main_rank) {
+      metrics << line.dump() << "\n";
+      metrics.flush();
+    }
     history.push_back(line);
     if (tb) {
       tb->add_scalar("train/loss", loss, step);
@@ -364,13 +393,13 @@ TrainOutcome train(const json& r, bool resume) {
     progress.update(step, loss, lr, tps, eta, step % log_every == 0 || step == steps);
     outcome.last_loss = loss;
     if ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps || step == stop_at) {
-      outcome.last_checkpoint = save_checkpoint(ckpt_root, step, model, b.trainable, opt, state_json(), b.tokenizer, keep);
+      outcome.last_checkpoint = engine->save(ckpt_root, step, state_json(), tokenizer, keep);
       if (ckpt_every > 0 && step != steps) progress.note("saved " + outcome.last_checkpoint);
     }
   }
   progress.done();
   if (tb) tb->flush();
-  if (r["log"]["plot"].get<bool>()) {
+  if (main_rank && r["log"]["plot"].get<bool>()) {
     // The whole run's curve, resumed runs included: read metrics.jsonl back.
     io::Series train_s{"train loss", {}, {}, 0x1f77b4}, valid_s{"valid loss", {}, {}, 0xd62728};
     std::ifstream in((fs::path(out) / "metrics.jsonl").string());
@@ -390,6 +419,7 @@ TrainOutcome train(const json& r, bool resume) {
     io::write_line_plot((fs::path(out) / "loss.png").string(), "loss", series);
   }
   outcome.steps = step;
+  engine->barrier();  // nobody leaves (and takes the rendezvous store down) before everyone is done
   return outcome;
 }
 
@@ -404,7 +434,13 @@ double evaluate(const json& r, const std::string& model_dir, int64_t batches) {
   std::string tok = r["model"]["tokenizer"].get<std::string>();
   if (tok.empty()) tok = r["model"]["path"].get<std::string>();
   auto src = build_data(r, r["data"]["valid_fraction"].get<double>() > 0 ? data::Split::Valid : data::Split::Train, tok);
-  return validation_loss(*model, *src, batches, r["train"]["micro_batch_size"]);
+  Built b;
+  b.model = model;
+  b.tokenizer = tok;
+  b.trainable.params = {model->parameters().front()};
+  b.trainable.names = {"unused"};
+  SingleEngine engine(r, std::move(b));
+  return validation_loss(engine, *src, batches, r["train"]["micro_batch_size"]);
 }
 
 }  // namespace lf::train

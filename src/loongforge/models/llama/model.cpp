@@ -46,8 +46,10 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t idx)
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                   nn::KVCache* cache, const at::Tensor& segment_ids) {
-  const int64_t b = x.size(0), t = x.size(1);
-  at::Tensor q = q_proj->forward(x).view({b, t, heads, head_dim});
+  at::Tensor q = q_proj->forward(x);
+  // b, t from the projection (a sequence-parallel input_fn gathers the sequence: t can exceed x.size(1)).
+  const int64_t b = q.size(0), t = q.size(1);
+  q = q.view({b, t, heads, head_dim});
   at::Tensor k = k_proj->forward(x).view({b, t, kv_heads, head_dim});
   at::Tensor v = v_proj->forward(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
   if (q_norm) {

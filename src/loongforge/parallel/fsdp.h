@@ -1,0 +1,94 @@
+// The FSDP engine (ZeRO-3) and HSDP for the dense decoder LM, applied to a plain model from outside.
+//
+// fully_shard splits the trainable parameters in units: one per decoder layer and a root unit (embeddings, final
+// norm, output head). Each unit keeps only this rank's 1/shard.size() slice of its flat parameter vector (the
+// optimizer's master copy); the module's parameters are empty tensors except while their unit is gathered.
+//
+//  - forward: the root is all-gathered at the start and stays gathered until the end of backward; each layer is
+//    all-gathered before it runs (the next layer's all-gather is started meanwhile: prefetch), runs without
+//    keeping activations, and is freed;
+//  - backward: each layer is re-gathered (prefetching the one before), recomputed with autograd, freed; its
+//    gradients are reduce-scattered (asynchronously) into the unit's gradient shard; the root's gradients are
+//    reduce-scattered in finish_backward();
+//  - HSDP: the gradient shards are then all-reduced over `replicate` (on the last micro-batch only).
+// Gradients are summed over shard x replicate ranks. Gradient accumulation: every micro-batch is reduce-scattered
+// into the (accumulating) gradient shards; set_sync(false) only defers the replicate all-reduce.
+// Frozen parameters (requires_grad false) are left whole on every rank.
+//
+// Use: `auto fsdp = fully_shard(*model, shard, replicate)`; run `fsdp->hidden_states(...)` (not the model's own,
+// whose layers are empty) and `fsdp->logits(...)`, backward, `fsdp->finish_backward()`, then
+// optim::DataParallelOptimizer(fsdp, ...) clips and steps. Activations are always recomputed (per layer).
+#pragma once
+#include "loongforge/models/llama/model.h"
+#include "loongforge/parallel/data_parallel.h"
+
+namespace lf::parallel {
+
+struct FsdpOptions {
+  bool prefetch = true;  // start the next layer's all-gather while the current one runs
+};
+
+class FullyShardedModel : public GradSync, public std::enable_shared_from_this<FullyShardedModel> {
+ public:
+  FullyShardedModel(models::llama::CausalLMImpl& model, const Group& shard, const Group& replicate, FsdpOptions o);
+  ~FullyShardedModel() override;
+  FullyShardedModel(const FullyShardedModel&) = delete;
+  FullyShardedModel& operator=(const FullyShardedModel&) = delete;
+
+  // CausalLMImpl::hidden_states under FSDP (same arguments and result; no KV cache).
+  at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids = {},
+                           const at::Tensor& segment_ids = {});
+  at::Tensor logits(const at::Tensor& hidden) { return model_->logits(hidden); }
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids = {}) {
+    return logits(hidden_states(input_ids, position_ids));
+  }
+
+  void finish_backward() override;
+  void zero_grad() override;
+  void after_step() override;  // frees every gathered copy (they are stale)
+
+  // Collective over `shard`: every trainable parameter whole, by HF name (for saving / export).
+  std::map<std::string, at::Tensor> full_parameters() const;
+  // Sets the shards from whole parameters (every rank passes the same values); missing names are an error.
+  void load_full_parameters(const std::map<std::string, at::Tensor>& params);
+  // Gathers every unit into the model (e.g. for evaluation or generation with the plain model) / frees them.
+  void gather_all();
+  void reshard();
+  size_t num_units() const { return units_.size(); }
+  models::llama::CausalLMImpl& model() { return *model_; }
+
+  // internal (the per-layer autograd node)
+  void unit_backward_begin(size_t u);
+  void unit_grads(size_t u, const std::vector<at::Tensor>& grads);
+  void gather(size_t u);  // waits for a prefetch or gathers now
+  void prefetch(size_t u);
+  void free_unit(size_t u);
+
+ private:
+  struct Unit {
+    std::vector<size_t> members;  // indices into names()
+    at::Tensor full;              // gathered flat parameters (undefined when freed)
+    Pending gathering;
+    bool gathered = false;
+  };
+  struct Reduction {
+    Pending work;
+    at::Tensor in, out;
+    size_t unit;
+  };
+  void flush_root_grads();
+  void drain(size_t keep);
+  models::llama::CausalLMImpl* model_;
+  FsdpOptions opts_;
+  std::vector<at::Tensor> params_;
+  std::vector<Unit> units_;  // units_[0..L-1]: layers; units_.back(): root
+  std::deque<Reduction> reductions_;
+  bool reduced_ = false;
+};
+
+// Shards `model` over `shard` (replicated over `replicate`; a group of one for plain FSDP). Every rank must hold
+// the same full parameters when called (same seed or same checkpoint).
+std::shared_ptr<FullyShardedModel> fully_shard(models::llama::CausalLMImpl& model, const Group& shard,
+                                               const Group& replicate, FsdpOptions opts = {});
+
+}  // namespace lf::parallel

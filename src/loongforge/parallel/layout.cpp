@@ -1,0 +1,80 @@
+#include "loongforge/parallel/layout.h"
+
+#include "loongforge/core/error.h"
+
+namespace lf::parallel {
+
+namespace {
+[[noreturn]] void bad(const std::string& field, const std::string& what) {
+  throw Error("recipe: field 'parallel." + field + "': " + what);
+}
+std::string s(int64_t v) { return std::to_string(v); }
+}  // namespace
+
+std::string Layout::describe() const {
+  std::string d;
+  auto add = [&](const std::string& x) { d += (d.empty() ? "" : " ") + x; };
+  if (dp > 1) add("dp" + s(dp));
+  if (tp > 1) add("tp" + s(tp));
+  if (sp) add("sp");
+  if (pp > 1) add("pp" + s(pp));
+  if (vpp > 1) add("vpp" + s(vpp));
+  if (cp > 1) add("cp" + s(cp) + "(" + cp_mode + ")");
+  if (zero > 0) add("zero" + s(zero));
+  if (hsdp_shard > 0) add("hsdp_shard" + s(hsdp_shard));
+  return d.empty() ? "single process" : d;
+}
+
+void validate(const Layout& l, const models::llama::DecoderConfig& c, int64_t seq_len, int64_t micro_batches, bool lora) {
+  for (auto [name, v] : {std::pair{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"cp", l.cp}, {"ep", l.ep}})
+    if (v < 1) bad(name, s(v) + " is not a positive size");
+  if (l.ep != 1) bad("ep", s(l.ep) + ": expert parallelism needs a mixture-of-experts model; this one is dense");
+  if (l.timeout_s < 1) bad("timeout_s", s(l.timeout_s) + " is not a positive number of seconds");
+  if (l.tp > 1) {
+    if (c.num_attention_heads % l.tp) bad("tp", s(l.tp) + " does not divide num_attention_heads " + s(c.num_attention_heads));
+    if (c.num_key_value_heads % l.tp) bad("tp", s(l.tp) + " does not divide num_key_value_heads " + s(c.num_key_value_heads));
+    if (c.intermediate_size % l.tp) bad("tp", s(l.tp) + " does not divide intermediate_size " + s(c.intermediate_size));
+    if (c.vocab_size % l.tp) bad("tp", s(l.tp) + " does not divide vocab_size " + s(c.vocab_size));
+  }
+  if (l.sp && l.tp == 1) bad("sp", "sequence parallel splits over tensor-parallel ranks; it needs tp > 1");
+  const int64_t seq_div = (l.cp > 1 ? 2 * l.cp : 1) * (l.sp ? l.tp : 1);
+  if (seq_len % seq_div)
+    bad(l.cp > 1 ? "cp" : "sp", "data.seq_len " + s(seq_len) + " is not a multiple of " + s(seq_div) +
+                                    (l.cp > 1 ? " (2 x cp chunks" + std::string(l.sp ? " x tp" : "") + ")" : " (tp)"));
+  if (l.cp > 1 && l.cp_mode == "a2a") {
+    if ((c.num_attention_heads / l.tp) % l.cp) bad("cp", s(l.cp) + " does not divide the " + s(c.num_attention_heads / l.tp) + " attention heads per tensor-parallel rank (cp_mode a2a)");
+    if ((c.num_key_value_heads / l.tp) % l.cp) bad("cp", s(l.cp) + " does not divide the " + s(c.num_key_value_heads / l.tp) + " key/value heads per tensor-parallel rank (cp_mode a2a)");
+  }
+  if (l.cp > 1)
+    for (int64_t w : c.layer_window)
+      if (w > 0) bad("cp", "context parallel does not support sliding-window attention (layer window " + s(w) + ")");
+  if (l.vpp > 1 && l.pp == 1) bad("vpp", "virtual pipeline stages need pp > 1");
+  const int64_t stages = int64_t(l.pp) * l.vpp;
+  if (!l.pp_layout.empty()) {
+    if (static_cast<int64_t>(l.pp_layout.size()) != stages)
+      bad("pp_layout", "has " + s(static_cast<int64_t>(l.pp_layout.size())) + " entries; pp x vpp = " + s(stages));
+    int64_t sum = 0;
+    for (int64_t n : l.pp_layout) {
+      if (n < 1) bad("pp_layout", "every stage needs at least one layer");
+      sum += n;
+    }
+    if (sum != c.num_hidden_layers) bad("pp_layout", "sums to " + s(sum) + " layers; the model has " + s(c.num_hidden_layers));
+  } else if (stages > 1 && c.num_hidden_layers % stages) {
+    bad("pp", "pp x vpp = " + s(stages) + " does not divide num_hidden_layers " + s(c.num_hidden_layers) +
+                  " (give parallel.pp_layout for an uneven split)");
+  }
+  if (stages > c.num_hidden_layers) bad("pp", "pp x vpp = " + s(stages) + " stages for " + s(c.num_hidden_layers) + " layers");
+  if (l.vpp > 1 && micro_batches % l.pp)
+    bad("vpp", "the interleaved schedule needs train.grad_accum (" + s(micro_batches) + ") to be a multiple of pp " + s(l.pp));
+  if (l.hsdp_shard > 0) {
+    if (l.zero != 3) bad("hsdp_shard", "HSDP shards parameters: it needs parallel.zero 3");
+    if (l.dp % l.hsdp_shard) bad("hsdp_shard", s(l.hsdp_shard) + " does not divide dp " + s(l.dp));
+  }
+  if (l.zero == 3 && (l.tp > 1 || l.pp > 1 || l.cp > 1))
+    bad("zero", "3 (FSDP) combines with data parallelism only; with tp/pp/cp use zero 1 (distributed optimizer)");
+  if (lora && !l.trivial())
+    bad(l.dp > 1 ? "dp" : l.tp > 1 ? "tp" : l.pp > 1 ? "pp" : l.cp > 1 ? "cp" : "zero",
+        "LoRA runs are single-process for now (the distributed engines train full models)");
+}
+
+}  // namespace lf::parallel

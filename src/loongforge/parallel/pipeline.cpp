@@ -1,0 +1,282 @@
+#include "loongforge/parallel/pipeline.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+// comm.h declares Pending (inline defaulted move) over an incomplete c10d::Work: code that moves a Pending needs it.
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "loongforge/core/error.h"
+
+namespace lf::parallel {
+
+namespace {
+
+Error recipe_error(const std::string& field, const std::string& what) { return file_error("recipe", field, what); }
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+// "model.layers.12.mlp.up_proj.weight" -> 12; -1 for other names.
+int64_t layer_of(const std::string& name) {
+  static const std::string prefix = "model.layers.";
+  if (name.rfind(prefix, 0) != 0) return -1;
+  size_t end = name.find('.', prefix.size());
+  return std::stoll(name.substr(prefix.size(), end - prefix.size()));
+}
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
+const char* kEmbed = "model.embed_tokens.weight";
+
+}  // namespace
+
+std::vector<int64_t> pipeline_layer_counts(int64_t layers, int pp, int vpp, const std::vector<int64_t>& explicit_counts) {
+  if (pp < 1) throw recipe_error("parallel.pp", std::to_string(pp) + " must be >= 1");
+  if (vpp < 1) throw recipe_error("parallel.vpp", std::to_string(vpp) + " must be >= 1");
+  const int64_t stages = int64_t{pp} * vpp;
+  if (explicit_counts.empty()) {
+    if (layers % stages != 0)
+      throw recipe_error("parallel.pp", "pp * vpp = " + std::to_string(stages) + " does not divide num_hidden_layers " +
+                                            std::to_string(layers) + " (give parallel.pp_layout for an uneven split)");
+    return std::vector<int64_t>(static_cast<size_t>(stages), layers / stages);
+  }
+  if (static_cast<int64_t>(explicit_counts.size()) != stages)
+    throw recipe_error("parallel.pp_layout", "has " + std::to_string(explicit_counts.size()) +
+                                                 " entries, expected pp * vpp = " + std::to_string(stages));
+  int64_t sum = 0;
+  for (size_t i = 0; i < explicit_counts.size(); ++i) {
+    if (explicit_counts[i] < 1)
+      throw recipe_error("parallel.pp_layout", "entry " + std::to_string(i) + " is " + std::to_string(explicit_counts[i]) +
+                                                   ": every stage needs at least one layer");
+    sum += explicit_counts[i];
+  }
+  if (sum != layers)
+    throw recipe_error("parallel.pp_layout", "[" + join(explicit_counts) + "] sums to " + std::to_string(sum) +
+                                                 ", expected num_hidden_layers " + std::to_string(layers));
+  return explicit_counts;
+}
+
+std::vector<PipelineOp> pipeline_schedule(int pp, int vpp, int64_t micros, int rank) {
+  if (pp < 1 || vpp < 1 || rank < 0 || rank >= pp) throw Error("pipeline_schedule: bad pp/vpp/rank");
+  if (micros < 1) throw recipe_error("parallel.pp", "needs at least one micro-batch");
+  if (vpp > 1 && micros % pp != 0)
+    throw recipe_error("parallel.pp", "the interleaved schedule (vpp " + std::to_string(vpp) +
+                                          ") needs the number of micro-batches (" + std::to_string(micros) +
+                                          ") to be a multiple of pp (" + std::to_string(pp) + ")");
+  const int64_t total = micros * vpp, group = int64_t{pp} * vpp;
+  int64_t warmup = vpp == 1 ? pp - rank - 1 : int64_t{pp - rank - 1} * 2 + int64_t{vpp - 1} * pp;
+  warmup = std::min(warmup, total);
+  // Megatron's numbering of virtual steps: groups of pp micro-batches go through chunk 0, then chunk 1, ...
+  auto micro_of = [&](int64_t k) { return (k / group) * pp + k % pp; };
+  auto chunk_of = [&](int64_t k, bool forward) {
+    int c = static_cast<int>((k % group) / pp);
+    return forward ? c : vpp - 1 - c;
+  };
+  std::vector<PipelineOp> ops;
+  ops.reserve(static_cast<size_t>(2 * total));
+  for (int64_t k = 0; k < warmup; ++k) ops.push_back({true, micro_of(k), chunk_of(k, true)});
+  for (int64_t k = 0; k < total - warmup; ++k) {
+    ops.push_back({true, micro_of(warmup + k), chunk_of(warmup + k, true)});
+    ops.push_back({false, micro_of(k), chunk_of(k, false)});
+  }
+  for (int64_t k = total - warmup; k < total; ++k) ops.push_back({false, micro_of(k), chunk_of(k, false)});
+  return ops;
+}
+
+Pipeline::Pipeline(models::llama::CausalLMImpl& model, const Group& pp, int vpp, std::vector<int64_t> layer_counts)
+    : model_(model), pp_(pp), vpp_(vpp), counts_(std::move(layer_counts)) {
+  const auto& cfg = model.config();
+  const int P = pp.size(), r = pp.rank();
+  counts_ = pipeline_layer_counts(cfg.num_hidden_layers, P, vpp, counts_);  // validates
+  std::vector<int64_t> starts(counts_.size() + 1, 0);
+  for (size_t i = 0; i < counts_.size(); ++i) starts[i + 1] = starts[i] + counts_[i];
+  std::set<int64_t> my_layers;
+  for (int c = 0; c < vpp; ++c) {
+    size_t s = static_cast<size_t>(c) * P + r;
+    ranges_.emplace_back(starts[s], starts[s + 1]);
+    for (int64_t l = starts[s]; l < starts[s + 1]; ++l) my_layers.insert(l);
+  }
+  tied_ = cfg.tie_word_embeddings && P > 1;
+  at::Tensor emb = model.model->embed_tokens->weight;
+  act_opts_ = emb.options().requires_grad(false);
+
+  bool first = is_first(), last = is_last();
+  at::NoGradGuard ng;
+  for (auto& item : model.named_parameters(true)) {
+    const std::string& name = item.key();
+    at::Tensor p = item.value();
+    bool keep;
+    int64_t l = layer_of(name);
+    if (l >= 0) keep = my_layers.count(l) > 0;
+    else if (starts_with(name, "model.embed_tokens.")) keep = first || (last && cfg.tie_word_embeddings);
+    else if (starts_with(name, "model.norm.") || starts_with(name, "lm_head.")) keep = last;
+    else keep = true;  // unknown parameters stay everywhere
+    if (keep) {
+      owned_.push_back(name);
+    } else {
+      p.set_data(at::empty({0}, p.options()));
+      p.set_requires_grad(false);
+      p.mutable_grad() = at::Tensor();
+    }
+  }
+  if (tied_ && (first || last)) {  // the last stage's copy starts as the first stage's weight
+    at::Tensor w = model.model->embed_tokens->weight;
+    at::Tensor buf = w.detach().contiguous();
+    if (first) pp.isend(buf, P - 1, 0).wait();
+    else {
+      pp.irecv(buf, 0, 0).wait();
+      if (!buf.is_same(w)) w.copy_(buf);
+    }
+  }
+}
+
+std::vector<at::Tensor> Pipeline::owned_parameters() const {
+  auto named = model_.named_parameters(true);
+  std::vector<at::Tensor> out;
+  for (auto& n : owned_) out.push_back(named[n]);
+  return out;
+}
+
+std::vector<std::string> Pipeline::norm_parameter_names() const {
+  std::vector<std::string> out;
+  for (auto& n : owned_)
+    if (!(tied_ && is_last() && !is_first() && n == kEmbed)) out.push_back(n);
+  return out;
+}
+
+double Pipeline::grad_norm() const {
+  auto named = model_.named_parameters(true);
+  at::Tensor sq = at::zeros({}, at::kDouble);
+  for (auto& n : norm_parameter_names()) {
+    at::Tensor g = named[n].grad();
+    if (g.defined()) sq += g.detach().to(at::kDouble).pow(2).sum().cpu();
+  }
+  if (act_opts_.device().is_cuda()) sq = sq.to(act_opts_.device());
+  pp_.all_reduce(sq);
+  return std::sqrt(sq.item<double>());
+}
+
+void Pipeline::sync_tied_grads() {
+  if (!tied_ || !(is_first() || is_last())) return;
+  at::Tensor w = model_.model->embed_tokens->weight;
+  at::Tensor g = w.grad();
+  if (!g.defined()) g = at::zeros_like(w);
+  at::Tensor mine = g.detach().contiguous().clone();
+  at::Tensor other = at::empty_like(mine);
+  int peer = is_first() ? pp_.size() - 1 : 0;
+  Pending s = pp_.isend(mine, peer, 1);
+  Pending rv = pp_.irecv(other, peer, 1);
+  rv.wait();
+  s.wait();
+  at::NoGradGuard ng;
+  // a + b on both sides (IEEE addition is commutative: the two copies get identical sums)
+  at::Tensor sum = mine + other;
+  if (w.grad().defined()) w.mutable_grad().copy_(sum);
+  else w.mutable_grad() = sum;
+}
+
+double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
+                                  const std::function<at::Tensor(const at::Tensor&, size_t)>& loss_fn, double loss_scale,
+                                  const std::function<std::vector<int64_t>(size_t)>& act_shape) {
+  const int P = pp_.size(), r = pp_.rank();
+  const int64_t M = static_cast<int64_t>(mbs.size());
+  const int64_t S = int64_t{P} * vpp_;  // virtual stages
+  auto ops = pipeline_schedule(P, vpp_, M, r);
+  // tag of the message that enters virtual stage `s` (forward) or leaves it backwards (backward)
+  auto tag = [&](int64_t micro, int64_t s, bool forward) { return static_cast<int>(2 * (micro * S + s) + (forward ? 0 : 1)); };
+  struct Slot {
+    at::Tensor input, output;  // input: the received leaf (stages > 0); output: the sent tensor or the scaled loss
+  };
+  std::map<std::pair<int64_t, int>, Slot> slots;
+  std::vector<std::pair<Pending, at::Tensor>> sends;
+  std::map<int, at::Tensor> local;  // messages to this rank itself (pp == 1 with vpp > 1)
+  double loss_sum = 0.0;
+
+  auto send = [&](const at::Tensor& t, int dst_rank, int tg) {
+    at::Tensor c = t.detach().contiguous();
+    if (dst_rank == r) {
+      local[tg] = c;
+      return;
+    }
+    Pending p = pp_.isend(c, dst_rank, tg);
+    sends.emplace_back(std::move(p), c);
+  };
+  auto recv = [&](const std::vector<int64_t>& shape, int src_rank, int tg) {
+    if (src_rank == r) {
+      auto it = local.find(tg);
+      TORCH_CHECK(it != local.end(), "pipeline: local message missing (schedule bug)");
+      at::Tensor t = it->second;
+      local.erase(it);
+      return t;
+    }
+    at::Tensor buf = at::empty(shape, act_opts_);
+    pp_.irecv(buf, src_rank, tg).wait();
+    return buf;
+  };
+
+  for (const auto& op : ops) {
+    const int64_t s = int64_t{op.chunk} * P + r;
+    const auto [begin, end] = ranges_.at(static_cast<size_t>(op.chunk));
+    const size_t mi = static_cast<size_t>(op.micro);
+    const MicroBatch& mb = mbs[mi];
+    if (op.forward) {
+      Slot slot;
+      at::Tensor h;
+      if (s == 0) {
+        h = model_.embed(mb.input_ids);
+      } else {
+        slot.input = recv(act_shape(mi), (r - 1 + P) % P, tag(op.micro, s, true)).requires_grad_(true);
+        h = slot.input;
+      }
+      at::Tensor pos = mb.position_ids;
+      if (!pos.defined()) {
+        int64_t B = mb.input_ids.size(0), T = mb.input_ids.size(1);
+        pos = at::arange(T, mb.input_ids.options().dtype(at::kLong)).unsqueeze(0).expand({B, T});
+      }
+      auto [cos, sin] = model_.rotary(pos, h.scalar_type());
+      h = model_.run_layers(h, cos, sin, begin, end, nullptr, mb.segment_ids);
+      if (s == S - 1) {
+        at::Tensor loss = loss_fn(model_.final_norm(h), mi);
+        loss_sum += loss.detach().to(at::kDouble).item<double>();
+        slot.output = loss / loss_scale;
+      } else {
+        send(h, (r + 1) % P, tag(op.micro, s + 1, true));
+        slot.output = h;
+      }
+      slots[{op.micro, op.chunk}] = std::move(slot);
+    } else {
+      auto it = slots.find({op.micro, op.chunk});
+      TORCH_CHECK(it != slots.end(), "pipeline: backward before forward (schedule bug)");
+      Slot slot = std::move(it->second);
+      slots.erase(it);
+      if (s == S - 1) {
+        slot.output.backward();
+      } else {
+        at::Tensor g = recv(act_shape(mi), (r + 1) % P, tag(op.micro, s, false));
+        slot.output.backward(g);
+      }
+      if (s > 0) {
+        at::Tensor g = slot.input.grad();
+        if (!g.defined()) g = at::zeros_like(slot.input);
+        send(g, (r - 1 + P) % P, tag(op.micro, s - 1, false));
+      }
+    }
+  }
+  for (auto& [p, t] : sends) p.wait();
+  // the loss is known on the last stage only: share it with the pp group
+  if (P > 1) {
+    at::Tensor l = at::full({}, is_last() ? loss_sum : 0.0, act_opts_.dtype(at::kDouble));
+    pp_.all_reduce(l);
+    loss_sum = l.item<double>();
+  }
+  return loss_sum;
+}
+
+}  // namespace lf::parallel

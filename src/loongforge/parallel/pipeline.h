@@ -1,0 +1,97 @@
+// Pipeline parallelism for the dense decoder (models/llama): the layers are split over the ranks of a pp group in
+// contiguous ranges ("stages"); the first stage also holds the embeddings, the last the final norm and the output
+// head. Two schedules: 1F1B (warm-up, steady one-forward-one-backward, cool-down) and Megatron's interleaved 1F1B
+// with vpp virtual stages ("model chunks") per rank: rank r holds virtual stages r, r+pp, r+2pp, ... in layer order.
+//
+// The stages run the model's pieces (CausalLMImpl::embed/rotary/run_layers/final_norm) so layouts applied through
+// the model's hooks (tensor/sequence/context parallel) compose with this one. Activations and their gradients travel
+// with Group::isend/irecv (each message has its own tag: (micro-batch, virtual stage, direction)); sends are never
+// waited for before the end of forward_backward, so a rank only ever waits for a message the schedule guarantees
+// its peer has produced (see pipeline_schedule and the deadlock check in tests/cpp/test_pp.cpp).
+//
+// Parameters this rank does not hold are released (replaced by empty tensors with requires_grad false); the kept
+// ones are owned_parameter_names(). With tied embeddings and pp > 1 the first stage (embedding) and the last stage
+// (output head) each keep a copy of model.embed_tokens.weight; sync_tied_grads() sums their gradients so both copies
+// receive the same update; norm_parameter_names() lists the copy once (for the gradient norm over the pp group).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "loongforge/models/llama/model.h"
+#include "loongforge/parallel/comm.h"
+
+namespace lf::parallel {
+
+// One micro-batch: [B,T] each; position_ids default to 0..T-1 per row, segment_ids (packed documents) optional.
+struct MicroBatch {
+  at::Tensor input_ids, position_ids, segment_ids;
+};
+
+// Layers per virtual stage (pp * vpp entries, virtual stage s = chunk * pp + rank, in layer order). `explicit_counts`
+// empty: an even split (layers must be a multiple of pp * vpp); otherwise pp * vpp counts, each >= 1, summing to
+// `layers`. Errors are lf::Error naming 'parallel.pp', 'parallel.vpp' or 'parallel.pp_layout'.
+std::vector<int64_t> pipeline_layer_counts(int64_t layers, int pp, int vpp, const std::vector<int64_t>& explicit_counts);
+
+// One step of a rank's schedule: the forward or backward of `micro` through this rank's model chunk `chunk`.
+struct PipelineOp {
+  bool forward;
+  int64_t micro;
+  int chunk;
+  bool operator==(const PipelineOp&) const = default;
+};
+// The order in which rank `rank` of pp runs its steps for `micros` micro-batches: 1F1B when vpp == 1, Megatron's
+// interleaved order otherwise (micros must then be a multiple of pp: lf::Error naming 'parallel.pp').
+std::vector<PipelineOp> pipeline_schedule(int pp, int vpp, int64_t micros, int rank);
+
+class Pipeline {
+ public:
+  // Splits `model` over `pp` (this rank's place: pp.rank()) with `vpp` chunks per rank and `layer_counts` layers per
+  // virtual stage (pipeline_layer_counts), and releases the parameters this rank does not hold. `model` must outlive
+  // the Pipeline. With tied embeddings the last stage's copy is overwritten by the first stage's.
+  Pipeline(models::llama::CausalLMImpl& model, const Group& pp, int vpp, std::vector<int64_t> layer_counts);
+
+  // HF names of the parameters this rank keeps (model order); only these have storage and gradients.
+  std::vector<std::string> owned_parameter_names() const { return owned_; }
+  // The owned parameters (same order as owned_parameter_names()), for optimizers.
+  std::vector<at::Tensor> owned_parameters() const;
+  // owned_parameter_names() without the last stage's copy of a tied embedding (count it once in norms).
+  std::vector<std::string> norm_parameter_names() const;
+  // sqrt of the sum over the pp group of the squared gradients of norm_parameter_names() (identical on every rank).
+  double grad_norm() const;
+
+  bool is_first() const { return pp_.rank() == 0; }
+  bool is_last() const { return pp_.rank() == pp_.size() - 1; }
+  int vpp() const { return vpp_; }
+  // Layers [begin, end) of this rank's model chunk `chunk` (virtual stage chunk * pp + rank).
+  std::pair<int64_t, int64_t> chunk_layers(int chunk) const { return ranges_.at(static_cast<size_t>(chunk)); }
+
+  // Runs forward and backward of every micro-batch (1F1B if vpp == 1, interleaved otherwise); gradients accumulate
+  // in the owned parameters' .grad(). loss_fn(hidden_after_final_norm, micro) returns the summed token loss (a scalar
+  // tensor) on the last stage; it is divided by loss_scale before backward. act_shape(micro) is the shape of the
+  // [B,T,H] activations sent between stages (sequence/context parallel change it). Returns the sum of loss_fn's
+  // values over the micro-batches (not divided by loss_scale), identical on every pp rank. Tied gradients are not
+  // synchronized here: call sync_tied_grads() after the last forward_backward of a step (before the norm/optimizer).
+  double forward_backward(const std::vector<MicroBatch>& micro_batches,
+                          const std::function<at::Tensor(const at::Tensor&, size_t)>& loss_fn, double loss_scale,
+                          const std::function<std::vector<int64_t>(size_t)>& act_shape);
+  // Tied embeddings with pp > 1: sums the first and last stages' gradients of model.embed_tokens.weight (both end
+  // with the same sum). No-op otherwise; every pp rank may call it.
+  void sync_tied_grads();
+  bool tied() const { return tied_; }
+
+ private:
+  models::llama::CausalLMImpl& model_;
+  const Group& pp_;
+  int vpp_;
+  std::vector<int64_t> counts_;
+  std::vector<std::pair<int64_t, int64_t>> ranges_;  // per local chunk
+  std::vector<std::string> owned_;
+  bool tied_ = false;
+  at::TensorOptions act_opts_;
+};
+
+}  // namespace lf::parallel

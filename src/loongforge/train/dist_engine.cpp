@@ -1,0 +1,385 @@
+// The distributed engine: the recipe's `parallel` block becomes a mesh (pp, dp_rep, dp_shard, cp, tp) over the
+// processes of the job, and the layouts of parallel/ are applied to the plain model in turn: tensor (+sequence)
+// parallel, context parallel, pipeline stages, then data parallel (DDP / ZeRO-1 through
+// optim::DataParallelOptimizer, or FSDP/HSDP through parallel::fully_shard).
+//
+// Every rank draws the same global micro-batches (data-parallel size x micro_batch_size rows) and takes its rows
+// (its data-parallel index) and its part of the sequence (context parallel). Losses are summed over all counted
+// tokens and divided by the global count, so gradients are sums over data/context-parallel ranks.
+//
+// Checkpoints are Hugging Face folders written by every rank: each writes a share of the whole tensors
+// (model-rank-R.safetensors, optimizer-rank-R.safetensors) and rank 0 the index (model.safetensors.index.json,
+// the format transformers reads), config and tokenizer. Since they hold whole tensors, any checkpoint loads into
+// any layout (and into transformers).
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "loongforge/core/error.h"
+#include "loongforge/core/json.h"
+#include "loongforge/io/hf_model.h"
+#include "loongforge/io/safetensors.h"
+#include "loongforge/optim/distributed.h"
+#include "loongforge/parallel/comm.h"
+#include "loongforge/parallel/context_parallel.h"
+#include "loongforge/parallel/fsdp.h"
+#include "loongforge/parallel/layout.h"
+#include "loongforge/parallel/pipeline.h"
+#include "loongforge/parallel/tensor_parallel.h"
+#include "loongforge/train/engine.h"
+
+namespace lf::train {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+parallel::Layout layout_of(const json& r) {
+  const json& p = r["parallel"];
+  parallel::Layout l;
+  l.dp = p["dp"];
+  l.tp = p["tp"];
+  l.pp = p["pp"];
+  l.vpp = p["vpp"];
+  l.cp = p["cp"];
+  l.ep = p["ep"];
+  l.cp_mode = p["cp_mode"];
+  l.sp = p["sp"];
+  l.zero = p["zero"];
+  l.hsdp_shard = p["hsdp_shard"];
+  for (const auto& n : p["pp_layout"]) l.pp_layout.push_back(n.get<int64_t>());
+  l.timeout_s = p["timeout_s"];
+  return l;
+}
+
+std::string rank_file(const std::string& stem, int rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s-rank-%05d.safetensors", stem.c_str(), rank);
+  return buf;
+}
+
+class DistEngine : public Engine {
+ public:
+  DistEngine(const json& r, ModelBundle b) : b_(std::move(b)), layout_(layout_of(r)) {
+    auto& model = *b_.model;
+    const auto& cfg = model.config();
+    parallel::validate(layout_, cfg, r["data"]["seq_len"], r["train"]["grad_accum"], b_.trainable.lora.has_value());
+    parallel::Comm::Options co;
+    co.timeout = std::chrono::milliseconds(layout_.timeout_s * 1000);
+    comm_ = parallel::Comm::init(parallel::detect_launch(), co);
+    if (comm_->world() != layout_.world())
+      throw Error(std::string("recipe: field 'parallel.") +
+                  (layout_.dp > 1 ? "dp" : layout_.tp > 1 ? "tp" : layout_.pp > 1 ? "pp" : "cp") + "': layout " +
+                  layout_.describe() + " needs " + std::to_string(layout_.world()) +
+                  " processes; the job has " + std::to_string(comm_->world()) +
+                  " (launch with torchrun, mpirun -np N or srun)");
+    mesh_ = std::make_unique<parallel::Mesh>(comm_, layout_.mesh_dims());
+    tp_ = &mesh_->group("tp");
+    cp_ = &mesh_->group("cp");
+    pp_ = &mesh_->group("pp");
+    const parallel::Group& shard = mesh_->group("dp_shard");
+    const parallel::Group& replicate = mesh_->group_over({"dp_rep", "cp"});
+    dp_cp_ = &mesh_->group_over({"dp_rep", "dp_shard", "cp"});
+    mp_ = &mesh_->group_over({"pp", "tp"});
+    dp_index_ = mesh_->coord("dp_rep") * layout_.dp_shard() + mesh_->coord("dp_shard");
+    mb_ = r["train"]["micro_batch_size"];
+    if (r["eval"]["every"].get<int64_t>() > 0 && layout_.pp > 1)
+      throw Error("recipe: field 'eval.every': validation with parallel.pp > 1 is not supported yet (set eval.every 0)");
+
+    // Which parameters train (by name) and their weight decay, from the bundle.
+    std::map<std::string, double> wd;
+    for (size_t i = 0; i < b_.trainable.names.size(); ++i) wd[b_.trainable.names[i]] = b_.weight_decay[i];
+    optim::AdamWOptions ao{r["optim"]["lr"], r["optim"]["beta1"], r["optim"]["beta2"], r["optim"]["eps"], r["optim"]["weight_decay"]};
+
+    if (layout_.zero == 3) {  // FSDP / HSDP (data parallel only; validated)
+      fsdp_ = parallel::fully_shard(model, shard, mesh_->group("dp_rep"));
+      std::vector<double> decay;
+      for (const auto& n : fsdp_->names()) decay.push_back(wd.count(n) ? wd[n] : 0.0);
+      opt_ = std::make_unique<optim::DataParallelOptimizer>(fsdp_, decay, ao);
+      for (const auto& n : fsdp_->names()) saved_names_.push_back(n);
+      return;
+    }
+    if (layout_.tp > 1 || layout_.sp) {
+      plan_ = parallel::apply_tensor_parallel(model, *tp_, layout_.sp);
+      // Replicated parameters with partial gradients (norms under sp, q/k norms): sum over tp as each gradient is
+      // produced, before data-parallel reduction sees it.
+      std::set<std::string> partial(plan_.partial_grad.begin(), plan_.partial_grad.end());
+      for (auto& item : model.named_parameters()) {
+        if (!partial.count(item.key()) || !item.value().requires_grad()) continue;
+        const parallel::Group* tp = tp_;
+        item.value().register_hook([tp](const at::Tensor& g) {
+          at::Tensor s = g.contiguous().clone();
+          tp->all_reduce(s);
+          return s;
+        });
+      }
+    }
+    if (layout_.cp > 1) parallel::apply_context_parallel(model, *cp_, layout_.cp_mode);
+    std::vector<std::string> owned, counted;
+    if (layout_.pp > 1) {
+      auto counts = parallel::pipeline_layer_counts(cfg.num_hidden_layers, layout_.pp, layout_.vpp, layout_.pp_layout);
+      pipe_ = std::make_unique<parallel::Pipeline>(model, *pp_, layout_.vpp, counts);
+      owned = pipe_->owned_parameter_names();
+      counted = pipe_->norm_parameter_names();
+    } else {
+      for (auto& item : model.named_parameters()) owned.push_back(item.key());
+      counted = owned;
+    }
+    std::set<std::string> counted_set(counted.begin(), counted.end());
+    std::vector<std::string> names;
+    std::vector<at::Tensor> params;
+    std::vector<double> decay;
+    std::vector<bool> count_in_norm;
+    auto named = model.named_parameters();
+    for (const auto& n : owned) {
+      if (!wd.count(n)) continue;  // frozen
+      names.push_back(n);
+      params.push_back(named[n]);
+      decay.push_back(wd[n]);
+      bool c = counted_set.count(n) > 0;
+      if (layout_.tp > 1 || layout_.sp) c = c && plan_.counted_in_norm(n);
+      count_in_norm.push_back(c);
+    }
+    for (const auto& n : counted) saved_names_.push_back(n);
+    optim::DataParallelOptions dpo;
+    dpo.zero = layout_.zero;
+    opt_ = std::make_unique<optim::DataParallelOptimizer>(names, params, decay, ao, replicate, shard, dpo, mp_, count_in_norm);
+  }
+
+  bool is_main() const override { return comm_->rank() == 0; }
+  int data_parallel() const override { return layout_.dp; }
+  void barrier() override { comm_->world_group().barrier(); }
+
+  // This rank's rows and sequence part of a global micro-batch.
+  Batch local(const Batch& g) const {
+    Batch b;
+    auto rows = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, dp_index_ * mb_, mb_) : t; };
+    b.input_ids = rows(g.input_ids);
+    b.targets = rows(g.targets);
+    b.position_ids = rows(g.position_ids);
+    b.segment_ids = rows(g.segment_ids);
+    if (layout_.cp > 1) {
+      if (!b.position_ids.defined())
+        b.position_ids = at::arange(b.input_ids.size(1), b.input_ids.options()).unsqueeze(0).expand_as(b.input_ids).contiguous();
+      b.input_ids = parallel::cp_shard(b.input_ids, *cp_);
+      b.targets = parallel::cp_shard(b.targets, *cp_);
+      b.position_ids = parallel::cp_shard(b.position_ids, *cp_);
+      if (b.segment_ids.defined()) b.segment_ids = parallel::cp_shard(b.segment_ids, *cp_);
+    }
+    return b;
+  }
+
+  at::Tensor loss_of(const at::Tensor& hidden, const at::Tensor& targets) {
+    auto& model = *b_.model;
+    if (fsdp_) {
+      at::Tensor logits = fsdp_->logits(hidden);
+      return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), targets.reshape({-1}), {},
+                                    at::Reduction::Sum, -100);
+    }
+    return parallel::lm_loss_sum(model, hidden, targets, *tp_, layout_.sp, -100);
+  }
+
+  at::Tensor hidden(const Batch& b) {
+    if (fsdp_) return fsdp_->hidden_states(b.input_ids, b.position_ids, b.segment_ids);
+    return b_.model->hidden_states(b.input_ids, b.position_ids, nullptr, b.segment_ids);
+  }
+
+  double forward_backward(const std::vector<Batch>& micro, int64_t counted, bool bf16) override {
+    const double scale = static_cast<double>(std::max<int64_t>(1, counted));
+    if (bf16) {
+      at::autocast::set_autocast_enabled(at::kCPU, true);
+      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    }
+    double local_sum = 0;
+    try {
+      std::vector<Batch> mine;
+      for (const auto& g : micro) mine.push_back(local(g));
+      if (pipe_) {
+        std::vector<parallel::MicroBatch> mbs;
+        for (const auto& b : mine) mbs.push_back({b.input_ids, b.position_ids, b.segment_ids});
+        const int64_t hidden_size = b_.model->config().hidden_size;
+        const int64_t seq = mine[0].input_ids.size(1) / (layout_.sp ? layout_.tp : 1);
+        opt_->set_sync(false);
+        local_sum = pipe_->forward_backward(
+            mbs, [&](const at::Tensor& h, size_t i) { return loss_of(h, mine[i].targets); }, scale,
+            [&](size_t i) { return std::vector<int64_t>{mine[i].input_ids.size(0), seq, hidden_size}; });
+        pipe_->sync_tied_grads();
+        opt_->set_sync(true);
+        opt_->finish_backward();
+      } else {
+        for (size_t i = 0; i < mine.size(); ++i) {
+          opt_->set_sync(i + 1 == mine.size());
+          at::Tensor l = loss_of(hidden(mine[i]), mine[i].targets);
+          (l / scale).backward();
+          opt_->finish_backward();
+          local_sum += l.item<double>();
+        }
+      }
+    } catch (...) {
+      if (bf16) at::autocast::set_autocast_enabled(at::kCPU, false);
+      throw;
+    }
+    if (bf16) {
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+      at::autocast::clear_cache();
+    }
+    // tp ranks hold the same value, pp ranks too (the pipeline broadcasts it); sum over data and context ranks.
+    at::Tensor t = at::full({1}, local_sum, at::kDouble);
+    dp_cp_->all_reduce(t);
+    return t.item<double>();
+  }
+
+  double clip_grad_norm(double max_norm) override { return opt_->clip_grad_norm(max_norm); }
+  void step(double lr) override { opt_->step(lr); }
+  void zero_grad() override { opt_->zero_grad(); }
+
+  std::pair<double, int64_t> eval_loss(const Batch& g) override {
+    at::NoGradGuard no_grad;
+    auto& model = *b_.model;
+    bool was_training = model.is_training();
+    model.eval();
+    Batch b = local(g);
+    double l = loss_of(hidden(b), b.targets).item<double>();
+    if (was_training) model.train();
+    at::Tensor t = at::tensor({l, static_cast<double>(b.counted())}, at::kDouble);
+    dp_cp_->all_reduce(t);
+    return {t[0].item<double>(), static_cast<int64_t>(t[1].item<double>())};
+  }
+
+  // Whole tensors of this pipeline stage: model weights (saved_names_) and the optimizer moments.
+  std::map<std::string, at::Tensor> whole(const std::map<std::string, at::Tensor>& local_by_name) const {
+    std::map<std::string, at::Tensor> out;
+    for (const auto& [n, t] : local_by_name) {
+      int64_t dim = (layout_.tp > 1 || layout_.sp) ? plan_.dim_of(n) : -1;
+      out[n] = dim >= 0 ? tp_->all_gather(t.contiguous(), dim) : t;
+    }
+    return out;
+  }
+
+  std::string save(const std::string& root, int64_t step, const json& st, const std::string& tokenizer, int keep) override {
+    std::map<std::string, at::Tensor> weights;
+    if (fsdp_) {
+      weights = fsdp_->full_parameters();
+    } else {
+      auto named = b_.model->named_parameters();
+      std::map<std::string, at::Tensor> local_w;
+      for (const auto& n : saved_names_) local_w[n] = named[n].detach();
+      weights = whole(local_w);
+    }
+    std::map<std::string, at::Tensor> m = whole(opt_->full_state("exp_avg")), v = whole(opt_->full_state("exp_avg_sq"));
+    // Each tensor of this stage is written by one of the stage's ranks (round robin over dp x cp x tp).
+    const parallel::Group& stage = mesh_->group_over({"dp_rep", "dp_shard", "cp", "tp"});
+    std::string tmp;
+    if (is_main()) tmp = begin_checkpoint(root, step, false);
+    barrier();
+    tmp = (fs::path(root) / (".tmp-" + checkpoint_name(step))).string();
+    io::NamedTensors wt, ot;
+    json mine = json::object();
+    size_t i = 0;
+    for (const auto& [n, t] : weights) {
+      if (static_cast<int>(i++ % static_cast<size_t>(stage.size())) != stage.rank()) continue;
+      wt.emplace_back(n, t.to(at::kFloat).contiguous());
+      mine[n] = rank_file("model", comm_->rank());
+    }
+    for (const auto& [n, t] : m)
+      if (mine.contains(n)) ot.emplace_back("exp_avg." + n, t.contiguous());
+    for (const auto& [n, t] : v)
+      if (mine.contains(n)) ot.emplace_back("exp_avg_sq." + n, t.contiguous());
+    ot.emplace_back("rng.cpu", cpu_rng_state());
+    if (!wt.empty()) io::save_file((fs::path(tmp) / rank_file("model", comm_->rank())).string(), wt, {{"format", "pt"}});
+    io::save_file((fs::path(tmp) / rank_file("optimizer", comm_->rank())).string(), ot,
+                  {{"optimizer_steps", std::to_string(opt_->steps())}});
+    write_file_atomic((fs::path(tmp) / ("index-rank-" + std::to_string(comm_->rank()) + ".json")).string(), mine.dump());
+    checkpoint_test_delay();
+    barrier();
+    std::string final_dir = (fs::path(root) / checkpoint_name(step)).string();
+    if (is_main()) {
+      json weight_map = json::object(), opt_map = json::object();
+      int64_t total = 0;
+      for (int rk = 0; rk < comm_->world(); ++rk) {
+        fs::path f = fs::path(tmp) / ("index-rank-" + std::to_string(rk) + ".json");
+        json part = read_json_file(f.string());
+        for (auto it = part.begin(); it != part.end(); ++it) {
+          weight_map[it.key()] = it.value();
+          opt_map[it.key()] = rank_file("optimizer", rk);
+        }
+        fs::remove(f);
+      }
+      for (int rk = 0; rk < comm_->world(); ++rk) {  // total_size: bytes of every weight, as transformers writes it
+        fs::path f = fs::path(tmp) / rank_file("model", rk);
+        if (fs::exists(f)) total += static_cast<int64_t>(fs::file_size(f));
+      }
+      json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+      write_file_atomic((fs::path(tmp) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+      json oindex = {{"world", comm_->world()}, {"layout", layout_.describe()}, {"optimizer_steps", opt_->steps()},
+                     {"weight_map", opt_map}};
+      write_file_atomic((fs::path(tmp) / "optimizer.index.json").string(), oindex.dump(2) + "\n");
+      io::write_hf_metadata(b_.model->config(), tmp, at::kFloat, tokenizer);
+      write_file_atomic((fs::path(tmp) / "trainer_state.json").string(), st.dump(2) + "\n");
+      final_dir = commit_checkpoint(root, step, tmp, keep);
+    }
+    barrier();
+    return final_dir;
+  }
+
+  json load(const std::string& dir) override {
+    at::NoGradGuard no_grad;
+    io::SafetensorsCheckpoint ckpt = io::SafetensorsCheckpoint::open(dir);
+    OptimizerStateReader st(dir);
+    auto local_of = [&](const std::string& n, const at::Tensor& full) {
+      return (layout_.tp > 1 || layout_.sp) ? parallel::shard_of(n, full, plan_, *tp_) : full;
+    };
+    std::map<std::string, at::Tensor> p, m, v;
+    for (const auto& n : opt_->names()) {
+      if (!ckpt.contains(n)) throw Error(dir + ": tensor '" + n + "' missing from the checkpoint");
+      p[n] = local_of(n, ckpt.tensor(n).to(at::kFloat));
+      m[n] = local_of(n, st.tensor("exp_avg." + n));
+      v[n] = local_of(n, st.tensor("exp_avg_sq." + n));
+    }
+    opt_->load_full_state("param", p);
+    opt_->load_full_state("exp_avg", m);
+    opt_->load_full_state("exp_avg_sq", v);
+    opt_->set_steps(st.steps());
+    // Frozen parameters of this rank come from the checkpoint too.
+    std::set<std::string> trained(opt_->names().begin(), opt_->names().end());
+    for (auto& item : b_.model->named_parameters()) {
+      const std::string& n = item.key();
+      if (trained.count(n) || item.value().numel() == 0 || !ckpt.contains(n)) continue;
+      item.value().copy_(local_of(n, ckpt.tensor(n).to(at::kFloat)));
+    }
+    // The RNG continues where this rank left it when the layout's world size is the same.
+    if (st.saved_world() == comm_->world()) {
+      std::string file = rank_file("optimizer", comm_->rank());
+      if (fs::exists(fs::path(dir) / file)) {
+        auto f = io::SafetensorsFile::open((fs::path(dir) / file).string());
+        if (f->contains("rng.cpu")) set_cpu_rng_state(f->tensor("rng.cpu"));
+      }
+    }
+    return read_json_file((fs::path(dir) / "trainer_state.json").string());
+  }
+
+ private:
+  ModelBundle b_;
+  parallel::Layout layout_;
+  std::shared_ptr<parallel::Comm> comm_;
+  std::unique_ptr<parallel::Mesh> mesh_;
+  const parallel::Group *tp_ = nullptr, *cp_ = nullptr, *pp_ = nullptr, *dp_cp_ = nullptr, *mp_ = nullptr;
+  int64_t dp_index_ = 0, mb_ = 1;
+  parallel::TensorParallelPlan plan_;
+  std::unique_ptr<parallel::Pipeline> pipe_;
+  std::shared_ptr<parallel::FullyShardedModel> fsdp_;
+  std::unique_ptr<optim::DataParallelOptimizer> opt_;
+  std::vector<std::string> saved_names_;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> make_distributed_engine(const json& r, ModelBundle bundle) {
+  return std::make_unique<DistEngine>(r, std::move(bundle));
+}
+
+}  // namespace lf::train

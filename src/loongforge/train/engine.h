@@ -1,0 +1,54 @@
+// How the trainer runs one step on this process: the single-process engine (trainer.cpp) or the distributed one
+// (dist_engine.cpp: the layouts of parallel/ applied to the plain model). The trainer's loop, data, logging and
+// schedule are the same for both.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loongforge/models/llama/model.h"
+#include "loongforge/train/batch.h"
+#include "loongforge/train/checkpoint.h"
+
+namespace lf::train {
+
+// The model as the recipe builds it (full, on every process), with the parameters the optimizer updates.
+struct ModelBundle {
+  models::llama::CausalLM model{nullptr};
+  TrainableSet trainable;
+  std::vector<double> weight_decay;
+  std::string tokenizer;
+};
+
+// Sum of token losses of one micro-batch and its counted tokens (the plain model, no layout).
+std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b);
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // Forward and backward over the step's micro-batches. Each Batch is a global micro-batch (data-parallel size x
+  // micro_batch_size rows); `counted` is the step's global number of counted tokens. Returns the global loss sum.
+  virtual double forward_backward(const std::vector<Batch>& micro, int64_t counted, bool bf16) = 0;
+  // Global gradient norm before clipping; clips when max_norm > 0.
+  virtual double clip_grad_norm(double max_norm) = 0;
+  virtual void step(double lr) = 0;
+  virtual void zero_grad() = 0;
+  // Global loss sum and counted tokens of a global batch, without gradients.
+  virtual std::pair<double, int64_t> eval_loss(const Batch& b) = 0;
+  virtual std::string save(const std::string& root, int64_t step, const nlohmann::json& trainer_state,
+                           const std::string& tokenizer, int keep) = 0;
+  virtual nlohmann::json load(const std::string& dir) = 0;
+  // Rank 0 (or the only process) writes logs and metrics.
+  virtual bool is_main() const { return true; }
+  // The data-parallel size: global micro-batches hold this many times micro_batch_size rows.
+  virtual int data_parallel() const { return 1; }
+  virtual void barrier() {}
+  // Same value on every rank (e.g. the number of checkpoints found), decided by rank 0.
+  virtual int64_t agree(int64_t v) { return v; }
+};
+
+// The distributed engine for the recipe's `parallel` block (dist_engine.cpp); takes the full model.
+std::unique_ptr<Engine> make_distributed_engine(const nlohmann::json& recipe, ModelBundle bundle);
+
+}  // namespace lf::train

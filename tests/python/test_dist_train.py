@@ -1,0 +1,204 @@
+"""`loongforge train` on several processes (CPU, Gloo): every layout of issue 5 gives the per-step losses and gradient
+norms of one process (fp32, 1e-5), launched with torchrun-style variables or mpirun; checkpoints written by one
+layout resume in another with the same next-step loss; bad layouts fail with one line."""
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import LF_BIN, free_port, launch_ranks, run_lf
+
+MODEL = {
+    "model_type": "llama", "vocab_size": 24, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+}
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dist_data")
+    run_lf("data", "synth", "--task", "addition", "--docs", 2000, "--digits", 2, "--out", d)
+    run_lf("data", "tokenize", "--tokenizer", d, "--input", d / "train.jsonl", "--out", d / "train")
+    (d / "model.json").write_text(json.dumps(MODEL))
+    return d
+
+
+def recipe(tmp_path, data_dir, model=None):
+    text = f"""
+output_dir: {tmp_path / 'run'}
+seed: 11
+model:
+  config: {model or data_dir / 'model.json'}
+  tokenizer: {data_dir}
+data:
+  train:
+    - path: {data_dir / 'train'}
+  seq_len: 32
+train:
+  steps: {STEPS}
+  micro_batch_size: 2
+  grad_accum: 2
+  threads: 1
+optim:
+  lr: 3.0e-3
+  clip: 0.5
+schedule:
+  warmup_steps: 2
+log:
+  progress: off
+  plot: false
+  tensorboard: false
+"""
+    p = tmp_path / "r.yaml"
+    p.write_text(text)
+    return p
+
+
+def metrics(run_dir):
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_ranks(n, rec, sets, timeout=600):
+    args = sum((["--set", s] for s in sets), [])
+    res = launch_ranks(n, [LF_BIN, "train", rec, *args], timeout=timeout)
+    for r, p in enumerate(res):
+        assert p.returncode == 0, f"rank {r}: {p.stderr[-3000:]}"
+    return res
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_dir):
+    """One process; the global batch of every layout below (dp x micro_batch_size = 4 rows, 2 micro-batches)."""
+    tmp = tmp_path_factory.mktemp("ref")
+    rec = recipe(tmp, data_dir)
+    run_lf("train", rec, "--set", "train.micro_batch_size=4")
+    return metrics(tmp / "run")
+
+
+def close(a, b, rel=1e-5):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
+
+
+LAYOUTS = {
+    "dp2": (2, ["parallel.dp=2", "train.micro_batch_size=2"]),
+    "dp4_zero1": (4, ["parallel.dp=4", "parallel.zero=1", "train.micro_batch_size=1"]),
+    "dp4_zero3": (4, ["parallel.dp=4", "parallel.zero=3", "train.micro_batch_size=1"]),
+    "hsdp_2x2": (4, ["parallel.dp=4", "parallel.zero=3", "parallel.hsdp_shard=2", "train.micro_batch_size=1"]),
+    "tp2": (2, ["parallel.tp=2", "train.micro_batch_size=4"]),
+    "tp2_sp": (2, ["parallel.tp=2", "parallel.sp=true", "train.micro_batch_size=4"]),
+    "pp2": (2, ["parallel.pp=2", "train.micro_batch_size=4"]),
+    "pp2_interleaved": (2, ["parallel.pp=2", "parallel.vpp=2", "train.micro_batch_size=4"]),
+    "cp2_ring": (2, ["parallel.cp=2", "parallel.cp_mode=ring", "train.micro_batch_size=4"]),
+    "cp2_a2a": (2, ["parallel.cp=2", "parallel.cp_mode=a2a", "train.micro_batch_size=4"]),
+    "dp2_tp2_pp2": (8, ["parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "train.micro_batch_size=2"]),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_matches_one_process(tmp_path, data_dir, reference, name):
+    n, sets = LAYOUTS[name]
+    rec = recipe(tmp_path, data_dir)
+    train_ranks(n, rec, sets)
+    got = metrics(tmp_path / "run")
+    assert [m["step"] for m in got] == list(range(1, STEPS + 1))
+    for m, ref in zip(got, reference):
+        assert close(m["loss"], ref["loss"]), (name, m["step"], m["loss"], ref["loss"])
+        assert close(m["grad_norm"], ref["grad_norm"]), (name, m["step"], m["grad_norm"], ref["grad_norm"])
+        assert m["tokens"] == ref["tokens"]
+
+
+def test_mpirun_launch(tmp_path, data_dir, reference):
+    if not shutil.which("mpirun"):
+        pytest.skip("no mpirun")
+    rec = recipe(tmp_path, data_dir)
+    proc = subprocess.run(["mpirun", "-np", "2", "--allow-run-as-root", "--oversubscribe", "-x", "OMP_NUM_THREADS=1",
+                           "-x", f"MASTER_PORT={free_port()}", str(LF_BIN), "train", str(rec), "--set", "parallel.dp=2",
+                           "--set", "train.micro_batch_size=2"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = metrics(tmp_path / "run")
+    for m, ref in zip(got, reference):
+        assert close(m["loss"], ref["loss"]) and close(m["grad_norm"], ref["grad_norm"])
+
+
+def test_checkpoint_reshards(tmp_path, data_dir):
+    """Saved at tp2 x pp2 after 5 steps; resumed at dp4 and at one rank: step 6's loss equals the uninterrupted
+    tp2 x pp2 run's (1e-6), and the checkpoint loads in transformers."""
+    full = tmp_path / "full"
+    full.mkdir()
+    train_ranks(4, recipe(full, data_dir), ["parallel.tp=2", "parallel.pp=2", "train.micro_batch_size=4",
+                                            "train.steps=6"])
+    want = metrics(full / "run")[5]["loss"]
+    src = tmp_path / "src"
+    src.mkdir()
+    train_ranks(4, recipe(src, data_dir), ["parallel.tp=2", "parallel.pp=2", "train.micro_batch_size=4",
+                                           "train.steps=6", "train.stop_at_step=5"])
+    ckpt = src / "run" / "checkpoints" / "step_00000005"
+    assert (ckpt / "model.safetensors.index.json").exists()
+    for target, n, sets in [("dp4", 4, ["parallel.dp=4", "train.micro_batch_size=1"]),
+                            ("one", 1, ["train.micro_batch_size=4"])]:
+        d = tmp_path / target
+        shutil.copytree(src / "run", d / "run")
+        rec = recipe(d, data_dir)
+        args = sets + ["train.steps=6"]
+        if n == 1:
+            run_lf("train", rec, "--resume", *sum((["--set", s] for s in args), []))
+        else:
+            res = launch_ranks(n, [LF_BIN, "train", rec, "--resume", *sum((["--set", s] for s in args), [])])
+            for p in res:
+                assert p.returncode == 0, p.stderr[-3000:]
+        got = metrics(d / "run")[-1]
+        assert got["step"] == 6
+        assert close(got["loss"], want, 1e-6), (target, got["loss"], want)
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    assert torch.isfinite(model(ids).logits).all()
+
+
+@pytest.mark.parametrize("n,sets,needle", [
+    (1, ["parallel.tp=3"], "'parallel.tp': 3 does not divide num_attention_heads 4"),
+    (1, ["parallel.pp=3"], "'parallel.pp'"),
+    (1, ["parallel.pp=2", "parallel.pp_layout=[1,2]"], "'parallel.pp_layout': sums to 3 layers"),
+    (1, ["parallel.dp=2"], "needs 2 processes; the job has 1"),
+    (1, ["parallel.hsdp_shard=2", "parallel.dp=4"], "'parallel.hsdp_shard'"),
+    (1, ["parallel.ep=2"], "'parallel.ep'"),
+])
+def test_bad_layouts_one_line(tmp_path, data_dir, n, sets, needle):
+    rec = recipe(tmp_path, data_dir)
+    proc = run_lf("train", rec, *sum((["--set", s] for s in sets), []), check=False)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+def test_killed_rank_ends_the_job(tmp_path, data_dir):
+    """kill -9 of one rank mid-training: the other exits within the timeout with one line naming it."""
+    import os
+    import signal
+    import time
+    from conftest import free_port
+    rec = recipe(tmp_path, data_dir)
+    port = free_port()
+    procs = []
+    for r in range(2):
+        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([str(LF_BIN), "train", str(rec), "--set", "parallel.dp=2", "--set",
+                                       "train.steps=100000", "--set", "parallel.timeout_s=20"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env))
+    m = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not m.exists() or len(m.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    assert m.exists(), procs[0].stderr.read() if procs[0].poll() is not None else "no metrics"
+    t0 = time.time()
+    procs[1].send_signal(signal.SIGKILL)
+    err = procs[0].communicate(timeout=60)[1]
+    assert procs[0].returncode == 1
+    assert time.time() - t0 < 25
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "rank(s) 1 stopped answering" in lines[0], err
