@@ -5,7 +5,7 @@ markdown too.
 The reference is a plain nn.Module Llama (RMSNorm, RoPE, SDPA attention with GQA, SwiGLU MLP, untied head) trained
 with torch.optim.AdamW, as a user would write it. Both sides see random token data.
 
-    .venv/bin/python bench/cpu_train.py [--threads 2] [--steps 8] [--out bench/results/cpu_train.md]
+    [LOONGFORGE_BIN=build/loongforge] .venv/bin/python bench/cpu_train.py [--threads 2] [--steps 8] [--out bench/results/cpu_train.md]
 """
 import argparse
 import json
@@ -19,7 +19,8 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-LF = ROOT / "build" / "loongforge"
+# LOONGFORGE_BIN points to another build (e.g. build-<name>/loongforge).
+LF = pathlib.Path(os.environ.get("LOONGFORGE_BIN", ROOT / "build" / "loongforge"))
 
 SHAPES = [
     dict(name="d256 L4 h8 kv4 ffn688 V8192, 8x256", d=256, layers=4, heads=8, kv=4, ffn=688, vocab=8192, batch=8, seq=256),

@@ -210,3 +210,28 @@ TEST(DistHook, HungPeerIsNamedAfterTheTimeout) {
     EXPECT_LT(s, 9.0);  // the timeout (3 s) plus the diagnosis, well before the peer wakes up
   }
 }
+
+// The NCCL path at world size 1 (one GPU cannot host several NCCL ranks); bench/gpu_check.sh runs it.
+TEST(DistGpu, NcclWorldOne) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  Comm::Options o;
+  o.backend = "nccl";
+  o.timeout = std::chrono::milliseconds(60000);
+  const char* port = std::getenv("MASTER_PORT");
+  auto comm = Comm::init(detect_launch({{"MASTER_PORT", port ? port : "29631"}, {"HOME", "/"}}), o);
+  const Group& w = comm->world_group();
+  auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  at::Tensor x = at::arange(8, opts);
+  at::Tensor y = x.clone();
+  w.all_reduce(y);
+  EXPECT_TRUE(at::equal(y.cpu(), x.cpu()));
+  EXPECT_TRUE(at::equal(w.all_gather(x, 0).cpu(), x.cpu()));
+  EXPECT_TRUE(at::equal(w.reduce_scatter(x, 0).cpu(), x.cpu()));
+  at::Tensor b = x.clone();
+  w.broadcast(b, 0);
+  EXPECT_TRUE(at::equal(b.cpu(), x.cpu()));
+  at::Tensor out = at::empty({8}, opts);
+  w.all_gather_async(out, x).wait();
+  EXPECT_TRUE(at::equal(out.cpu(), x.cpu()));
+  w.barrier();
+}

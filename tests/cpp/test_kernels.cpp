@@ -4,26 +4,10 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "loongforge/kernels/rms_norm.h"
+#include "test_util.h"
 
 namespace {
 
-// d(sum(f(x, w) * dy))/d(input) by central differences, in float64.
-at::Tensor numeric_grad(const std::function<at::Tensor()>& f, at::Tensor& input, const at::Tensor& dy, double h = 1e-6) {
-  at::NoGradGuard no_grad;
-  at::Tensor g = at::zeros_like(input);
-  auto flat = input.view({-1});
-  auto gflat = g.view({-1});
-  for (int64_t i = 0; i < flat.numel(); ++i) {
-    double orig = flat[i].item<double>();
-    flat[i] = orig + h;
-    double up = (f() * dy).sum().item<double>();
-    flat[i] = orig - h;
-    double down = (f() * dy).sum().item<double>();
-    flat[i] = orig;
-    gflat[i] = (up - down) / (2 * h);
-  }
-  return g;
-}
 
 TEST(RMSNormKernel, GradientsMatchFiniteDifferencesFloat64) {
   at::manual_seed(0);
@@ -37,8 +21,8 @@ TEST(RMSNormKernel, GradientsMatchFiniteDifferencesFloat64) {
   at::Tensor xd = x.detach().clone(), wd = w.detach().clone();
   auto f = [&] { return lf::kernels::rms_norm_reference(xd, wd, eps); };
   // Central differences in float64 have error ~h^2 * f''' + roundoff/h ~ 1e-9 here.
-  EXPECT_LT((grads[0] - numeric_grad(f, xd, dy)).abs().max().item<double>(), 1e-7);
-  EXPECT_LT((grads[1] - numeric_grad(f, wd, dy)).abs().max().item<double>(), 1e-7);
+  EXPECT_LT((grads[0] - lf::test::numeric_grad(f, xd, dy)).abs().max().item<double>(), 1e-7);
+  EXPECT_LT((grads[1] - lf::test::numeric_grad(f, wd, dy)).abs().max().item<double>(), 1e-7);
 }
 
 TEST(RMSNormKernel, MatchesCompositeFloat32) {

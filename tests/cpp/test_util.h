@@ -1,9 +1,11 @@
 // Helpers shared by the C++ tests.
 #pragma once
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -21,6 +23,24 @@ inline std::filesystem::path temp_dir(const std::string& tag = "") {
   lf::remove_tree(dir.string());
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// d(sum(f() * dy))/d(input) by central differences, in float64 (f reads `input`, which is perturbed in place).
+inline at::Tensor numeric_grad(const std::function<at::Tensor()>& f, at::Tensor& input, const at::Tensor& dy, double h = 1e-6) {
+  at::NoGradGuard no_grad;
+  at::Tensor g = at::zeros_like(input);
+  auto flat = input.view({-1});
+  auto gflat = g.view({-1});
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    double orig = flat[i].item<double>();
+    flat[i] = orig + h;
+    double up = (f() * dy).sum().item<double>();
+    flat[i] = orig - h;
+    double down = (f() * dy).sum().item<double>();
+    flat[i] = orig;
+    gflat[i] = (up - down) / (2 * h);
+  }
+  return g;
 }
 
 inline std::string read_bytes(const std::filesystem::path& p) {

@@ -1,15 +1,16 @@
 // Fused RMSNorm: y = weight * (x * rsqrt(mean(x^2, -1) + eps)), statistics in float32 (as transformers' RMSNorm).
 //
 // The pattern every fused op of ours follows: a torch::autograd::Function whose forward/backward dispatch to a
-// device kernel (kernels/cpu/*.cpp, later kernels/cuda/*.cu), plus a composite ATen version of the same math that the
+// device kernel (kernels/cpu/*.cpp, kernels/cuda/*.cu), plus a composite ATen version of the same math that the
 // tests compare against (values and float64 gradients).
 #pragma once
 #include <ATen/core/Tensor.h>
 
 namespace lf::kernels {
 
-// Fused op (autograd-aware). x: [..., N], weight: [N]. Falls back to the composite version for inputs the fused
-// kernels do not cover (non-CPU devices until the CUDA kernels land, dtypes other than f32/f64).
+// Fused op (autograd-aware). x: [..., N], weight: [N]. CPU f32/f64 tensors go to the CPU kernels, CUDA
+// f32/bf16/f16 tensors (weight of x's dtype) to kernels/cuda/rms_norm.cu (cuda_ops.h), anything else to the
+// composite version.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // The composite ATen version, op for op as transformers' LlamaRMSNorm.

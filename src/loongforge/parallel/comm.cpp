@@ -7,6 +7,13 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(LOONGFORGE_CUDA) && LOONGFORGE_CUDA
+#ifndef USE_C10D_NCCL
+#define USE_C10D_NCCL 1
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#define LF_HAVE_NCCL 1
+#endif
 
 #include <atomic>
 #include <condition_variable>
@@ -158,9 +165,18 @@ std::shared_ptr<Comm> Comm::init(const LaunchEnv& env, const Options& opts) {
   std::iota(c->world_group_.ranks_.begin(), c->world_group_.ranks_.end(), 0);
   c->world_group_.rank_ = env.rank;
   c->world_group_.comm_ = c.get();
-  if (opts.backend != "gloo")
-    throw Error("recipe: field 'parallel.backend': '" + opts.backend + "' is not available in this build (gloo)");
-  if (env.world == 1) return c;
+#ifdef LF_HAVE_NCCL
+  const bool nccl = opts.backend == "nccl";
+#else
+  const bool nccl = false;
+  if (opts.backend == "nccl") throw Error("parallel backend 'nccl': this build has no CUDA (configure with -DLOONGFORGE_CUDA=ON)");
+#endif
+  if (opts.backend != "gloo" && opts.backend != "nccl")
+    throw Error("parallel backend '" + opts.backend + "': unknown (gloo | nccl)");
+  if (env.world == 1 && !nccl) return c;  // one process on the CPU: every collective is the identity
+#ifdef LF_HAVE_NCCL
+  if (nccl) c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));  // one GPU per local rank
+#endif
 
   try {
     c10d::TCPStoreOptions so;
@@ -203,14 +219,25 @@ std::shared_ptr<Comm> Comm::init(const LaunchEnv& env, const Options& opts) {
   c->backends_.push_back(std::make_unique<c10::intrusive_ptr<c10d::Backend>>());
   g->backend_ = c->backends_.back().get();
   try {
-    auto o = c10d::ProcessGroupGloo::Options::create(opts.timeout);
-    o->devices.push_back(gloo_device(env));
-    auto prefix = c10::make_intrusive<c10d::PrefixStore>("lf/world", impl->store);
-    *g->backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, env.rank, env.world, o);
+    *g->backend_ = c->make_backend("lf/world", env.rank, env.world);
   } catch (const std::exception& e) {
     g->fail("connect", e);
   }
   return c;
+}
+
+c10::intrusive_ptr<c10d::Backend> Comm::make_backend(const std::string& prefix, int rank, int size) const {
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, impl_->store);
+#ifdef LF_HAVE_NCCL
+  if (opts_.backend == "nccl") {
+    auto o = c10d::ProcessGroupNCCL::Options::create();
+    o->timeout = opts_.timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, o);
+  }
+#endif
+  auto o = c10d::ProcessGroupGloo::Options::create(opts_.timeout);
+  o->devices.push_back(gloo_device(env_));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, o);
 }
 
 Comm::~Comm() {
@@ -239,10 +266,7 @@ const Group& Comm::group(const std::vector<int>& ranks) const {
     backends_.push_back(std::make_unique<c10::intrusive_ptr<c10d::Backend>>());
     g->backend_ = backends_.back().get();
     try {
-      auto o = c10d::ProcessGroupGloo::Options::create(opts_.timeout);
-      o->devices.push_back(gloo_device(env_));
-      auto prefix = c10::make_intrusive<c10d::PrefixStore>("lf/g/" + join(ranks, "_"), impl_->store);
-      *g->backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, g->rank_, static_cast<int>(ranks.size()), o);
+      *g->backend_ = make_backend("lf/g/" + join(ranks, "_"), g->rank_, static_cast<int>(ranks.size()));
     } catch (const std::exception& e) {
       g->fail("connect", e);
     }
@@ -313,7 +337,7 @@ void Group::fail(const char* op, const std::exception& e) const {
   }
 
 void Group::all_reduce(at::Tensor& t, Reduce op) const {
-  if (size() == 1) return;
+  if (!backend_) return;
   bump();
   TORCH_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
   LF_COLLECTIVE("all_reduce", {
@@ -327,7 +351,7 @@ void Group::all_reduce(at::Tensor& t, Reduce op) const {
 }
 
 at::Tensor Group::all_gather(const at::Tensor& t, int64_t dim) const {
-  if (size() == 1) return t;
+  if (!backend_) return t;
   bump();
   at::Tensor in = t.contiguous();
   std::vector<int64_t> shape = in.sizes().vec();
@@ -345,7 +369,7 @@ at::Tensor Group::all_gather(const at::Tensor& t, int64_t dim) const {
 }
 
 at::Tensor Group::reduce_scatter(const at::Tensor& t, int64_t dim) const {
-  if (size() == 1) return t;
+  if (!backend_) return t;
   bump();
   if (dim < 0) dim += t.dim();
   TORCH_CHECK(t.size(dim) % size() == 0, "reduce_scatter: dim ", dim, " of size ", t.size(dim), " is not divisible by ", size());
@@ -368,7 +392,7 @@ at::Tensor Group::reduce_scatter(const at::Tensor& t, int64_t dim) const {
 }
 
 at::Tensor Group::all_to_all(const at::Tensor& t) const {
-  if (size() == 1) return t;
+  if (!backend_) return t;
   std::vector<int64_t> counts(static_cast<size_t>(size()), t.size(0) / size());
   TORCH_CHECK(t.size(0) % size() == 0, "all_to_all: dim 0 of size ", t.size(0), " is not divisible by ", size());
   return all_to_all_v(t, counts, counts);
@@ -376,7 +400,7 @@ at::Tensor Group::all_to_all(const at::Tensor& t) const {
 
 at::Tensor Group::all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& send_counts,
                                const std::vector<int64_t>& recv_counts) const {
-  if (size() == 1) return t;
+  if (!backend_) return t;
   bump();
   at::Tensor in = t.contiguous();
   std::vector<int64_t> shape = in.sizes().vec();
@@ -394,7 +418,7 @@ at::Tensor Group::all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& 
 }
 
 void Group::broadcast(at::Tensor& t, int root) const {
-  if (size() == 1) return;
+  if (!backend_) return;
   bump();
   LF_COLLECTIVE("broadcast", {
     std::vector<at::Tensor> v{t};
@@ -423,11 +447,11 @@ void Group::recv(at::Tensor& t, int src) const {
 }
 
 void Group::barrier() const {
-  if (size() == 1) return;
+  if (!backend_) return;
   bump();
   LF_COLLECTIVE("barrier", {
     // An all-reduce of one element: Gloo's barrier has no per-call timeout of its own.
-    at::Tensor t = at::zeros({1});
+    at::Tensor t = at::zeros({1}, at::TensorOptions().device(comm_->backend_name() == "nccl" ? at::kCUDA : at::kCPU));
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions o;
     o.timeout = comm_->timeout();
@@ -478,7 +502,7 @@ void Pending::wait() {
 
 Pending Group::all_reduce_async(at::Tensor& t, Reduce op) const {
   Pending p;
-  if (size() == 1) return p;
+  if (!backend_) return p;
   bump();
   TORCH_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
   p.group_ = this;
@@ -500,7 +524,7 @@ Pending Group::all_reduce_async(at::Tensor& t, Reduce op) const {
 
 Pending Group::all_gather_async(at::Tensor& out, const at::Tensor& in) const {
   Pending p;
-  if (size() == 1) {
+  if (!backend_) {
     out.copy_(in);
     return p;
   }
@@ -519,7 +543,7 @@ Pending Group::all_gather_async(at::Tensor& out, const at::Tensor& in) const {
 
 Pending Group::reduce_scatter_async(at::Tensor& out, const at::Tensor& in) const {
   Pending p;
-  if (size() == 1) {
+  if (!backend_) {
     out.copy_(in);
     return p;
   }

@@ -122,7 +122,7 @@ class Comm {
  public:
   struct Options {
     std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-    std::string backend = "gloo";  // gloo | nccl (CUDA builds)
+    std::string backend = "gloo";  // gloo (CPU tensors) | nccl (CUDA tensors; CUDA builds; world group even at size 1)
   };
   static std::shared_ptr<Comm> init(const LaunchEnv& env, const Options& opts);
   static std::shared_ptr<Comm> init() { return init(detect_launch(), Options{}); }
@@ -141,9 +141,11 @@ class Comm {
   // of `g` that never reached this rank's latest collective on it (hung, or busy elsewhere).
   std::string diagnose(const Group& g) const;
   std::chrono::milliseconds timeout() const { return opts_.timeout; }
+  const std::string& backend_name() const { return opts_.backend; }
 
  private:
   Comm() = default;
+  c10::intrusive_ptr<c10d::Backend> make_backend(const std::string& prefix, int rank, int size) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
   LaunchEnv env_;

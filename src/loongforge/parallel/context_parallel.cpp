@@ -83,7 +83,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const int64_t gg = H / Hkv, c = Tl / 2;
     at::Tensor qf = q.to(cdt).contiguous().view({B, Hkv, gg, Tl, D});
     at::Tensor kv = at::stack({k.to(cdt), v.to(cdt)}).contiguous();  // [2,B,Hkv,Tl,D]
-    const bool has_seg = seg_in.defined();
+    const bool has_seg = seg_in.numel() > 0;  // an empty tensor stands for "no segment ids"
     at::Tensor seg_local = has_seg ? seg_in.to(at::kLong).contiguous() : at::Tensor();
     at::Tensor seg = seg_local;
 
@@ -226,7 +226,9 @@ at::Tensor cp_unshard(const at::Tensor& local, const Group& cp, int64_t dim) {
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                           const at::Tensor& segment_ids, const Group& cp) {
-  return RingAttention::apply(q, k, v, reinterpret_cast<int64_t>(&cp), scale, segment_ids);
+  // Function::apply does not take undefined tensors: an empty one stands for "no segment ids".
+  at::Tensor seg = segment_ids.defined() ? segment_ids : at::zeros({0}, q.options().dtype(at::kLong));
+  return RingAttention::apply(q, k, v, reinterpret_cast<int64_t>(&cp), scale, seg);
 }
 
 at::Tensor a2a_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,

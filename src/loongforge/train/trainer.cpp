@@ -16,6 +16,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
 #include "loongforge/io/hf_model.h"
+#include "loongforge/kernels/linear_ce.h"
 #include "loongforge/io/peft.h"
 #include "loongforge/io/plot.h"
 #include "loongforge/io/tensorboard.h"
@@ -246,6 +247,21 @@ class Progress {
 
 std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b) {
   at::Tensor h = model.hidden_states(b.input_ids, b.position_ids, nullptr, b.segment_ids);
+  // The fused linear + cross-entropy (no [N, V] logits kept) computes what model.logits + cross_entropy compute, as
+  // long as nothing hooks lm_head (LoRA adapter, layout input/output functions) and it has no bias. Below 1M logits
+  // the composite version costs next to nothing, and staying on it keeps tiny runs bitwise equal to `dump` (the
+  // fused one rounds differently: the gradient is scaled after the GEMMs).
+  const auto& head = model.lm_head;
+  const bool large = b.targets.numel() * model.output_weight().size(0) >= (int64_t(1) << 20);
+  if (large && (!head || (!head->adapter && !head->input_fn && !head->output_fn && !head->bias.defined()))) {
+    at::Tensor w = model.output_weight();
+    if (at::autocast::is_autocast_enabled(at::kCPU)) {  // bf16 GEMMs as autocast would run them, softmax in float32
+      const auto dt = at::autocast::get_autocast_dtype(at::kCPU);
+      h = h.to(dt);
+      w = w.to(dt);
+    }
+    return {std::get<0>(kernels::linear_cross_entropy(h, w, b.targets, nn::kIgnoreIndex)), b.counted()};
+  }
   at::Tensor logits = model.logits(h);
   at::Tensor loss = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), b.targets.reshape({-1}),
                                            {}, at::Reduction::Sum, nn::kIgnoreIndex);

@@ -1,5 +1,6 @@
 // CPU kernels of the fused RMSNorm, and its autograd Function.
 #include "loongforge/kernels/rms_norm.h"
+#include "loongforge/kernels/cuda_ops.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -125,6 +126,8 @@ at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, dou
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (cuda::supported(x) && weight.scalar_type() == x.scalar_type() && weight.device() == x.device())
+    return cuda::rms_norm(x, weight, eps);  // kernels/cuda/rms_norm.cu
   if (!fused_supported(x, weight)) return rms_norm_reference(x, weight, eps);
   return RMSNormFunction::apply(x, weight, eps);
 }

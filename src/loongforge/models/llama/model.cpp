@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "loongforge/kernels/swiglu.h"
 #include "loongforge/nn/recompute.h"
 
 namespace lf::models::llama {
@@ -77,8 +78,8 @@ MLPImpl::MLPImpl(const DecoderConfig& c) : act(c.hidden_act) {
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
   at::Tensor g = gate_proj->forward(x);
-  if (act == "silu") g = at::silu(g);
-  else if (act == "gelu") g = at::gelu(g);
+  if (act == "silu") return down_proj->forward(kernels::swiglu(g, up_proj->forward(x)));  // fused silu(g) * u
+  if (act == "gelu") g = at::gelu(g);
   else if (act == "gelu_pytorch_tanh") g = at::gelu(g, "tanh");
   else g = at::relu(g);
   return down_proj->forward(g * up_proj->forward(x));

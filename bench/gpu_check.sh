@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# The one call on the GPU machine (issue 4; Ubuntu 24.04, CUDA 13.0, PyTorch 2.11 in python3, H200 = sm_90; no
+# network), under 8 minutes in all:
+#   1. configure + build LoongForge with CMake/Ninja against python3's torch, -DLOONGFORGE_CUDA=ON, sm_90; build
+#      dependencies the machine lacks come from the Debian 12 .deb files of scripts/fetch_gpu_debs.sh
+#      (third_party_debs/, carried along), unpacked with dpkg -x into the build folder;
+#   2. run the CUDA gtests (tests/cpp/test_cuda_kernels.cpp) and the CPU kernel tests;
+#   3. [placeholder] the training benchmark: LoongForge vs PyTorch eager / torch.compile;
+#   4. print a short table last.
+# Usage (repo root):  bash bench/gpu_check.sh
+#   OUT=dir            where logs and JSON go (default build-gpu/gpu_out; the device tool's $OUT when set)
+#   LF_DEBS=dir        the .deb folder (default ./third_party_debs)
+#   BUILD_DIR=dir      build folder (default build-gpu)
+#   CMAKE_ARGS="..."   extra configure arguments
+#   PYTHON=python      the Python whose torch to build against (default python3)
+#   GPU_CHECK_ONLY=configure   stop after configuring (to check the script on a machine without a GPU)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+PY=${PYTHON:-python3}
+T_START=$(date +%s)
+BUILD=${BUILD_DIR:-build-gpu}
+OUT=${OUT:-$ROOT/$BUILD/gpu_out}
+mkdir -p "$OUT"
+DEBS=${LF_DEBS:-$ROOT/third_party_debs}
+SYSROOT=$ROOT/$BUILD/debroot
+JOBS=${JOBS:-$(nproc)}
+ROWS=()  # "step|status|seconds|detail"
+
+row() { ROWS+=("$1|$2|$3|$4"); echo "== $1: $2 ($3 s) $4"; }
+elapsed() { echo $(( $(date +%s) - $1 )); }
+print_table() {
+  echo
+  echo "================ gpu_check summary ($(elapsed "$T_START") s total) ================"
+  printf '%-28s %-6s %7s  %s\n' step status seconds detail
+  for r in "${ROWS[@]}"; do
+    IFS='|' read -r a b c d <<<"$r"
+    printf '%-28s %-6s %7s  %s\n' "$a" "$b" "$c" "$d"
+  done
+  if [ -f "$OUT/cuda_tests.json" ]; then
+    echo
+    "$PY" - "$OUT/cuda_tests.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"{'test':55s} {'result':8s} {'ms':>7s}")
+for s in d.get("testsuites", []):
+    for t in s.get("testsuite", []):
+        name = f"{s['name']}.{t['name']}"
+        res = "FAIL" if t.get("failures") else ("SKIP" if t.get("result") == "SKIPPED" else "ok")
+        ms = float(t.get("time", "0s").rstrip("s")) * 1000
+        print(f"{name:55s} {res:8s} {ms:7.0f}")
+        for f in t.get("failures", []):
+            print("    " + f.get("failure", "").splitlines()[0][:150])
+PY
+  fi
+}
+
+# ---- 0. environment -------------------------------------------------------------------------------------------------
+T=$(date +%s)
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1
+  (command -v nvcc || ls /usr/local/cuda/bin/nvcc) 2>&1
+  g++ --version 2>&1 | head -1
+} | tee "$OUT/env.txt"
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+TORCH_PREFIX=$("$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+if [ -z "$TORCH_PREFIX" ] || [ ! -x "$NVCC" ]; then
+  row environment FAIL "$(elapsed "$T")" "python3 torch or nvcc missing (see $OUT/env.txt)"
+  print_table
+  exit 1
+fi
+row environment ok "$(elapsed "$T")" "$(grep -m1 "^torch" "$OUT/env.txt")"
+
+# ---- 1a. tools and Debian packages ----------------------------------------------------------------------------------
+T=$(date +%s)
+mkdir -p "$BUILD" "$SYSROOT"
+# cmake and ninja: the machine's, else the carried wheels.
+if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
+  if ls "$DEBS"/wheels/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --find-links "$DEBS/wheels" --target "$ROOT/$BUILD/tools" cmake ninja \
+      >"$OUT/tools.log" 2>&1
+    export PATH="$ROOT/$BUILD/tools/bin:$PATH" PYTHONPATH="$ROOT/$BUILD/tools${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+fi
+ndebs=0
+for f in "$DEBS"/*.deb; do
+  [ -e "$f" ] || continue
+  if command -v dpkg >/dev/null; then
+    dpkg -x "$f" "$SYSROOT"
+  else  # ar + tar (a .deb is an ar archive holding data.tar.*)
+    (d=$(mktemp -d) && cd "$d" && ar x "$f" && tar -xf data.tar.* -C "$SYSROOT" && rm -rf "$d")
+  fi
+  ndebs=$((ndebs + 1))
+done
+LIBDIR=$SYSROOT/usr/lib/x86_64-linux-gnu
+# zlib1g-dev's libz.so is an absolute link to Debian's /lib/x86_64-linux-gnu/libz.so.1.2.13: point it at the
+# machine's libz.so.1 (zlib1g is on every Ubuntu).
+if [ -L "$LIBDIR/libz.so" ] && [ ! -e "$LIBDIR/libz.so" ]; then
+  for z in /usr/lib/x86_64-linux-gnu/libz.so.1 /lib/x86_64-linux-gnu/libz.so.1; do
+    if [ -e "$z" ]; then ln -sf "$(readlink -f "$z")" "$LIBDIR/libz.so" && break; fi
+  done
+fi
+export PKG_CONFIG_LIBDIR="$LIBDIR/pkgconfig:$SYSROOT/usr/share/pkgconfig"
+export PKG_CONFIG_SYSROOT_DIR="$SYSROOT"
+export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+PKG_ARGS=()
+if ! command -v pkg-config >/dev/null && [ -x "$SYSROOT/usr/bin/pkgconf" ]; then
+  PKG_ARGS=(-DPKG_CONFIG_EXECUTABLE="$SYSROOT/usr/bin/pkgconf")
+fi
+if command -v cmake >/dev/null && command -v ninja >/dev/null; then
+  row "tools + debs" ok "$(elapsed "$T")" "$(cmake --version | head -1), ninja $(ninja --version), $ndebs debs"
+else
+  row "tools + debs" FAIL "$(elapsed "$T")" "no cmake/ninja (and no wheels in $DEBS/wheels)"
+  print_table
+  exit 1
+fi
+
+# ---- 1b. configure --------------------------------------------------------------------------------------------------
+T=$(date +%s)
+unset TORCH_CUDA_ARCH_LIST
+# shellcheck disable=SC2086
+timeout 240 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$SYSROOT/usr" -DCMAKE_CUDA_COMPILER="$NVCC" \
+  -DLOONGFORGE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLOONGFORGE_BENCH=OFF \
+  -DLOONGFORGE_GLOO_INCLUDE="$SYSROOT/usr/include" "${PKG_ARGS[@]}" ${CMAKE_ARGS:-} >"$OUT/configure.log" 2>&1
+rc=$?
+if [ $rc -ne 0 ]; then
+  tail -30 "$OUT/configure.log"
+  row configure FAIL "$(elapsed "$T")" "rc $rc, see $OUT/configure.log"
+  print_table
+  exit 1
+fi
+row configure ok "$(elapsed "$T")" "$(grep -o 'LoongForge CUDA kernels: .*' "$OUT/configure.log" | head -1)"
+if [ "${GPU_CHECK_ONLY:-}" = configure ]; then
+  print_table
+  exit 0
+fi
+
+# ---- 1c. build ------------------------------------------------------------------------------------------------------
+T=$(date +%s)
+timeout 330 cmake --build "$BUILD" -j "$JOBS" --target loongforge_tests loongforge >"$OUT/build.log" 2>&1
+rc=$?
+if [ $rc -ne 0 ]; then
+  grep -E "error|FAILED" "$OUT/build.log" | head -20
+  tail -20 "$OUT/build.log"
+  row build FAIL "$(elapsed "$T")" "rc $rc (124: timeout), see $OUT/build.log"
+  print_table
+  exit 1
+fi
+row build ok "$(elapsed "$T")" "loongforge_tests, loongforge ($JOBS jobs)"
+
+# ---- 2. CUDA tests --------------------------------------------------------------------------------------------------
+T=$(date +%s)
+timeout 150 "$BUILD/loongforge_tests" --gtest_filter='CudaKernels.*:RMSNormKernel.*:DistGpu.*' \
+  --gtest_output="json:$OUT/cuda_tests.json" >"$OUT/cuda_tests.log" 2>&1
+rc=$?
+summary=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/cuda_tests.log" | head -3 | tr -s ' ' | tr '\n' ' ')
+if [ $rc -eq 0 ] && ! grep -q 'SKIPPED \] CudaKernels' "$OUT/cuda_tests.log"; then
+  row "cuda tests" ok "$(elapsed "$T")" "$summary"
+else
+  tail -40 "$OUT/cuda_tests.log"
+  row "cuda tests" FAIL "$(elapsed "$T")" "rc $rc; $summary (skips mean no device was seen)"
+fi
+
+# ---- 3. training benchmark (PLACEHOLDER: another session fills this in) ---------------------------------------------
+# ---- BEGIN TRAINING BENCHMARK ----
+# To do (issue 4): train the two shapes of the issue with LoongForge ($BUILD/loongforge, bf16, our kernels) and, in
+# this same call, with PyTorch in python3 (eager and torch.compile, bf16 autocast, fused AdamW, transformers'
+# LlamaForCausalLM with sdpa attention); report tokens/s, MFU (bf16 ceiling 742 TFLOP/s), peak memory and ratios as
+# rows:  row "<name>" ok <seconds> "<tok/s, MFU, peak GiB, ratio>"; results go to bench/results/.
+# Keep the whole script under 8 minutes (steps above: ~4-5 minutes with a cold build on 16 cores).
+row "training benchmark" TODO 0 "placeholder: not implemented yet"
+# ---- END TRAINING BENCHMARK ----
+
+print_table

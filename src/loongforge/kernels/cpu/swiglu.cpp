@@ -1,0 +1,228 @@
+// CPU kernels of the fused SwiGLU, and its autograd Function.
+//
+// float32 runs an AVX2+FMA path (selected at run time; the library is built without -mavx2) with a Cephes-style
+// expf (~1 ulp, NaN propagating); other CPUs and float64 use plain loops over std::exp. bf16 converts blocks to
+// float32, runs the same code and rounds back.
+#include "loongforge/kernels/swiglu.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+
+#include "loongforge/kernels/cpu/vec_math.h"
+
+namespace lf::kernels {
+namespace {
+#if defined(__x86_64__)
+using cpu::exp8;
+#endif
+
+constexpr int64_t kBlock = 1024;  // elements per conversion block (bf16) and the parallel grain unit
+
+// ---- generic (scalar) float/double math -------------------------------------------------------------------
+template <typename T>
+void fwd_generic(const T* g, const T* u, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    T s = T(1) / (T(1) + std::exp(-g[i]));
+    y[i] = g[i] * s * u[i];
+  }
+}
+template <typename T>
+void bwd_generic(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    T s = T(1) / (T(1) + std::exp(-g[i]));
+    du[i] = dy[i] * g[i] * s;
+    dg[i] = dy[i] * u[i] * s * (T(1) + g[i] * (T(1) - s));
+  }
+}
+
+#if defined(__x86_64__)
+LF_AVX2 inline __m256 sigmoid8(__m256 g) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+}
+LF_AVX2 void fwd_avx2(const float* g, const float* u, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 gv = _mm256_loadu_ps(g + i);
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid8(gv)), _mm256_loadu_ps(u + i)));
+  }
+  if (i < n) {  // tail through a padded register so results do not depend on the position in the block
+    alignas(32) float gb[8] = {}, ub[8] = {}, yb[8];
+    for (int64_t j = i; j < n; ++j) gb[j - i] = g[j], ub[j - i] = u[j];
+    __m256 gv = _mm256_load_ps(gb);
+    _mm256_store_ps(yb, _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid8(gv)), _mm256_load_ps(ub)));
+    for (int64_t j = i; j < n; ++j) y[j] = yb[j - i];
+  }
+}
+LF_AVX2 inline void bwd8(__m256 dy, __m256 g, __m256 u, __m256& dg, __m256& du) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  __m256 s = sigmoid8(g);
+  du = _mm256_mul_ps(dy, _mm256_mul_ps(g, s));
+  // dg = dy * u * s * (1 + g * (1 - s))
+  __m256 k = _mm256_fmadd_ps(g, _mm256_sub_ps(one, s), one);
+  dg = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(dy, u), s), k);
+}
+LF_AVX2 void bwd_avx2(const float* dy, const float* g, const float* u, float* dg, float* du, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 a, b;
+    bwd8(_mm256_loadu_ps(dy + i), _mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i), a, b);
+    _mm256_storeu_ps(dg + i, a);
+    _mm256_storeu_ps(du + i, b);
+  }
+  if (i < n) {
+    alignas(32) float db[8] = {}, gb[8] = {}, ub[8] = {}, ab[8], bb[8];
+    for (int64_t j = i; j < n; ++j) db[j - i] = dy[j], gb[j - i] = g[j], ub[j - i] = u[j];
+    __m256 a, b;
+    bwd8(_mm256_load_ps(db), _mm256_load_ps(gb), _mm256_load_ps(ub), a, b);
+    _mm256_store_ps(ab, a);
+    _mm256_store_ps(bb, b);
+    for (int64_t j = i; j < n; ++j) dg[j] = ab[j - i], du[j] = bb[j - i];
+  }
+}
+bool use_avx2() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
+#else
+bool use_avx2() { return false; }
+#endif
+
+void fwd_f32(const float* g, const float* u, float* y, int64_t n) {
+#if defined(__x86_64__)
+  if (use_avx2()) return fwd_avx2(g, u, y, n);
+#endif
+  fwd_generic(g, u, y, n);
+}
+void bwd_f32(const float* dy, const float* g, const float* u, float* dg, float* du, int64_t n) {
+#if defined(__x86_64__)
+  if (use_avx2()) return bwd_avx2(dy, g, u, dg, du, n);
+#endif
+  bwd_generic(dy, g, u, dg, du, n);
+}
+
+template <typename T>
+void to_f32(const T* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+template <typename T>
+void from_f32(const float* src, T* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+}
+
+bool fused_supported(const at::Tensor& g, const at::Tensor& u) {
+  auto t = g.scalar_type();
+  return g.device().is_cpu() && u.device().is_cpu() && t == u.scalar_type() && g.sizes() == u.sizes() &&
+         (t == at::kFloat || t == at::kDouble || t == at::kBFloat16);
+}
+
+class SwiGLUFunction : public torch::autograd::Function<SwiGLUFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& g, const at::Tensor& u) {
+    ctx->save_for_backward({g, u});
+    return swiglu_forward_cpu(g, u);
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto [dg, du] = swiglu_backward_cpu(grads[0], saved[0], saved[1]);
+    return {dg, du};
+  }
+};
+
+}  // namespace
+
+at::Tensor swiglu_forward_cpu(const at::Tensor& g_in, const at::Tensor& u_in) {
+  TORCH_CHECK(fused_supported(g_in, u_in), "swiglu_forward_cpu: CPU f32/bf16/f64 tensors of one shape and dtype expected");
+  at::Tensor g = g_in.contiguous(), u = u_in.contiguous();
+  at::Tensor y = at::empty_like(g, at::MemoryFormat::Contiguous);
+  const int64_t n = g.numel();
+  const int64_t grain = 32 * kBlock;
+  switch (g.scalar_type()) {
+    case at::kFloat: {
+      const float *gp = g.const_data_ptr<float>(), *up = u.const_data_ptr<float>();
+      float* yp = y.data_ptr<float>();
+      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) { fwd_f32(gp + b, up + b, yp + b, e - b); });
+      break;
+    }
+    case at::kDouble: {
+      const double *gp = g.const_data_ptr<double>(), *up = u.const_data_ptr<double>();
+      double* yp = y.data_ptr<double>();
+      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) { fwd_generic(gp + b, up + b, yp + b, e - b); });
+      break;
+    }
+    default: {
+      using BF = c10::BFloat16;
+      const BF *gp = g.const_data_ptr<BF>(), *up = u.const_data_ptr<BF>();
+      BF* yp = y.data_ptr<BF>();
+      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+        float gb[kBlock], ub[kBlock], yb[kBlock];
+        for (int64_t i = b; i < e; i += kBlock) {
+          int64_t m = std::min(kBlock, e - i);
+          to_f32(gp + i, gb, m);
+          to_f32(up + i, ub, m);
+          fwd_f32(gb, ub, yb, m);
+          from_f32(yb, yp + i, m);
+        }
+      });
+    }
+  }
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> swiglu_backward_cpu(const at::Tensor& dy_in, const at::Tensor& g_in,
+                                                       const at::Tensor& u_in) {
+  TORCH_CHECK(fused_supported(g_in, u_in) && dy_in.sizes() == g_in.sizes(), "swiglu_backward_cpu: shapes differ");
+  at::Tensor g = g_in.contiguous(), u = u_in.contiguous(), dy = dy_in.to(g.scalar_type()).contiguous();
+  at::Tensor dg = at::empty_like(g, at::MemoryFormat::Contiguous), du = at::empty_like(u, at::MemoryFormat::Contiguous);
+  const int64_t n = g.numel();
+  const int64_t grain = 32 * kBlock;
+  switch (g.scalar_type()) {
+    case at::kFloat: {
+      const float *dyp = dy.const_data_ptr<float>(), *gp = g.const_data_ptr<float>(), *up = u.const_data_ptr<float>();
+      float *dgp = dg.data_ptr<float>(), *dup = du.data_ptr<float>();
+      at::parallel_for(0, n, grain,
+                       [&](int64_t b, int64_t e) { bwd_f32(dyp + b, gp + b, up + b, dgp + b, dup + b, e - b); });
+      break;
+    }
+    case at::kDouble: {
+      const double *dyp = dy.const_data_ptr<double>(), *gp = g.const_data_ptr<double>(),
+                   *up = u.const_data_ptr<double>();
+      double *dgp = dg.data_ptr<double>(), *dup = du.data_ptr<double>();
+      at::parallel_for(0, n, grain,
+                       [&](int64_t b, int64_t e) { bwd_generic(dyp + b, gp + b, up + b, dgp + b, dup + b, e - b); });
+      break;
+    }
+    default: {
+      using BF = c10::BFloat16;
+      const BF *dyp = dy.const_data_ptr<BF>(), *gp = g.const_data_ptr<BF>(), *up = u.const_data_ptr<BF>();
+      BF *dgp = dg.data_ptr<BF>(), *dup = du.data_ptr<BF>();
+      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+        float db[kBlock], gb[kBlock], ub[kBlock], ab[kBlock], bb[kBlock];
+        for (int64_t i = b; i < e; i += kBlock) {
+          int64_t m = std::min(kBlock, e - i);
+          to_f32(dyp + i, db, m);
+          to_f32(gp + i, gb, m);
+          to_f32(up + i, ub, m);
+          bwd_f32(db, gb, ub, ab, bb, m);
+          from_f32(ab, dgp + i, m);
+          from_f32(bb, dup + i, m);
+        }
+      });
+    }
+  }
+  return {dg, du};
+}
+
+at::Tensor swiglu_reference(const at::Tensor& g, const at::Tensor& u) { return at::silu(g) * u; }
+
+at::Tensor swiglu(const at::Tensor& g, const at::Tensor& u) {
+  if (!fused_supported(g, u)) return swiglu_reference(g, u);
+  return SwiGLUFunction::apply(g, u);
+}
+
+}  // namespace lf::kernels

@@ -1,0 +1,206 @@
+// Fused SwiGLU and fused linear + cross-entropy (CPU) against float64 finite differences and against their composite
+// ATen versions.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "loongforge/kernels/linear_ce.h"
+#include "loongforge/kernels/swiglu.h"
+#include "test_util.h"
+
+namespace {
+
+double max_abs(const at::Tensor& a) { return a.abs().max().item<double>(); }
+double rel_err(const at::Tensor& a, const at::Tensor& b) {
+  return max_abs(a.to(at::kDouble) - b.to(at::kDouble)) / std::max(1e-30, max_abs(b.to(at::kDouble)));
+}
+
+// ---- SwiGLU ---------------------------------------------------------------------------------------------------
+
+TEST(SwiGLUKernel, GradientsMatchFiniteDifferencesFloat64) {
+  at::manual_seed(0);
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor g = (at::randn({3, 5, 7}, opts) * 3).requires_grad_(), u = at::randn({3, 5, 7}, opts).requires_grad_();
+  at::Tensor dy = at::randn({3, 5, 7}, opts);
+  at::Tensor y = lf::kernels::swiglu(g, u);
+  at::Tensor gd = g.detach().clone(), ud = u.detach().clone();
+  auto f = [&] { return lf::kernels::swiglu_reference(gd, ud); };
+  EXPECT_LT(max_abs(y - f()), 1e-12);
+  auto grads = torch::autograd::grad({y}, {g, u}, {dy});
+  EXPECT_LT(max_abs(grads[0] - lf::test::numeric_grad(f, gd, dy)), 1e-7);
+  EXPECT_LT(max_abs(grads[1] - lf::test::numeric_grad(f, ud, dy)), 1e-7);
+}
+
+// float32, sizes that are not multiples of the vector width or of the parallel grain, extreme gate values.
+TEST(SwiGLUKernel, MatchesCompositeFloat32) {
+  at::manual_seed(1);
+  for (auto shape : {std::vector<int64_t>{3, 37, 129}, std::vector<int64_t>{5}, std::vector<int64_t>{70001}}) {
+    at::Tensor g = (at::randn(shape) * 4).requires_grad_(), u = at::randn(shape).requires_grad_();
+    at::Tensor dy = at::randn(shape);
+    {
+      at::NoGradGuard ng;
+      g.view({-1})[0] = 95.f;  // beyond the exp clamp
+      if (g.numel() > 1) g.view({-1})[1] = -95.f;
+    }
+    at::Tensor y = lf::kernels::swiglu(g, u);
+    auto gr = torch::autograd::grad({y}, {g, u}, {dy});
+    at::Tensor g2 = g.detach().clone().requires_grad_(), u2 = u.detach().clone().requires_grad_();
+    at::Tensor y2 = lf::kernels::swiglu_reference(g2, u2);
+    auto gr2 = torch::autograd::grad({y2}, {g2, u2}, {dy});
+    EXPECT_LT(rel_err(y, y2), 1e-6);
+    EXPECT_LT(rel_err(gr[0], gr2[0]), 1e-6);
+    EXPECT_LT(rel_err(gr[1], gr2[1]), 1e-6);
+    EXPECT_EQ(y.sizes(), y2.sizes());
+  }
+}
+
+TEST(SwiGLUKernel, NonContiguousAndNaN) {
+  at::manual_seed(2);
+  at::Tensor g = at::randn({16, 24}).t(), u = at::randn({24, 16});
+  EXPECT_LT(rel_err(lf::kernels::swiglu(g, u), lf::kernels::swiglu_reference(g, u)), 1e-6);
+  at::Tensor gn = at::randn({9});
+  gn[3] = std::numeric_limits<float>::quiet_NaN();
+  at::Tensor y = lf::kernels::swiglu(gn, at::ones({9}));
+  EXPECT_TRUE(std::isnan(y[3].item<float>()));
+  EXPECT_FALSE(std::isnan(y[2].item<float>()));
+}
+
+// bf16 inputs compute in float32 and round once: the result is the float32 result rounded to bf16.
+TEST(SwiGLUKernel, BFloat16ComputesInFloat32) {
+  at::manual_seed(3);
+  at::Tensor g = (at::randn({4, 300}) * 3).to(at::kBFloat16).requires_grad_();
+  at::Tensor u = at::randn({4, 300}).to(at::kBFloat16).requires_grad_();
+  at::Tensor dy = at::randn({4, 300}).to(at::kBFloat16);
+  at::Tensor y = lf::kernels::swiglu(g, u);
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+  auto gr = torch::autograd::grad({y}, {g, u}, {dy});
+  at::Tensor gf = g.detach().to(at::kFloat).requires_grad_(), uf = u.detach().to(at::kFloat).requires_grad_();
+  at::Tensor yf = lf::kernels::swiglu_reference(gf, uf);
+  auto grf = torch::autograd::grad({yf}, {gf, uf}, {dy.to(at::kFloat)});
+  // one bf16 rounding: relative 2^-8 of each element
+  auto close = [](const at::Tensor& a, const at::Tensor& ref) {
+    at::Tensor d = (a.to(at::kFloat) - ref).abs(), tol = ref.abs() * (1.0 / 256) + 1e-6;
+    return (d <= tol).all().item<bool>();
+  };
+  EXPECT_TRUE(close(y, yf));
+  EXPECT_TRUE(close(gr[0], grf[0]));
+  EXPECT_TRUE(close(gr[1], grf[1]));
+  // and it is at least as close to float32 as the composite bf16 version
+  at::Tensor yb = lf::kernels::swiglu_reference(g.detach(), u.detach());
+  EXPECT_LE(max_abs(y.to(at::kFloat) - yf), max_abs(yb.to(at::kFloat) - yf) + 1e-6);
+}
+
+// ---- linear + cross-entropy ------------------------------------------------------------------------------------
+
+TEST(LinearCEKernel, GradientsMatchFiniteDifferencesFloat64) {
+  at::manual_seed(4);
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor x = at::randn({7, 5}, opts).requires_grad_(), w = at::randn({11, 5}, opts).requires_grad_();
+  at::Tensor t = at::randint(0, 11, {7}, at::kLong);
+  t[2] = -100;
+  t[5] = -100;
+  // chunk of 2 rows: counted rows 5 -> chunks 2 + 2 + 1
+  auto [loss, count] = lf::kernels::linear_cross_entropy(x, w, t, -100, 2);
+  EXPECT_EQ(count.item<int64_t>(), 5);
+  at::Tensor xd = x.detach().clone(), wd = w.detach().clone();
+  auto f = [&] { return std::get<0>(lf::kernels::linear_cross_entropy_reference(xd, wd, t)); };
+  EXPECT_LT(std::abs(loss.item<double>() - f().item<double>()), 1e-12);
+  at::Tensor dy = at::scalar_tensor(0.37, opts);
+  auto grads = torch::autograd::grad({loss}, {x, w}, {dy});
+  at::Tensor nx = lf::test::numeric_grad(f, xd, dy), nw = lf::test::numeric_grad(f, wd, dy);
+  EXPECT_LT(max_abs(grads[0] - nx), 1e-7);
+  EXPECT_LT(max_abs(grads[1] - nw), 1e-7);
+  EXPECT_EQ(max_abs(grads[0][2]), 0.0);  // ignored rows get no gradient
+}
+
+// float32 against at::cross_entropy_loss(x W^T): chunk boundaries (N not a multiple of the chunk), ignored rows,
+// a leading batch shape, the default chunk, a vocabulary that is not a multiple of 8.
+TEST(LinearCEKernel, MatchesCompositeFloat32) {
+  at::manual_seed(5);
+  for (int64_t chunk : {0, 7, 64, 1000}) {
+    for (int64_t v : {203, 256}) {
+      at::Tensor x = at::randn({3, 37, 48}).requires_grad_(), w = (at::randn({v, 48}) * 0.3).requires_grad_();
+      at::Tensor t = at::randint(0, v, {3, 37}, at::kLong);
+      t.index_put_({at::rand({3, 37}) < 0.3}, -100);
+      auto [loss, count] = lf::kernels::linear_cross_entropy(x, w, t, -100, chunk);
+      auto g = torch::autograd::grad({loss}, {x, w}, {at::scalar_tensor(0.01f)});
+      at::Tensor x2 = x.detach().clone().requires_grad_(), w2 = w.detach().clone().requires_grad_();
+      auto [loss2, count2] = lf::kernels::linear_cross_entropy_reference(x2, w2, t);
+      auto g2 = torch::autograd::grad({loss2}, {x2, w2}, {at::scalar_tensor(0.01f)});
+      EXPECT_EQ(loss.scalar_type(), at::kFloat);
+      EXPECT_EQ(count.item<int64_t>(), count2.item<int64_t>());
+      EXPECT_LT(std::abs(loss.item<double>() - loss2.item<double>()) / loss2.item<double>(), 2e-6) << chunk << " " << v;
+      EXPECT_LT(rel_err(g[0], g2[0]), 2e-5) << chunk << " " << v;
+      EXPECT_LT(rel_err(g[1], g2[1]), 2e-5) << chunk << " " << v;
+      EXPECT_EQ(g[0].sizes(), x.sizes());
+    }
+  }
+}
+
+// Only the gradients asked for; the same results; eval mode (no grad) gives the same loss.
+TEST(LinearCEKernel, PartialGradientsAndNoGrad) {
+  at::manual_seed(6);
+  at::Tensor x = at::randn({50, 16}), w = at::randn({40, 16});
+  at::Tensor t = at::randint(0, 40, {50}, at::kLong);
+  auto [l_ref, c_ref, dx_ref, dw_ref] = lf::kernels::linear_cross_entropy_cpu(x, w, t, -100, 16, true, true);
+  auto [l1, c1, dx1, dw1] = lf::kernels::linear_cross_entropy_cpu(x, w, t, -100, 16, true, false);
+  EXPECT_FALSE(dw1.defined());
+  EXPECT_TRUE(at::equal(dx1, dx_ref));
+  at::Tensor xr = x.clone().requires_grad_();  // frozen weight (LoRA): only dx
+  auto [l2, c2] = lf::kernels::linear_cross_entropy(xr, w, t, -100, 16);
+  l2.backward();
+  EXPECT_TRUE(at::allclose(xr.grad(), dx_ref));
+  {
+    at::NoGradGuard ng;
+    auto [l3, c3] = lf::kernels::linear_cross_entropy(x, w, t, -100, 16);
+    EXPECT_EQ(l3.item<float>(), l_ref.item<float>());
+    EXPECT_FALSE(l3.requires_grad());
+  }
+}
+
+// Tied embeddings: the weight also feeds an embedding lookup; the gradients add up as with the composite version.
+TEST(LinearCEKernel, TiedWeightAccumulates) {
+  at::manual_seed(7);
+  at::Tensor emb = at::randn({30, 12}).requires_grad_();
+  at::Tensor ids = at::randint(0, 30, {20}, at::kLong), t = at::randint(0, 30, {20}, at::kLong);
+  auto run = [&](bool fused) {
+    at::Tensor e = emb.detach().clone().requires_grad_();
+    at::Tensor h = at::embedding(e, ids) * 1.5;
+    at::Tensor loss = fused ? std::get<0>(lf::kernels::linear_cross_entropy(h, e, t, -100, 8))
+                            : std::get<0>(lf::kernels::linear_cross_entropy_reference(h, e, t));
+    loss.backward();
+    return e.grad();
+  };
+  EXPECT_LT(rel_err(run(true), run(false)), 1e-5);
+}
+
+TEST(LinearCEKernel, AllIgnoredBFloat16AndErrors) {
+  at::manual_seed(8);
+  at::Tensor x = at::randn({6, 8}).requires_grad_(), w = at::randn({10, 8}).requires_grad_();
+  at::Tensor t = at::full({6}, -100, at::kLong);
+  auto [loss, count] = lf::kernels::linear_cross_entropy(x, w, t);
+  EXPECT_EQ(count.item<int64_t>(), 0);
+  EXPECT_EQ(loss.item<float>(), 0.f);
+  loss.backward();
+  EXPECT_EQ(max_abs(x.grad()), 0.0);
+  EXPECT_EQ(max_abs(w.grad()), 0.0);
+  // bf16: GEMMs in bf16, softmax in float32, as the composite version under autocast.
+  at::Tensor xb = at::randn({33, 64}).to(at::kBFloat16).requires_grad_();
+  at::Tensor wb = (at::randn({100, 64}) * 0.2).to(at::kBFloat16).requires_grad_();
+  at::Tensor tb = at::randint(0, 100, {33}, at::kLong);
+  auto [lb, cb] = lf::kernels::linear_cross_entropy(xb, wb, tb, -100, 10);
+  auto gb = torch::autograd::grad({lb}, {xb, wb});
+  at::Tensor xb2 = xb.detach().clone().requires_grad_(), wb2 = wb.detach().clone().requires_grad_();
+  auto [lb2, cb2] = lf::kernels::linear_cross_entropy_reference(xb2, wb2, tb);
+  auto gb2 = torch::autograd::grad({lb2}, {xb2, wb2});
+  EXPECT_EQ(gb[0].scalar_type(), at::kBFloat16);
+  EXPECT_LT(std::abs(lb.item<double>() - lb2.item<double>()) / lb2.item<double>(), 1e-3);
+  EXPECT_LT(rel_err(gb[0], gb2[0]), 2e-2);
+  EXPECT_LT(rel_err(gb[1], gb2[1]), 2e-2);
+  // a target outside the vocabulary is an error
+  at::Tensor bad = at::zeros({6}, at::kLong);
+  bad[1] = 10;
+  EXPECT_THROW(lf::kernels::linear_cross_entropy(x, w, bad), c10::Error);
+}
+
+}  // namespace
