@@ -6,6 +6,9 @@ The reference is a plain nn.Module Llama (RMSNorm, RoPE, SDPA attention with GQA
 with torch.optim.AdamW, as a user would write it. Both sides see random token data.
 
     [LOONGFORGE_BIN=build/loongforge] .venv/bin/python bench/cpu_train.py [--threads 2] [--steps 8] [--out bench/results/cpu_train.md]
+
+The environment passes through to `loongforge train` (e.g. LOONGFORGE_SPLIT_GEMM=1: row-split GEMMs, kernels/linear.h).
+The table notes the load average before and after: on a shared machine other processes skew both sides.
 """
 import argparse
 import json
@@ -151,6 +154,7 @@ def main():
     a = ap.parse_args()
     import torch
     rows = []
+    load_before = os.getloadavg()[0]
     for shape in SHAPES:
         with tempfile.TemporaryDirectory() as tmp:
             ours = loongforge_run(shape, a.steps, a.warmup, a.threads, tmp)
@@ -159,7 +163,10 @@ def main():
         print(f"{shape['name']}: loongforge {ours:,.0f} tok/s, pytorch eager {ref:,.0f} tok/s, ratio {ours / ref:.2f}",
               file=sys.stderr)
     lines = [f"CPU training, fp32, {a.threads} threads, median of {a.steps} steps after {a.warmup} warm-up "
-             f"(torch {torch.__version__}, {time.strftime('%Y-%m-%d')})", "",
+             f"(torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, 1-min load average "
+             f"{load_before:.1f} before / {os.getloadavg()[0]:.1f} after"
+             + (", LOONGFORGE_SPLIT_GEMM=" + os.environ["LOONGFORGE_SPLIT_GEMM"] if "LOONGFORGE_SPLIT_GEMM" in os.environ else "")
+             + ")", "",
              "| shape (batch x seq) | LoongForge tok/s | PyTorch eager tok/s | ratio |", "|---|---|---|---|"]
     lines += [f"| {n} | {o:,.0f} | {r:,.0f} | {x:.2f}x |" for n, o, r, x in rows]
     text = "\n".join(lines) + "\n"

@@ -5,7 +5,8 @@
 #      dependencies the machine lacks come from the Debian 12 .deb files of scripts/fetch_gpu_debs.sh
 #      (third_party_debs/, carried along), unpacked with dpkg -x into the build folder;
 #   2. run the CUDA gtests (tests/cpp/test_cuda_kernels.cpp) and the CPU kernel tests;
-#   3. [placeholder] the training benchmark: LoongForge vs PyTorch eager / torch.compile;
+#   3. the training benchmark (bench/gpu_train.py): LoongForge vs PyTorch eager / torch.compile, tokens/s, MFU, peak
+#      memory, ratios (table in $OUT/gpu_train.md, JSON in $OUT/gpu_train.json);
 #   4. print a short table last.
 # Usage (repo root):  bash bench/gpu_check.sh
 #   OUT=dir            where logs and JSON go (default build-gpu/gpu_out; the device tool's $OUT when set)
@@ -14,6 +15,8 @@
 #   CMAKE_ARGS="..."   extra configure arguments
 #   PYTHON=python      the Python whose torch to build against (default python3)
 #   GPU_CHECK_ONLY=configure   stop after configuring (to check the script on a machine without a GPU)
+#   GPU_CHECK_ONLY=bench       skip the CUDA tests (a second call on a warm machine: the build is a no-op, the
+#                              benchmark gets the time; GPU_BENCH_BUDGET=s sets it)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -152,7 +155,10 @@ row build ok "$(elapsed "$T")" "loongforge_tests, loongforge ($JOBS jobs)"
 
 # ---- 2. CUDA tests --------------------------------------------------------------------------------------------------
 T=$(date +%s)
-timeout 150 "$BUILD/loongforge_tests" --gtest_filter='CudaKernels.*:RMSNormKernel.*:DistGpu.*' \
+if [ "${GPU_CHECK_ONLY:-}" = bench ]; then
+  row "cuda tests" SKIP 0 "GPU_CHECK_ONLY=bench"
+else
+timeout 150 "$BUILD/loongforge_tests" --gtest_filter='CudaKernels.*:Fp8.*:RMSNormKernel.*:DistGpu.*' \
   --gtest_output="json:$OUT/cuda_tests.json" >"$OUT/cuda_tests.log" 2>&1
 rc=$?
 summary=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/cuda_tests.log" | head -3 | tr -s ' ' | tr '\n' ' ')
@@ -162,15 +168,48 @@ else
   tail -40 "$OUT/cuda_tests.log"
   row "cuda tests" FAIL "$(elapsed "$T")" "rc $rc; $summary (skips mean no device was seen)"
 fi
+fi
 
-# ---- 3. training benchmark (PLACEHOLDER: another session fills this in) ---------------------------------------------
+# ---- 3. training benchmark: LoongForge vs PyTorch eager / torch.compile (bench/gpu_train.py) ------------------------
 # ---- BEGIN TRAINING BENCHMARK ----
-# To do (issue 4): train the two shapes of the issue with LoongForge ($BUILD/loongforge, bf16, our kernels) and, in
-# this same call, with PyTorch in python3 (eager and torch.compile, bf16 autocast, fused AdamW, transformers'
-# LlamaForCausalLM with sdpa attention); report tokens/s, MFU (bf16 ceiling 742 TFLOP/s), peak memory and ratios as
-# rows:  row "<name>" ok <seconds> "<tok/s, MFU, peak GiB, ratio>"; results go to bench/results/.
-# Keep the whole script under 8 minutes (steps above: ~4-5 minutes with a cold build on 16 cores).
-row "training benchmark" TODO 0 "placeholder: not implemented yet"
+# The two shapes of issue 4, each run its own process; runs that no longer fit the budget are reported as skipped.
+# GPU_BENCH_BUDGET (s, default: what is left of 460 s since the start), GPU_BENCH_STEPS (timed steps, default 8),
+# GPU_BENCH_SHAPES (default small,1b), GPU_CHECK_FP8=1 (LoongForge fp8 rows too), GPU_CHECK_CURVES=1 (fp32 vs bf16
+# loss curves, 200 steps of the small shape: ~2 more minutes, so off by default).
+T=$(date +%s)
+BUDGET=${GPU_BENCH_BUDGET:-$(( 460 - $(elapsed "$T_START") ))}
+if [ "$BUDGET" -lt 60 ]; then
+  row "training benchmark" SKIP 0 "only $BUDGET s left of the 8 minutes"
+else
+  timeout $(( BUDGET + 60 )) "$PY" bench/gpu_train.py --lf "$BUILD/loongforge" --out "$OUT" --budget "$BUDGET" \
+    --steps "${GPU_BENCH_STEPS:-8}" --warmup 3 --shapes "${GPU_BENCH_SHAPES:-small,1b}" \
+    ${GPU_CHECK_FP8:+--fp8} ${GPU_CHECK_CURVES:+--curves} >"$OUT/gpu_train.log" 2>&1
+  rc=$?
+  tail -25 "$OUT/gpu_train.log"
+  if [ -f "$OUT/gpu_train.json" ]; then
+    while IFS='|' read -r name status secs detail; do
+      row "$name" "$status" "$secs" "$detail"
+    done < <("$PY" - "$OUT/gpu_train.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["results"]:
+    st = r["status"]
+    status = "ok" if st == "ok" else ("SKIP" if st.startswith("skipped") else "FAIL")
+    if "tokens_per_s" in r:
+        mem = r.get("max_memory_allocated")
+        detail = f"{r['tokens_per_s']:.0f} tok/s, MFU {r['mfu'] * 100:.1f} %" + (f", peak {mem / 2**30:.1f} GiB" if mem else "")
+    elif r["mode"] == "curves" and st == "ok":
+        detail = f"bf16 vs fp32 over {r['steps']} steps: {r['max_rel_10step_mean'] * 100:.2f} % (goal 1 %)"
+        status = "ok" if r["within_1pct"] else "FAIL"
+    else:
+        detail = st
+    print(f"train {r['shape']} {r['mode']}|{status}|{r.get('wall_s', 0):.0f}|{detail[:110]}".replace("\n", " "))
+PY
+)
+  else
+    row "training benchmark" FAIL "$(elapsed "$T")" "rc $rc, no gpu_train.json (see $OUT/gpu_train.log)"
+  fi
+  [ -f "$OUT/gpu_train.md" ] && { echo; cat "$OUT/gpu_train.md"; }
+fi
 # ---- END TRAINING BENCHMARK ----
 
 print_table

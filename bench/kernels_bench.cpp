@@ -4,8 +4,10 @@
 #include <benchmark/benchmark.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "loongforge/kernels/linear.h"
 #include "loongforge/kernels/linear_ce.h"
 #include "loongforge/kernels/rms_norm.h"
+#include "loongforge/kernels/rope.h"
 #include "loongforge/kernels/swiglu.h"
 
 namespace {
@@ -57,6 +59,47 @@ BENCHMARK_TEMPLATE(BM_LinearCE, true)
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_LinearCE, false)
     ->Args({2048, 256, 8192, 0})->Args({2048, 512, 16384, 0})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// RoPE forward + backward on q as the attention passes it: [B,T,H,D] memory viewed as [B,H,T,D] (small bench shape:
+// 8 x 256 tokens, 8 heads of 32; the larger: 4 x 512, 8 heads of 64).
+template <bool Fused>
+void BM_Rope(benchmark::State& st) {
+  const int64_t b = st.range(0), t = st.range(1), h = st.range(2), d = st.range(3);
+  at::Tensor x = at::randn({b, t, h, d}).transpose(1, 2).requires_grad_();
+  at::Tensor ang = at::arange(t, at::kFloat).unsqueeze(-1) * at::rand({d});
+  at::Tensor cos = ang.cos().unsqueeze(0), sin = ang.sin().unsqueeze(0);
+  at::Tensor dy = at::randn({b, h, t, d});
+  for (auto _ : st) {
+    at::Tensor y = Fused ? lf::kernels::apply_rope(x, cos, sin) : lf::kernels::apply_rope_reference(x, cos, sin);
+    auto g = torch::autograd::grad({y}, {x}, {dy});
+    benchmark::DoNotOptimize(g[0].data_ptr());
+  }
+}
+BENCHMARK_TEMPLATE(BM_Rope, true)->Args({8, 256, 8, 32})->Args({4, 512, 8, 64})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_Rope, false)->Args({8, 256, 8, 32})->Args({4, 512, 8, 64})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// Linear y = x W^T forward + backward (dx, dW): N rows, in, out. Split: one single-threaded GEMM per thread on its
+// own rows (kernels/linear.h); mode 0 = at::linear (MKL's own threading). The shapes of the two bench models.
+template <int Mode>
+void BM_Linear(benchmark::State& st) {
+  const int saved = lf::kernels::linear_split_mode();
+  lf::kernels::set_linear_split_mode(Mode);
+  at::Tensor x = at::randn({st.range(0), st.range(1)}).requires_grad_();
+  at::Tensor w = (at::randn({st.range(2), st.range(1)}) * 0.05).requires_grad_();
+  at::Tensor dy = at::randn({st.range(0), st.range(2)});
+  for (auto _ : st) {
+    at::Tensor y = lf::kernels::linear(x, w, at::Tensor());
+    auto gr = torch::autograd::grad({y}, {x, w}, {dy});
+    benchmark::DoNotOptimize(gr[0].data_ptr());
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(6.0 * st.range(0) * st.range(1) * st.range(2) * st.iterations() / 1e9,
+                                              benchmark::Counter::kIsRate);
+  lf::kernels::set_linear_split_mode(saved);
+}
+#define LF_LINEAR_SHAPES ->Args({2048, 256, 256})->Args({2048, 256, 128})->Args({2048, 256, 688})->Args({2048, 688, 256}) \
+    ->Args({2048, 512, 512})->Args({2048, 512, 1376})->Args({2048, 1376, 512})->Unit(benchmark::kMicrosecond)->UseRealTime()
+BENCHMARK_TEMPLATE(BM_Linear, 2) LF_LINEAR_SHAPES;
+BENCHMARK_TEMPLATE(BM_Linear, 0) LF_LINEAR_SHAPES;
 
 }  // namespace
 

@@ -5,10 +5,15 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cmath>
+#include <tuple>
+
 #include "loongforge/kernels/add_rms_norm.h"
 #include "loongforge/kernels/cuda_ops.h"
+#include "loongforge/kernels/linear_ce.h"
 #include "loongforge/kernels/rms_norm.h"
 #include "loongforge/kernels/rope.h"
+#include "loongforge/kernels/swiglu.h"
 #include "loongforge/nn/rotary.h"
 #include "loongforge/optim/adamw.h"
 
@@ -260,4 +265,134 @@ TEST(CudaKernels, GlobalGradNormMatchesComposite) {
   EXPECT_NEAR(norm.item<double>(), std::sqrt(ss), 1e-5 * std::sqrt(ss));
   EXPECT_NEAR(cu::clip_coef(norm, 1.0).item<double>(), 1.0 / (std::sqrt(ss) + 1e-6), 1e-6);
   EXPECT_EQ(cu::clip_coef(norm, 1e9).item<double>(), 1.0);
+}
+
+// ---- FP8 (kernels/cuda/fp8.cpp): plain ATen, so the scaling math and the GEMMs run on the CPU too ------------------
+namespace {
+// The fp8 value back in float64 with its scale.
+at::Tensor dequant(const cu::Fp8Tensor& q) { return q.data.to(at::kDouble) * q.scale_inv.to(at::kDouble); }
+}  // namespace
+
+TEST(Fp8, TensorwiseScaleMapsAmaxToFp8Max) {
+  at::manual_seed(3);
+  at::Tensor t = at::randn({37, 29}) * 5;
+  const double amax = t.abs().max().item<double>();
+  for (auto [type, mx, rel] : {std::tuple{at::kFloat8_e4m3fn, 448.0, 1.0 / 16}, std::tuple{at::kFloat8_e5m2, 57344.0, 1.0 / 8}}) {
+    cu::Fp8Tensor q = cu::fp8_quantize_tensorwise(t, type);
+    EXPECT_EQ(q.data.scalar_type(), type);
+    EXPECT_EQ(q.data.sizes(), t.sizes());
+    EXPECT_NEAR(q.scale_inv.item<double>(), amax / mx, amax / mx * 1e-6);
+    EXPECT_NEAR(q.data.to(at::kDouble).abs().max().item<double>(), mx, 0.0);  // the largest element lands on fp8 max
+    // Every element within half an ulp of its fp8 value (relative), tiny ones within the smallest normal's scale.
+    at::Tensor err = (dequant(q) - t.to(at::kDouble)).abs();
+    at::Tensor bound = t.to(at::kDouble).abs() * rel + amax / mx * 0.02;
+    EXPECT_TRUE(err.le(bound).all().item<bool>()) << "max err " << err.max().item<double>();
+  }
+  cu::Fp8Tensor z = cu::fp8_quantize_tensorwise(at::zeros({16}));  // all zeros: no division by zero
+  EXPECT_TRUE(z.data.to(at::kFloat).eq(0).all().item<bool>());
+  EXPECT_TRUE(std::isfinite(z.scale_inv.item<double>()));
+}
+
+// fp8_linear's forward and backward against float64 GEMMs of the dequantized operands (the reference for what an FP8
+// GEMM with float32 accumulation computes), and loosely against the unquantized float64 products.
+TEST(Fp8, LinearMatchesDequantizedReference) {
+  at::manual_seed(4);
+  at::Tensor x = at::randn({2, 16, 48}), w = at::randn({32, 48}) * 0.2, bias = at::randn({32}), dy = at::randn({2, 16, 32});
+  ASSERT_TRUE(cu::fp8_linear_supported(x, w));
+  EXPECT_FALSE(cu::fp8_linear_supported(at::randn({3, 48}), w));  // 3 rows: not a multiple of 16
+  at::Tensor x1 = leaf(x), w1 = leaf(w), b1 = leaf(bias);
+  at::Tensor y = cu::fp8_linear(x1, w1, b1);
+  EXPECT_EQ(y.sizes(), (at::IntArrayRef{2, 16, 32}));
+  EXPECT_EQ(y.scalar_type(), at::kFloat);
+  auto g = torch::autograd::grad({(y * dy).sum()}, {x1, w1, b1});
+
+  at::Tensor x2 = x.reshape({-1, 48}), dy2 = dy.reshape({-1, 32});
+  cu::Fp8Tensor qx = cu::fp8_quantize_tensorwise(x2), qw = cu::fp8_quantize_tensorwise(w),
+                qdy = cu::fp8_quantize_tensorwise(dy2);
+  at::Tensor y_ref = at::mm(dequant(qx), dequant(qw).t()) + bias.to(at::kDouble);
+  at::Tensor dx_ref = at::mm(dequant(qdy), dequant(qw)), dw_ref = at::mm(dequant(qdy).t(), dequant(qx));
+  EXPECT_LT(rel_err(y.reshape({-1, 32}), y_ref), 1e-5);
+  EXPECT_LT(rel_err(g[0].reshape({-1, 48}), dx_ref), 1e-5);
+  EXPECT_LT(rel_err(g[1], dw_ref), 1e-5);
+  EXPECT_LT(rel_err(g[2], dy2.sum(0)), 1e-6);
+  // The quantization itself: a few per cent of the exact products.
+  at::Tensor xd = x2.to(at::kDouble), wd = w.to(at::kDouble), dyd = dy2.to(at::kDouble);
+  EXPECT_LT(rel_err(y.reshape({-1, 32}), at::mm(xd, wd.t()) + bias.to(at::kDouble)), 0.08);
+  EXPECT_LT(rel_err(g[0].reshape({-1, 48}), at::mm(dyd, wd)), 0.08);
+  EXPECT_LT(rel_err(g[1], at::mm(dyd.t(), xd)), 0.08);
+}
+
+TEST(CudaKernels, Fp8LinearMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  at::manual_seed(5);
+  at::Tensor x = at::randn({64, 128}), w = at::randn({96, 128}) * 0.1, dy = at::randn({64, 96});
+  at::Tensor xc = leaf(x), wc = leaf(w), xg = cuda(x, at::kFloat), wg = cuda(w, at::kFloat);
+  at::Tensor yc = cu::fp8_linear(xc, wc), yg = cu::fp8_linear(xg, wg);
+  auto gc = torch::autograd::grad({(yc * dy).sum()}, {xc, wc});
+  auto gg = torch::autograd::grad({(yg * dy.to(at::kCUDA)).sum()}, {xg, wg});
+  EXPECT_LT(rel_err(yg, yc), 1e-4);
+  EXPECT_LT(rel_err(gg[0], gc[0]), 1e-4);
+  EXPECT_LT(rel_err(gg[1], gc[1]), 1e-4);
+}
+
+// What the trainer calls on CUDA tensors: the device-generic entry points route to our kernels; compare with the
+// CPU versions of the same entry points.
+TEST(CudaKernels, TrainerEntryPointsMatchCpu) {
+  SKIP_WITHOUT_CUDA();
+  at::manual_seed(6);
+  // SwiGLU (kernels::swiglu), values and gradients.
+  at::Tensor g = at::randn({4, 7, 96}), u = at::randn({4, 7, 96}), dy = at::randn({4, 7, 96});
+  at::Tensor g1 = leaf(g), u1 = leaf(u), g2 = cuda(g, at::kFloat), u2 = cuda(u, at::kFloat);
+  at::Tensor y1 = lf::kernels::swiglu(g1, u1), y2 = lf::kernels::swiglu(g2, u2);
+  EXPECT_LT(rel_err(y2, y1), kF32);
+  auto d1 = torch::autograd::grad({(y1 * dy).sum()}, {g1, u1});
+  auto d2 = torch::autograd::grad({(y2 * dy.to(at::kCUDA)).sum()}, {g2, u2});
+  EXPECT_LT(rel_err(d2[0], d1[0]), kF32);
+  EXPECT_LT(rel_err(d2[1], d1[1]), kF32);
+  // Fused linear + CE (kernels::linear_cross_entropy): loss sum and count as the CPU version, with ignored rows.
+  at::Tensor x = at::randn({3, 40, 64}), w = at::randn({1000, 64}) * 0.1;
+  at::Tensor t = at::randint(0, 1000, {3, 40}, at::kLong);
+  t.index_put_({0, at::indexing::Slice(0, 5)}, -100);
+  at::Tensor x1 = leaf(x), w1 = leaf(w), x2 = cuda(x, at::kFloat), w2 = cuda(w, at::kFloat);
+  auto [l1, c1] = lf::kernels::linear_cross_entropy(x1, w1, t);
+  auto [l2, c2] = lf::kernels::linear_cross_entropy(x2, w2, t.to(at::kCUDA));
+  EXPECT_EQ(c2.item<int64_t>(), c1.item<int64_t>());
+  EXPECT_LT(rel_err(l2, l1), kF32);
+  auto e1 = torch::autograd::grad({l1}, {x1, w1});
+  auto e2 = torch::autograd::grad({l2}, {x2, w2});
+  EXPECT_LT(rel_err(e2[0], e1[0]), 1e-4);
+  EXPECT_LT(rel_err(e2[1], e1[1]), 1e-4);
+  // nn::apply_rotary on CUDA (the fused RoPE) against its CPU composite.
+  at::Tensor q = at::randn({2, 4, 9, 16}), pos = at::arange(9, at::kLong).unsqueeze(0);
+  at::Tensor ang = pos.to(at::kFloat).unsqueeze(-1) * at::rand({8});
+  at::Tensor cos = at::cat({ang, ang}, -1).cos(), sin = at::cat({ang, ang}, -1).sin();
+  EXPECT_LT(rel_err(lf::nn::apply_rotary(q.to(at::kCUDA), cos.to(at::kCUDA), sin.to(at::kCUDA)),
+                    lf::nn::apply_rotary(q, cos, sin)),
+            kF32);
+}
+
+// optim::AdamW and optim::clip_grad_norm on CUDA parameters (the multi-tensor kernels) against the same on the CPU.
+TEST(CudaKernels, OptimOnCudaParamsMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  at::manual_seed(7);
+  std::vector<at::Tensor> pc, pg;
+  for (int64_t n : {17, 300, 5000}) {
+    at::Tensor p = at::randn({n});
+    pc.push_back(leaf(p));
+    pg.push_back(cuda(p, at::kFloat));
+  }
+  lf::optim::AdamW oc(pc, {1e-2, 0.9, 0.95, 1e-8, 0.1}, {0.1, 0.0, 0.1});
+  lf::optim::AdamW og(pg, {1e-2, 0.9, 0.95, 1e-8, 0.1}, {0.1, 0.0, 0.1});
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < pc.size(); ++i) {
+      at::Tensor gr = at::randn(pc[i].sizes()) * 3;
+      pc[i].mutable_grad() = gr;
+      pg[i].mutable_grad() = gr.to(at::kCUDA);
+    }
+    const double nc = lf::optim::clip_grad_norm(pc, 1.0), ng = lf::optim::clip_grad_norm(pg, 1.0);
+    EXPECT_NEAR(ng, nc, nc * 1e-5);
+    oc.step(1e-2 * (step + 1));
+    og.step(1e-2 * (step + 1));
+  }
+  for (size_t i = 0; i < pc.size(); ++i) EXPECT_LT(rel_err(pg[i], pc[i]), 1e-5) << i;
 }

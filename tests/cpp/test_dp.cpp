@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -18,6 +20,10 @@
 #include "loongforge/optim/distributed.h"
 #include "loongforge/parallel/comm.h"
 #include "loongforge/parallel/fsdp.h"
+#include "loongforge/data/token_shards.h"
+#include "loongforge/train/pretrain_source.h"
+#include "loongforge/train/sft_source.h"
+#include "test_util.h"
 
 using namespace lf;
 using models::llama::CausalLM;
@@ -298,4 +304,83 @@ TEST(DistHook, DataParallel) {
   ASSERT_EQ(comm->world(), lay.shard * lay.replicate);
   auto got = distributed(comm, lay);
   compare(got, reference(lay.tied), 1e-5);
+}
+
+// ---- Each data-parallel rank reads only its rows: BatchSource::next_rows against the whole draw ----
+
+namespace {
+
+void expect_same_rows(const lf::train::Batch& got, const lf::train::Batch& whole, int64_t first, int64_t n) {
+  auto eq = [&](const at::Tensor& a, const at::Tensor& w, const char* what) {
+    ASSERT_EQ(a.defined(), w.defined()) << what;
+    if (!a.defined()) return;
+    EXPECT_TRUE(at::equal(a, w.narrow(0, first, n))) << what << " rows [" << first << ", " << first + n << ")";
+  };
+  eq(got.input_ids, whole.input_ids, "input_ids");
+  eq(got.targets, whole.targets, "targets");
+  eq(got.position_ids, whole.position_ids, "position_ids");
+  eq(got.segment_ids, whole.segment_ids, "segment_ids");
+}
+
+// For each split of a global batch into rows [first, first + n): a source drawing only those rows gives the rows of
+// the whole draw and ends at the same position (state()) after every batch.
+template <class Make>
+void check_rows_equal_whole_draw(Make make, int64_t global) {
+  const std::vector<std::pair<int64_t, int64_t>> splits = {{0, 2}, {2, 2}, {4, 2}, {1, 3}, {0, global}, {global - 1, 1}};
+  for (auto [first, n] : splits) {
+    auto whole = make(), mine = make();
+    for (int step = 0; step < 4; ++step) {
+      lf::train::Batch w = whole->next(global);
+      lf::train::Batch m = mine->next_rows(global, first, n);
+      expect_same_rows(m, w, first, n);
+      EXPECT_EQ(mine->state().dump(), whole->state().dump()) << "after batch " << step;
+    }
+    // and a resumed source (state of the rows-only one) continues like the whole draw
+    auto resumed = make();
+    resumed->restore(mine->state());
+    expect_same_rows(resumed->next_rows(global, first, n), whole->next(global), first, n);
+  }
+  auto s = make();
+  EXPECT_THROW(s->next_rows(global, global - 1, 2), lf::Error);
+}
+
+}  // namespace
+
+TEST(BatchRows, PretrainRowsEqualSliceOfWholeDraw) {
+  auto dir = lf::test::temp_dir();
+  at::manual_seed(5);
+  for (const char* name : {"a", "b"}) {
+    lf::data::TokenShardWriter w((dir / name).string(), lf::data::TokenDType::UInt16);
+    for (int d = 0; d < 40; ++d) {
+      at::Tensor t = at::randint(3, 500, {at::randint(3, 30, {1}).item<int64_t>()}, at::kLong);
+      w.add_doc(std::span<const int64_t>(t.data_ptr<int64_t>(), static_cast<size_t>(t.numel())));
+    }
+    w.finish();
+  }
+  for (bool per_document : {false, true}) {
+    auto make = [&] {
+      lf::data::PretrainOptions o;
+      o.sources = {{(dir / "a").string(), 1.0}, {(dir / "b").string(), 2.0}};
+      o.seq_len = 12;
+      o.seed = 9;
+      return std::make_unique<lf::train::PretrainSource>(o, per_document);
+    };
+    check_rows_equal_whole_draw(make, 6);
+  }
+}
+
+TEST(BatchRows, SftRowsEqualSliceOfWholeDraw) {
+  auto dir = lf::test::temp_dir();
+  std::ofstream f(dir / "d.jsonl");
+  for (int i = 0; i < 23; ++i)
+    f << R"({"instruction": "add )" << i << " and " << 3 * i << R"(", "output": ")" << 4 * i << std::string(i % 5, 'x') << "\"}\n";
+  f.close();
+  const std::string tok = std::string(LF_SOURCE_DIR) + "/tests/fixtures/tok_bytelevel_gpt2";
+  for (bool packing : {false, true}) {
+    auto make = [&] {
+      return std::make_unique<lf::train::SftSource>(std::vector<std::string>{(dir / "d.jsonl").string()}, tok, "chatml",
+                                                    64, true, packing, 3);
+    };
+    check_rows_equal_whole_draw(make, 6);
+  }
 }

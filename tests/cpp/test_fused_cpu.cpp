@@ -1,10 +1,12 @@
-// Fused SwiGLU and fused linear + cross-entropy (CPU) against float64 finite differences and against their composite
+// Fused SwiGLU, fused linear + cross-entropy, RoPE and the row-split linear (CPU) against float64 finite differences and against their composite
 // ATen versions.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "loongforge/kernels/linear.h"
 #include "loongforge/kernels/linear_ce.h"
+#include "loongforge/kernels/rope.h"
 #include "loongforge/kernels/swiglu.h"
 #include "test_util.h"
 
@@ -201,6 +203,150 @@ TEST(LinearCEKernel, AllIgnoredBFloat16AndErrors) {
   at::Tensor bad = at::zeros({6}, at::kLong);
   bad[1] = 10;
   EXPECT_THROW(lf::kernels::linear_cross_entropy(x, w, bad), c10::Error);
+}
+
+// ---- RoPE ------------------------------------------------------------------------------------------------------
+
+// float64 gradient of x against finite differences of the composite version; cos/sin per batch row.
+TEST(RopeKernel, GradientsMatchFiniteDifferencesFloat64) {
+  at::manual_seed(20);
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor x = at::randn({2, 3, 5, 6}, opts).requires_grad_(), dy = at::randn({2, 3, 5, 6}, opts);
+  at::Tensor ang = at::randn({2, 5, 6}, opts);
+  at::Tensor cos = ang.cos(), sin = ang.sin() * 1.3;  // scaled sin: not a pure rotation
+  at::Tensor y = lf::kernels::apply_rope(x, cos, sin);
+  ASSERT_NE(y.grad_fn(), nullptr);
+  EXPECT_NE(y.grad_fn()->name().find("Rope"), std::string::npos);  // the fused Function ran
+  at::Tensor xd = x.detach().clone();
+  auto f = [&] { return lf::kernels::apply_rope_reference(xd, cos, sin); };
+  EXPECT_LT(max_abs(y - f()), 1e-14);
+  auto g = torch::autograd::grad({y}, {x}, {dy});
+  EXPECT_LT(max_abs(g[0] - lf::test::numeric_grad(f, xd, dy)), 1e-8);
+}
+
+// float32 as the attention uses it: q/k are [B,T,H,D] memory viewed as [B,H,T,D], cos/sin float32 [1,T,D]; values
+// and gradients equal the composite's bit for bit, the output keeps x's layout.
+TEST(RopeKernel, MatchesCompositeFloat32Strided) {
+  at::manual_seed(21);
+  for (int64_t d : {32, 6, 64}) {
+    at::Tensor base = at::randn({3, 7, 4, d});  // [B,T,H,D]
+    at::Tensor x = base.transpose(1, 2).requires_grad_();
+    at::Tensor ang = at::arange(7, at::kFloat).unsqueeze(-1) * at::rand({d}) * 3;
+    at::Tensor cos = ang.cos().unsqueeze(0), sin = ang.sin().unsqueeze(0);
+    at::Tensor dy = at::randn({3, 7, 4, d}).transpose(1, 2);
+    at::Tensor y = lf::kernels::apply_rope(x, cos, sin);
+    auto g = torch::autograd::grad({y}, {x}, {dy});
+    at::Tensor x2 = x.detach().clone().requires_grad_();
+    at::Tensor y2 = lf::kernels::apply_rope_reference(x2, cos, sin);
+    auto g2 = torch::autograd::grad({y2}, {x2}, {dy});
+    EXPECT_TRUE(at::equal(y, y2)) << d;
+    EXPECT_TRUE(at::equal(g[0], g2[0])) << d;
+    EXPECT_EQ(y.strides(), x.strides());
+    // a non-dense x (a slice of the head dim's neighbours) and a contiguous dy
+    at::Tensor wide = at::randn({2, 3, 5, 2 * d}), xs = wide.narrow(-1, 0, d);
+    at::Tensor c5 = cos.narrow(1, 0, 5), s5 = sin.narrow(1, 0, 5);
+    EXPECT_TRUE(at::equal(lf::kernels::apply_rope(xs, c5, s5), lf::kernels::apply_rope_reference(xs, c5, s5)));
+    at::Tensor dyc = at::randn({2, 3, 5, d});
+    at::Tensor xr = xs.clone().requires_grad_();
+    auto gr = torch::autograd::grad({lf::kernels::apply_rope_reference(xr, c5, s5)}, {xr}, {dyc});
+    EXPECT_TRUE(at::equal(lf::kernels::rope_backward_cpu(dyc, c5, s5), gr[0]));
+  }
+}
+
+// Inputs the kernel does not take fall back to the composite version (gradients for cos/sin, bf16, 3-d x).
+TEST(RopeKernel, FallsBackToComposite) {
+  at::manual_seed(22);
+  at::Tensor x = at::randn({1, 2, 4, 8}), ang = at::randn({1, 4, 8}).requires_grad_();
+  at::Tensor y = lf::kernels::apply_rope(x, ang.cos(), ang.sin());
+  auto g = torch::autograd::grad({y.sum()}, {ang});
+  at::Tensor a2 = ang.detach().clone().requires_grad_();
+  auto g2 = torch::autograd::grad({lf::kernels::apply_rope_reference(x, a2.cos(), a2.sin()).sum()}, {a2});
+  EXPECT_TRUE(at::allclose(g[0], g2[0]));
+  at::Tensor xb = x.to(at::kBFloat16);
+  EXPECT_TRUE(at::equal(lf::kernels::apply_rope(xb, ang.detach().cos(), ang.detach().sin()),
+                        lf::kernels::apply_rope_reference(xb, ang.detach().cos(), ang.detach().sin())));
+  EXPECT_THROW(lf::kernels::rope_forward_cpu(x.squeeze(0), ang.detach().cos(), ang.detach().sin()), c10::Error);
+}
+
+// ---- Linear with row-split GEMMs -----------------------------------------------------------------------------------
+
+// Restores the split mode (tests force it to 2 so that small products split too).
+struct SplitMode {
+  int saved = lf::kernels::linear_split_mode();
+  explicit SplitMode(int m) { lf::kernels::set_linear_split_mode(m); }
+  ~SplitMode() { lf::kernels::set_linear_split_mode(saved); }
+};
+
+TEST(LinearSplit, GradientsMatchFiniteDifferencesFloat64) {
+  SplitMode forced(2);
+  at::manual_seed(30);
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor x = at::randn({3, 13, 5}, opts).requires_grad_(), w = at::randn({7, 5}, opts).requires_grad_();
+  at::Tensor b = at::randn({7}, opts).requires_grad_(), dy = at::randn({3, 13, 7}, opts);
+  at::Tensor y = lf::kernels::linear(x, w, b);
+  ASSERT_NE(y.grad_fn(), nullptr);
+  EXPECT_NE(y.grad_fn()->name().find("Linear"), std::string::npos);  // the split Function ran
+  at::Tensor xd = x.detach().clone(), wd = w.detach().clone(), bd = b.detach().clone();
+  auto f = [&] { return at::linear(xd, wd, bd); };
+  EXPECT_LT(max_abs(y - f()), 1e-12);
+  auto g = torch::autograd::grad({y}, {x, w, b}, {dy});
+  EXPECT_LT(max_abs(g[0] - lf::test::numeric_grad(f, xd, dy)), 1e-7);
+  EXPECT_LT(max_abs(g[1] - lf::test::numeric_grad(f, wd, dy)), 1e-7);
+  EXPECT_LT(max_abs(g[2] - lf::test::numeric_grad(f, bd, dy)), 1e-7);
+}
+
+// float32 against at::linear: row counts that are not multiples of the blocks, non-contiguous x, no bias, a frozen
+// weight (only dx) and a frozen input (only dW); with splitting off the op is at::linear itself.
+TEST(LinearSplit, MatchesAtLinearFloat32) {
+  SplitMode forced(2);
+  at::manual_seed(31);
+  for (int64_t rows : {1, 17, 203}) {
+    at::Tensor x = at::randn({48, rows}).t().requires_grad_(), w = at::randn({40, 48}).requires_grad_();
+    at::Tensor dy = at::randn({rows, 40});
+    at::Tensor y = lf::kernels::linear(x, w, at::Tensor());
+    auto g = torch::autograd::grad({y}, {x, w}, {dy});
+    at::Tensor x2 = x.detach().clone().requires_grad_(), w2 = w.detach().clone().requires_grad_();
+    at::Tensor y2 = at::linear(x2, w2);
+    auto g2 = torch::autograd::grad({y2}, {x2, w2}, {dy});
+    EXPECT_LT(rel_err(y, y2), 1e-6) << rows;
+    EXPECT_LT(rel_err(g[0], g2[0]), 1e-6) << rows;
+    EXPECT_LT(rel_err(g[1], g2[1]), 1e-6) << rows;
+    EXPECT_EQ(y.sizes(), y2.sizes());
+    // only dx (frozen weight), only dW (input without grad)
+    at::Tensor gx = torch::autograd::grad({lf::kernels::linear(x, w.detach(), at::Tensor())}, {x}, {dy})[0];
+    EXPECT_LT(rel_err(gx, g2[0]), 1e-6);
+    at::Tensor gw = torch::autograd::grad({lf::kernels::linear(x.detach(), w, at::Tensor())}, {w}, {dy})[0];
+    EXPECT_LT(rel_err(gw, g2[1]), 1e-6);
+  }
+  SplitMode off(0);
+  at::Tensor x = at::randn({9, 12}), w = at::randn({5, 12});
+  EXPECT_TRUE(at::equal(lf::kernels::linear(x, w, at::Tensor()), at::linear(x, w)));
+}
+
+// The raw split GEMM: block counts that do not divide the rows, transposed operands, more blocks than rows allow.
+TEST(LinearSplit, SplitRowsMatchesMm) {
+  at::manual_seed(32);
+  at::Tensor a = at::randn({301, 33}), b = at::randn({45, 33}).t();
+  at::Tensor ref = at::mm(a.to(at::kDouble), b.to(at::kDouble));
+  for (int64_t parts : {1, 2, 3, 7, 64}) EXPECT_LT(rel_err(lf::kernels::mm_split_rows(a, b, parts), ref), 1e-6) << parts;
+  EXPECT_LT(rel_err(lf::kernels::mm_split_rows(a.t().contiguous().t(), b, 2), ref), 1e-6);
+  EXPECT_THROW(lf::kernels::mm_split_rows(a, a), c10::Error);
+}
+
+// The fused linear + cross-entropy with its GEMMs split gives the composite's loss and gradients.
+TEST(LinearSplit, LinearCrossEntropySplitMatchesComposite) {
+  SplitMode forced(2);
+  at::manual_seed(33);
+  at::Tensor x = at::randn({2, 61, 24}).requires_grad_(), w = (at::randn({77, 24}) * 0.3).requires_grad_();
+  at::Tensor t = at::randint(0, 77, {2, 61}, at::kLong);
+  auto [loss, count] = lf::kernels::linear_cross_entropy(x, w, t, -100, 50);
+  auto g = torch::autograd::grad({loss}, {x, w});
+  at::Tensor x2 = x.detach().clone().requires_grad_(), w2 = w.detach().clone().requires_grad_();
+  auto [loss2, count2] = lf::kernels::linear_cross_entropy_reference(x2, w2, t);
+  auto g2 = torch::autograd::grad({loss2}, {x2, w2});
+  EXPECT_LT(std::abs(loss.item<double>() - loss2.item<double>()) / loss2.item<double>(), 2e-6);
+  EXPECT_LT(rel_err(g[0], g2[0]), 2e-5);
+  EXPECT_LT(rel_err(g[1], g2[1]), 2e-5);
 }
 
 }  // namespace

@@ -152,7 +152,7 @@ def test_kill_during_save_keeps_previous_checkpoint(tmp_path, data_dir):
     (["train.stpes=5"], "did you mean 'train.steps'"),
     (["optim.lrr=1"], "did you mean 'optim.lr'"),
     (["train.steps=many"], "'train.steps': expected an integer"),
-    (["precision=fp8"], "'precision': 'fp8' is not one of"),
+    (["precision=fp8"], "'precision': fp8 needs a CUDA GPU"),
     (["parallel.tp=2"], "parallel.tp"),
     (["data.train=[{path: /nonexistent/shard}]"], "/nonexistent/shard"),
 ])

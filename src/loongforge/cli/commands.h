@@ -13,5 +13,6 @@ void add_train(CLI::App& app);
 void add_eval(CLI::App& app);
 void add_data(CLI::App& app);
 void add_info(CLI::App& app);
+void add_moe_plan(CLI::App& app);
 
 }  // namespace lf::cli

@@ -203,6 +203,13 @@ std::vector<Sample> PretrainDataset::next_batch(size_t batch_size) {
   return batch;
 }
 
+void PretrainDataset::skip(uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) {
+    ++taken_[pick()];
+    ++consumed_;
+  }
+}
+
 PretrainState PretrainDataset::state() const {
   return {consumed_, taken_, opts_.seed, opts_.seq_len, opts_.split};
 }

@@ -70,6 +70,8 @@ class PretrainDataset {
 
   Sample next();
   std::vector<Sample> next_batch(size_t batch_size);
+  // Moves past the next n samples exactly as n calls of next() would, without reading their tokens.
+  void skip(uint64_t n);
   // Sample K (0-based, counted over all epochs) of source S, without moving the dataset.
   Sample sample(size_t source, uint64_t k);
 

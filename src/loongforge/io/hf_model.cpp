@@ -19,12 +19,47 @@ bool ignorable(const std::string& name) {
 }
 }  // namespace
 
+// The checkpoint tensors of a module and the model tensor (or slice) each fills: the model's declarative list
+// (models::llama::checkpoint_tensors: per-expert checkpoint tensors <-> stacked parameters) for a CausalLM, the
+// parameters by name otherwise.
+std::vector<std::pair<std::string, at::Tensor>> checkpoint_targets(torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  if (auto* lm = dynamic_cast<models::llama::CausalLMImpl*>(&module)) {
+    auto params = module.named_parameters(true);
+    auto buffers = module.named_buffers(true);
+    for (const auto& e : models::llama::checkpoint_tensors(*lm)) {
+      const at::Tensor& t = e.buffer ? buffers[e.param] : params[e.param];
+      out.emplace_back(e.name, models::llama::checkpoint_slice(t, e));
+    }
+    return out;
+  }
+  for (auto& item : module.named_parameters(true)) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
 void load_state(torch::nn::Module& module, const std::string& dir) {
   SafetensorsCheckpoint ckpt = SafetensorsCheckpoint::open(dir);
   at::NoGradGuard no_grad;
-  for (auto& item : module.named_parameters(/*recurse=*/true)) {
-    const std::string& name = item.key();
-    at::Tensor& p = item.value();
+  std::vector<std::pair<std::string, at::Tensor>> targets;
+  if (auto* lm = dynamic_cast<models::llama::CausalLMImpl*>(&module)) {
+    auto params = module.named_parameters(true);
+    auto buffers = module.named_buffers(true);
+    std::set<std::string> whole;
+    for (const auto& e : models::llama::checkpoint_tensors(*lm)) {
+      // A parameter stored under its in-memory name (stacked experts whole, Mixtral's "mlp" block: checkpoints
+      // written name for name from the model's parameters) loads from there; otherwise from the mapped names.
+      if (e.name != e.param && !ckpt.contains(e.name) && ckpt.contains(e.param)) {
+        if (whole.insert(e.param).second) targets.emplace_back(e.param, e.buffer ? buffers[e.param] : params[e.param]);
+        continue;
+      }
+      targets.emplace_back(e.name, models::llama::checkpoint_slice(e.buffer ? buffers[e.param] : params[e.param], e));
+    }
+  } else {
+    targets = checkpoint_targets(module);
+  }
+  for (auto& item : targets) {
+    const std::string& name = item.first;
+    at::Tensor& p = item.second;
     if (!ckpt.contains(name)) throw Error(dir + ": tensor '" + name + "' missing from the checkpoint");
     std::vector<int64_t> shape = ckpt.shape(name);
     if (at::IntArrayRef(shape) != p.sizes()) {
@@ -48,7 +83,10 @@ models::llama::CausalLM load_causal_lm(const std::string& dir, at::ScalarType dt
   // Unexpected tensors: a tied checkpoint may still carry lm_head.weight (transformers ignores it).
   SafetensorsCheckpoint ckpt = SafetensorsCheckpoint::open(dir);
   std::set<std::string> expected;
-  for (auto& item : model->named_parameters()) expected.insert(item.key());
+  for (const auto& e : models::llama::checkpoint_tensors(*model)) {
+    expected.insert(e.name);
+    expected.insert(e.param);  // stacked expert parameters may also be stored whole
+  }
   for (const auto& name : ckpt.names()) {
     if (expected.count(name) || ignorable(name)) continue;
     if (config.tie_word_embeddings && name == "lm_head.weight") continue;
@@ -62,7 +100,8 @@ void export_hf(models::llama::CausalLMImpl& model, const std::string& out_dir, a
                size_t max_shard_bytes, const std::string& tokenizer_src) {
   fs::create_directories(out_dir);
   NamedTensors tensors;
-  for (auto& item : model.named_parameters()) tensors.emplace_back(item.key(), item.value().detach().to(at::kCPU, dtype).contiguous());
+  for (auto& item : checkpoint_targets(model))
+    tensors.emplace_back(item.first, item.second.detach().to(at::kCPU, dtype).contiguous());
   save_sharded(out_dir, tensors, max_shard_bytes, {{"format", "pt"}});
   write_hf_metadata(model.config(), out_dir, dtype, tokenizer_src);
 }

@@ -4,6 +4,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "loongforge/models/llama/model.h"
 
@@ -15,6 +17,11 @@ models::llama::CausalLM load_causal_lm(const std::string& dir, at::ScalarType dt
 
 // Copies checkpoint tensors into the module's parameters by name; `file_hint` names the folder in errors.
 void load_state(torch::nn::Module& module, const std::string& dir);
+
+// Every checkpoint tensor name of a module with the model tensor it fills (a view: copy_ into it loads, reading it
+// exports): for a CausalLM models::llama::checkpoint_tensors (per-expert checkpoint tensors <-> slices of the
+// stacked expert parameters, buffers like e_score_correction_bias), else the parameters by name.
+std::vector<std::pair<std::string, at::Tensor>> checkpoint_targets(torch::nn::Module& module);
 
 // Writes a Hugging Face folder that transformers loads: config.json (with "dtype" set), the weights in `dtype`
 // (sharded above max_shard_bytes, like save_pretrained), generation_config.json and tokenizer files copied from

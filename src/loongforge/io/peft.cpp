@@ -150,8 +150,14 @@ NamedTensors load_peft_adapter(const std::string& dir, torch::nn::Module& root) 
 
 void save_peft_adapter(const std::string& dir, torch::nn::Module& root, const nn::LoraConfig& cfg,
                        const std::string& base_model_name_or_path) {
-  NamedTensors params = nn::lora_parameters(root), tensors;
+  NamedTensors params = nn::lora_parameters(root);
   if (params.empty()) throw Error(dir + ": no LoRA adapters attached to the model");
+  save_peft_tensors(dir, params, cfg, base_model_name_or_path);
+}
+
+void save_peft_tensors(const std::string& dir, const NamedTensors& params, const nn::LoraConfig& cfg,
+                       const std::string& base_model_name_or_path) {
+  NamedTensors tensors;
   for (const auto& [name, t] : params) tensors.emplace_back(peft_name(name), t.detach().to(at::kCPU).contiguous());
   bool plain = true;
   for (const auto& t : cfg.target_modules) plain = plain && t.rfind("re:", 0) != 0;

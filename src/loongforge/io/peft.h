@@ -29,5 +29,9 @@ NamedTensors load_peft_adapter(const std::string& dir, torch::nn::Module& root);
 // PEFT regex string (plain names become "(.*\.)?name").
 void save_peft_adapter(const std::string& dir, torch::nn::Module& root, const nn::LoraConfig& cfg,
                        const std::string& base_model_name_or_path = "");
+// The same files from adapter tensors given by their model names ("model.layers.0.self_attn.q_proj.lora_A.weight"),
+// e.g. whole tensors gathered from the ranks of a distributed run.
+void save_peft_tensors(const std::string& dir, const NamedTensors& params, const nn::LoraConfig& cfg,
+                       const std::string& base_model_name_or_path = "");
 
 }  // namespace lf::io

@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -21,6 +22,14 @@ namespace lf::kernels::cuda {
 bool available();
 // True when the library was compiled with LOONGFORGE_CUDA (whether or not a device is present).
 bool compiled();
+// Why no CUDA device is usable, e.g. "cudaGetDeviceCount error 35: CUDA driver version is insufficient for CUDA
+// runtime version" or "this build has no CUDA support (LOONGFORGE_CUDA=OFF)"; empty when available().
+std::string unavailable_reason();
+// Peak bytes the CUDA caching allocator handed out on the current device (torch.cuda.max_memory_allocated); 0 without
+// a usable device.
+int64_t max_memory_allocated();
+// Blocks the host until the current device's work is done (no-op without a device).
+void synchronize();
 // t is a CUDA tensor of float32/bfloat16/float16.
 bool supported(const at::Tensor& t);
 
@@ -92,5 +101,21 @@ void multi_tensor_adamw(const std::vector<at::Tensor>& params, const std::vector
 // (torch.nn.utils.clip_grad_norm_) as grad_scale for multi_tensor_adamw, clipping needs no host sync.
 at::Tensor multi_tensor_l2norm(const std::vector<at::Tensor>& tensors);
 at::Tensor clip_coef(const at::Tensor& norm, double max_norm);
+
+// ---- FP8 (kernels/cuda/fp8.cpp: plain ATen, compiled in every build; the math runs on the CPU too) ------------------
+// Tensorwise scaling: scale = fp8_max / max(amax(t), tiny); data = (t * scale) saturated to +-fp8_max and cast to fp8
+// (at::kFloat8_e4m3fn: max 448; at::kFloat8_e5m2: max 57344). scale_inv = 1 / scale (float32 scalar) is what
+// at::_scaled_mm takes to undo it: t ~= data.to(float) * scale_inv.
+struct Fp8Tensor {
+  at::Tensor data;       // fp8, t's shape
+  at::Tensor scale_inv;  // float32 0-dim, t's device
+};
+Fp8Tensor fp8_quantize_tensorwise(const at::Tensor& t, at::ScalarType fp8 = at::kFloat8_e4m3fn);
+// y = x @ w^T (+ bias) with both GEMM operands in e4m3 (tensorwise scales) through at::_scaled_mm, output in x's
+// dtype (bf16 under autocast); backward: dX = dY @ W and dW = dY^T @ X as fp8 GEMMs too (dY in e4m3, tensorwise).
+// x [..., K], w [N, K], K and N multiples of 16 (_scaled_mm's rule; fp8_linear_supported says whether it applies).
+// Autograd-aware (gradients for x, w, bias). CPU tensors work (ATen's reference _scaled_mm), for tests.
+at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = {});
+bool fp8_linear_supported(const at::Tensor& x, const at::Tensor& w);
 
 }  // namespace lf::kernels::cuda

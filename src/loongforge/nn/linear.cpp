@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "loongforge/kernels/linear.h"
+
 namespace lf::nn {
 
 LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias) : in_features(in), out_features(out) {
@@ -15,7 +17,8 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias) : in_features(in
 
 at::Tensor LinearImpl::forward(const at::Tensor& x_in) {
   const at::Tensor x = input_fn ? input_fn(x_in) : x_in;
-  at::Tensor y = at::linear(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+  at::Tensor y = matmul_fn ? matmul_fn(x, weight, bias)
+                           : kernels::linear(x, weight, bias);  // at::linear, GEMMs split per thread on the CPU
   if (adapter) y = y + adapter->forward(x);
   return output_fn ? output_fn(y) : y;
 }

@@ -27,6 +27,8 @@ class LinearImpl : public torch::nn::Module {
   // Set from outside by parallel layouts (tensor/sequence parallel): applied to the input before the product and
   // to the output after it (adapter included). Empty: identity.
   std::function<at::Tensor(const at::Tensor&)> input_fn, output_fn;
+  // Replaces at::linear(x, weight, bias) when set (e.g. FP8 GEMMs for `precision: fp8`); bias may be undefined.
+  std::function<at::Tensor(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)> matmul_fn;
 };
 TORCH_MODULE(Linear);
 

@@ -3,10 +3,13 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <sstream>
 
 #include "loongforge/core/error.h"
+#include "loongforge/kernels/cuda_ops.h"
 
 namespace lf::optim {
 
@@ -78,9 +81,45 @@ void adamw_kernel(T* p, const T* g, T* m, T* v, int64_t n, double lr, double b1,
 }
 }  // namespace
 
+namespace {
+// Every parameter with a gradient a float32 CUDA tensor on one device (and its gradient contiguous of one float
+// dtype): the multi-tensor CUDA kernel (kernels/cuda/adamw.cu) does the whole step in one launch.
+bool cuda_multi_tensor(const std::vector<at::Tensor>& params) {
+  std::optional<at::Device> dev;
+  std::optional<at::ScalarType> gt;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    const at::Tensor& g = p.grad();
+    if (!kernels::cuda::supported(p) || p.scalar_type() != at::kFloat || !p.is_contiguous() ||
+        !kernels::cuda::supported(g) || g.device() != p.device())
+      return false;
+    if (dev && *dev != p.device()) return false;
+    if (gt && *gt != g.scalar_type()) return false;
+    dev = p.device();
+    gt = g.scalar_type();
+  }
+  return dev.has_value();
+}
+}  // namespace
+
 void AdamW::step(std::optional<double> lr) {
   ++step_;
   const double rate = lr.value_or(opts_.lr);
+  if (cuda_multi_tensor(params_)) {
+    std::vector<at::Tensor> ps, gs, ms, vs;
+    std::vector<double> wds;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!params_[i].grad().defined()) continue;
+      ps.push_back(params_[i]);
+      gs.push_back(params_[i].grad().contiguous());
+      ms.push_back(m_[i]);
+      vs.push_back(v_[i]);
+      wds.push_back(wd_[i]);
+    }
+    at::NoGradGuard no_grad;
+    kernels::cuda::multi_tensor_adamw(ps, gs, ms, vs, {rate, opts_.beta1, opts_.beta2, opts_.eps, step_}, wds);
+    return;
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     if (!p.grad().defined()) continue;
@@ -116,6 +155,14 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
     if (p.grad().defined()) grads.push_back(p.grad());
   if (grads.empty()) return 0.0;
   at::NoGradGuard no_grad;
+  const bool cuda = std::all_of(grads.begin(), grads.end(), [&](const at::Tensor& g) {
+    return kernels::cuda::supported(g) && g.is_contiguous() && g.device() == grads[0].device();
+  });
+  if (cuda) {  // one multi-tensor launch per dtype for the norm, one foreach multiply for clipping
+    at::Tensor total = kernels::cuda::multi_tensor_l2norm(grads);
+    if (max_norm > 0) at::_foreach_mul_(grads, kernels::cuda::clip_coef(total, max_norm));
+    return total.item<double>();
+  }
   for (const auto& g : grads) norms.push_back(at::linalg_vector_norm(g, 2));
   at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
   if (max_norm > 0) {

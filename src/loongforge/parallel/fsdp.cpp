@@ -74,6 +74,11 @@ FullyShardedModel::FullyShardedModel(models::llama::CausalLMImpl& model, const G
     shapes_.push_back(item.value().sizes().vec());
     params_.push_back(item.value());
   }
+  if (o.compute_dtype != at::kFloat && o.compute_dtype != at::kBFloat16 && o.compute_dtype != at::kHalf)
+    throw Error("fsdp: compute dtype must be float32, bfloat16 or float16");
+  for (auto& unit : units_)
+    for (size_t i : unit.members)
+      unit.low.push_back(shapes_[i].size() == 2 && names_[i] != "model.embed_tokens.weight");
   const int S = shard.size(), r = shard.rank();
   at::NoGradGuard no_grad;
   for (auto& unit : units_) {
@@ -133,7 +138,8 @@ void FullyShardedModel::gather(size_t u) {
   const FlatShard& fs = shards_[u];
   for (size_t j = 0; j < unit.members.size(); ++j) {
     size_t i = unit.members[j];
-    params_[i].set_data(unit.full.narrow(0, fs.offsets[j], fs.numels[j]).view(shapes_[i]));
+    at::Tensor v = unit.full.narrow(0, fs.offsets[j], fs.numels[j]).view(shapes_[i]);
+    params_[i].set_data(unit.low[j] && opts_.compute_dtype != at::kFloat ? v.to(opts_.compute_dtype) : v);
   }
   unit.gathered = true;
 }
@@ -142,7 +148,7 @@ void FullyShardedModel::free_unit(size_t u) {
   Unit& unit = units_[u];
   unit.gathering.wait();
   at::NoGradGuard no_grad;
-  for (size_t i : unit.members) params_[i].set_data(at::empty({0}, params_[i].options().requires_grad(false)));
+  for (size_t i : unit.members) params_[i].set_data(at::empty({0}, params_[i].options().dtype(at::kFloat).requires_grad(false)));
   unit.full = at::Tensor();
   unit.gathered = false;
 }
@@ -262,6 +268,15 @@ void FullyShardedModel::zero_grad() {
 }
 
 void FullyShardedModel::after_step() { reshard(); }
+
+void FullyShardedModel::set_compute_dtype(at::ScalarType t) {
+  if (t == opts_.compute_dtype) return;
+  if (t != at::kFloat && t != at::kBFloat16 && t != at::kHalf)
+    throw Error("fsdp: compute dtype must be float32, bfloat16 or float16");
+  drain(0);
+  reshard();
+  opts_.compute_dtype = t;
+}
 
 void FullyShardedModel::gather_all() {
   for (size_t u = 0; u < units_.size(); ++u) gather(u);

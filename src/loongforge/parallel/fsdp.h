@@ -26,6 +26,12 @@ namespace lf::parallel {
 
 struct FsdpOptions {
   bool prefetch = true;  // start the next layer's all-gather while the current one runs
+  // Mixed precision (`precision: bf16`): kBFloat16 gives every gathered matrix that feeds a matmul (the Linear
+  // weights and lm_head; not the embedding table, norms or biases) a bf16 copy for compute, made once per gather
+  // from the fp32 masters; the shards, the optimizer and the all-gather stay fp32 (so the embedding and norms see
+  // the exact master values, as under autocast). The bf16 GEMMs' gradients are converted to fp32 before the
+  // reduce-scatter (sums over ranks in fp32). kFloat: everything fp32.
+  at::ScalarType compute_dtype = at::kFloat;
 };
 
 class FullyShardedModel : public GradSync, public std::enable_shared_from_this<FullyShardedModel> {
@@ -46,6 +52,9 @@ class FullyShardedModel : public GradSync, public std::enable_shared_from_this<F
   void finish_backward() override;
   void zero_grad() override;
   void after_step() override;  // frees every gathered copy (they are stale)
+  // Switches FsdpOptions::compute_dtype (frees the gathered units first), e.g. fp32 for evaluation without autocast.
+  void set_compute_dtype(at::ScalarType t);
+  at::ScalarType compute_dtype() const { return opts_.compute_dtype; }
 
   // Collective over `shard`: every trainable parameter whole, by HF name (for saving / export).
   std::map<std::string, at::Tensor> full_parameters() const;
@@ -67,6 +76,7 @@ class FullyShardedModel : public GradSync, public std::enable_shared_from_this<F
  private:
   struct Unit {
     std::vector<size_t> members;  // indices into names()
+    std::vector<bool> low;        // per member: a matmul weight (a compute_dtype copy under mixed precision)
     at::Tensor full;              // gathered flat parameters (undefined when freed)
     Pending gathering;
     bool gathered = false;

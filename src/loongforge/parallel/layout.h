@@ -34,6 +34,7 @@ struct Layout {
 
 // Checks the layout against the model and the batch: one-line lf::Error naming the recipe field
 // ("recipe: field 'parallel.tp': 3 does not divide num_attention_heads 8"). micro_batches: per step (grad_accum).
+// lora: a LoRA run (trained with dp/zero 1, tp(+sp), pp; zero 3 and cp are errors).
 void validate(const Layout& l, const models::llama::DecoderConfig& c, int64_t seq_len, int64_t micro_batches,
               bool lora);
 

@@ -279,4 +279,66 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
   return loss_sum;
 }
 
+double Pipeline::forward_only(const std::vector<MicroBatch>& mbs,
+                              const std::function<at::Tensor(const at::Tensor&, size_t)>& loss_fn,
+                              const std::function<std::vector<int64_t>(size_t)>& act_shape) {
+  const int P = pp_.size(), r = pp_.rank();
+  const int64_t S = int64_t{P} * vpp_;
+  // Tags far above forward_backward's (2 * (micro * S + s) + direction), so the two never match each other's messages.
+  auto tag = [&](int64_t micro, int64_t s) { return static_cast<int>((int64_t{1} << 29) + micro * S + s); };
+  std::vector<std::pair<Pending, at::Tensor>> sends;
+  std::map<int, at::Tensor> local;  // messages to this rank itself (pp == 1 with vpp > 1)
+  double loss_sum = 0.0;
+  for (size_t mi = 0; mi < mbs.size(); ++mi) {
+    const MicroBatch& mb = mbs[mi];
+    for (int c = 0; c < vpp_; ++c) {
+      const int64_t s = int64_t{c} * P + r;
+      const auto [begin, end] = ranges_.at(static_cast<size_t>(c));
+      at::Tensor h;
+      if (s == 0) {
+        h = model_.embed(mb.input_ids);
+      } else {
+        const int src = (r - 1 + P) % P;
+        const int tg = tag(static_cast<int64_t>(mi), s);
+        if (src == r) {
+          auto it = local.find(tg);
+          TORCH_CHECK(it != local.end(), "pipeline: local message missing (schedule bug)");
+          h = it->second;
+          local.erase(it);
+        } else {
+          h = at::empty(act_shape(mi), act_opts_);
+          pp_.irecv(h, src, tg).wait();
+        }
+      }
+      at::Tensor pos = mb.position_ids;
+      if (!pos.defined()) {
+        int64_t B = mb.input_ids.size(0), T = mb.input_ids.size(1);
+        pos = at::arange(T, mb.input_ids.options().dtype(at::kLong)).unsqueeze(0).expand({B, T});
+      }
+      auto [cos, sin] = model_.rotary(pos, h.scalar_type());
+      h = model_.run_layers(h, cos, sin, begin, end, nullptr, mb.segment_ids);
+      if (s == S - 1) {
+        loss_sum += loss_fn(model_.final_norm(h), mi).detach().to(at::kDouble).item<double>();
+      } else {
+        at::Tensor out = h.detach().contiguous();
+        const int dst = (r + 1) % P;
+        const int tg = tag(static_cast<int64_t>(mi), s + 1);
+        if (dst == r) {
+          local[tg] = out;
+        } else {
+          Pending p = pp_.isend(out, dst, tg);
+          sends.emplace_back(std::move(p), out);
+        }
+      }
+    }
+  }
+  for (auto& [p, t] : sends) p.wait();
+  if (P > 1) {
+    at::Tensor l = at::full({}, is_last() ? loss_sum : 0.0, act_opts_.dtype(at::kDouble));
+    pp_.all_reduce(l);
+    loss_sum = l.item<double>();
+  }
+  return loss_sum;
+}
+
 }  // namespace lf::parallel

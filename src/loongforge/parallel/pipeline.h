@@ -78,6 +78,13 @@ class Pipeline {
   double forward_backward(const std::vector<MicroBatch>& micro_batches,
                           const std::function<at::Tensor(const at::Tensor&, size_t)>& loss_fn, double loss_scale,
                           const std::function<std::vector<int64_t>(size_t)>& act_shape);
+  // Forward only (validation: call under at::NoGradGuard): every micro-batch goes through the virtual stages in
+  // order, no activations are kept and nothing flows backwards. Each rank walks (micro, chunk) in increasing order
+  // and every receive waits for an earlier item of that order, so the schedule cannot deadlock. loss_fn as above
+  // (called on the last stage); returns the sum of its values, identical on every pp rank.
+  double forward_only(const std::vector<MicroBatch>& micro_batches,
+                      const std::function<at::Tensor(const at::Tensor&, size_t)>& loss_fn,
+                      const std::function<std::vector<int64_t>(size_t)>& act_shape);
   // Tied embeddings with pp > 1: sums the first and last stages' gradients of model.embed_tokens.weight (both end
   // with the same sum). No-op otherwise; every pp rank may call it.
   void sync_tied_grads();

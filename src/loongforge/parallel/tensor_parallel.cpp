@@ -26,7 +26,21 @@ int64_t layout_dim(const std::string& name) {
   for (const char* row : {"o_proj.weight", "down_proj.weight"})
     if (ends_with(name, row)) return 1;
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return 0;
+  // LoRA adapters (y += s * B A x): a column-parallel layer's B splits its rows like the base weight (A whole); a
+  // row-parallel layer's A splits its columns like the base weight (B whole; B applied to the partial A x is summed by
+  // the layer's output reduction since B is linear).
+  for (const char* col : {"q_proj.", "k_proj.", "v_proj.", "gate_proj.", "up_proj."})
+    if (ends_with(name, std::string(col) + "lora_B.weight")) return 0;
+  for (const char* row : {"o_proj.", "down_proj."})
+    if (ends_with(name, std::string(row) + "lora_A.weight")) return 1;
   return -1;
+}
+
+// The whole adapter matrix of a LoRA pair whose gradient is partial on each tp rank (column-parallel lora_A sees only
+// this rank's output rows; row-parallel lora_B only this rank's input columns).
+bool lora_partial(const std::string& name) {
+  if (ends_with(name, "lora_A.weight") || ends_with(name, "lora_B.weight")) return layout_dim(name) < 0;
+  return false;
 }
 
 void check_divides(int tp, int64_t n, const char* what) {
@@ -128,21 +142,19 @@ TensorParallelPlan apply_tensor_parallel(llama::CausalLMImpl& m, const Group& tp
   auto params = m.named_parameters(true);
   for (const auto& item : params) {
     const std::string& name = item.key();
-    if (name.find("lora_") != std::string::npos)
-      throw Error("tensor parallel: LoRA adapters are not supported (parameter '" + name + "')");
+    if (name.find("lora_") != std::string::npos && name.rfind("model.layers.", 0) != 0)
+      throw Error("recipe: field 'lora.target_modules': tensor parallel supports LoRA on the decoder layers' "
+                  "projections only (parameter '" + name + "')");
     const int64_t dim = layout_dim(name);
     plan.shard_dim[name] = dim;
     const bool qk_norm = ends_with(name, "q_norm.weight") || ends_with(name, "k_norm.weight");
-    if (dim < 0 && (qk_norm || sp)) plan.partial_grad.push_back(name);
+    if (dim < 0 && (qk_norm || sp || lora_partial(name))) plan.partial_grad.push_back(name);
   }
   for (auto& item : params) set_shard(item.value(), item.key(), plan, tp_group);
 
   for (size_t i = 0; i < m.model->layers->size(); ++i) {
     auto* layer = m.model->layers[i]->as<llama::DecoderLayerImpl>();
     auto& a = *layer->self_attn;
-    if (a.q_proj->adapter || a.k_proj->adapter || a.v_proj->adapter || a.o_proj->adapter ||
-        layer->mlp->gate_proj->adapter || layer->mlp->up_proj->adapter || layer->mlp->down_proj->adapter)
-      throw Error("tensor parallel: LoRA adapters are not supported");
     a.heads /= n;
     a.kv_heads /= n;
     auto attn_in = std::make_shared<ColumnEntry>(g, sp, 3);

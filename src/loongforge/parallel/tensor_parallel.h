@@ -23,7 +23,9 @@
 // After apply_tensor_parallel, CausalLMImpl::hidden_states() returns this rank's sequence part under sp (the whole
 // sequence otherwise), and CausalLMImpl::logits() returns this rank's vocabulary slice of the logits (of its
 // hidden states); use lm_loss_sum for the loss and gather_full_logits when whole logits are really needed.
-// LoRA adapters on a tensor-parallel model are not supported (an error). The Group must outlive the model.
+// LoRA adapters (nn/lora.h) on the layers' projections: a column-parallel layer's lora_B splits its rows (dim 0),
+// a row-parallel layer's lora_A its columns (dim 1); the other matrix stays whole and its gradient is partial
+// (listed in plan.partial_grad). Adapters elsewhere (lm_head) are an error. The Group must outlive the model.
 #pragma once
 #include <ATen/core/Tensor.h>
 

@@ -3,9 +3,21 @@
 // parallel, context parallel, pipeline stages, then data parallel (DDP / ZeRO-1 through
 // optim::DataParallelOptimizer, or FSDP/HSDP through parallel::fully_shard).
 //
-// Every rank draws the same global micro-batches (data-parallel size x micro_batch_size rows) and takes its rows
-// (its data-parallel index) and its part of the sequence (context parallel). Losses are summed over all counted
-// tokens and divided by the global count, so gradients are sums over data/context-parallel ranks.
+// Every rank reads only its rows of each global micro-batch (data-parallel size x micro_batch_size rows; rows
+// [dp index x micro_batch_size, +micro_batch_size): BatchSource::next_rows, which advances the data position as the
+// whole draw would) and takes its part of the sequence (context parallel); the step's counted tokens are summed over
+// the data-parallel ranks. Losses are summed over all counted tokens and divided by the global count, so gradients
+// are sums over data/context-parallel ranks.
+//
+// LoRA runs (trainable.lora): the adapters train under data parallel (DDP, ZeRO-1), tensor (+sequence) parallel
+// (parallel/tensor_parallel.h splits lora_B of column-parallel layers and lora_A of row-parallel ones; the other
+// matrix stays whole with its gradient summed over tp) and pipeline parallel; checkpoints then hold the PEFT adapter
+// folder a single-process LoRA run writes (rank 0 merges the ranks' shares). FSDP, context parallel and adapters
+// outside the decoder layers are one-line errors.
+//
+// Validation (eval_loss) with pp > 1 runs Pipeline::forward_only. With FSDP and precision bf16 the gathered matmul
+// weights are bf16 copies (parallel/fsdp.h); evaluation switches them back to fp32, as evaluation runs without
+// autocast.
 //
 // Checkpoints are Hugging Face folders written by every rank: each writes a share of the whole tensors
 // (model-rank-R.safetensors, optimizer-rank-R.safetensors) and rank 0 the index (model.safetensors.index.json,
@@ -17,11 +29,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/nn/lora.h"
 #include "loongforge/io/hf_model.h"
+#include "loongforge/io/peft.h"
 #include "loongforge/io/safetensors.h"
 #include "loongforge/optim/distributed.h"
 #include "loongforge/parallel/comm.h"
@@ -56,6 +71,11 @@ parallel::Layout layout_of(const json& r) {
   return l;
 }
 
+bool is_saved_buffer(const std::string& name) {
+  const std::string suffix = "e_score_correction_bias";
+  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 std::string rank_file(const std::string& stem, int rank) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%s-rank-%05d.safetensors", stem.c_str(), rank);
@@ -68,6 +88,15 @@ class DistEngine : public Engine {
     auto& model = *b_.model;
     const auto& cfg = model.config();
     parallel::validate(layout_, cfg, r["data"]["seq_len"], r["train"]["grad_accum"], b_.trainable.lora.has_value());
+    if (b_.trainable.lora) {
+      for (const auto& m : nn::lora_modules(model))
+        if (m.rfind("model.layers.", 0) != 0)
+          throw Error("recipe: field 'lora.target_modules': distributed runs support LoRA on the decoder layers' "
+                      "projections only, not on '" + m + "'");
+      if (layout_.tp > 1 && b_.trainable.lora->dropout > 0)
+        throw Error("recipe: field 'lora.dropout': must be 0 with parallel.tp > 1 (tensor-parallel ranks would draw "
+                    "different dropout masks for the same activations)");
+    }
     parallel::Comm::Options co;
     co.timeout = std::chrono::milliseconds(layout_.timeout_s * 1000);
     comm_ = parallel::Comm::init(parallel::detect_launch(), co);
@@ -84,11 +113,10 @@ class DistEngine : public Engine {
     const parallel::Group& shard = mesh_->group("dp_shard");
     const parallel::Group& replicate = mesh_->group_over({"dp_rep", "cp"});
     dp_cp_ = &mesh_->group_over({"dp_rep", "dp_shard", "cp"});
+    dp_ = &mesh_->group_over({"dp_rep", "dp_shard"});
     mp_ = &mesh_->group_over({"pp", "tp"});
     dp_index_ = mesh_->coord("dp_rep") * layout_.dp_shard() + mesh_->coord("dp_shard");
     mb_ = r["train"]["micro_batch_size"];
-    if (r["eval"]["every"].get<int64_t>() > 0 && layout_.pp > 1)
-      throw Error("recipe: field 'eval.every': validation with parallel.pp > 1 is not supported yet (set eval.every 0)");
 
     // Which parameters train (by name) and their weight decay, from the bundle.
     std::map<std::string, double> wd;
@@ -96,7 +124,9 @@ class DistEngine : public Engine {
     optim::AdamWOptions ao{r["optim"]["lr"], r["optim"]["beta1"], r["optim"]["beta2"], r["optim"]["eps"], r["optim"]["weight_decay"]};
 
     if (layout_.zero == 3) {  // FSDP / HSDP (data parallel only; validated)
-      fsdp_ = parallel::fully_shard(model, shard, mesh_->group("dp_rep"));
+      parallel::FsdpOptions fo;
+      if (r["precision"] == "bf16") fo.compute_dtype = at::kBFloat16;  // bf16 copies of the gathered matmul weights
+      fsdp_ = parallel::fully_shard(model, shard, mesh_->group("dp_rep"), fo);
       std::vector<double> decay;
       for (const auto& n : fsdp_->names()) decay.push_back(wd.count(n) ? wd[n] : 0.0);
       opt_ = std::make_unique<optim::DataParallelOptimizer>(fsdp_, decay, ao);
@@ -144,7 +174,8 @@ class DistEngine : public Engine {
       if (layout_.tp > 1 || layout_.sp) c = c && plan_.counted_in_norm(n);
       count_in_norm.push_back(c);
     }
-    for (const auto& n : counted) saved_names_.push_back(n);
+    for (const auto& n : counted)
+      if (!b_.trainable.lora || wd.count(n)) saved_names_.push_back(n);  // LoRA runs save the adapter only
     optim::DataParallelOptions dpo;
     dpo.zero = layout_.zero;
     opt_ = std::make_unique<optim::DataParallelOptimizer>(names, params, decay, ao, replicate, shard, dpo, mp_, count_in_norm);
@@ -153,15 +184,21 @@ class DistEngine : public Engine {
   bool is_main() const override { return comm_->rank() == 0; }
   int data_parallel() const override { return layout_.dp; }
   void barrier() override { comm_->world_group().barrier(); }
+  std::pair<int64_t, int64_t> local_rows(int64_t micro_batch_size) const override {
+    return {dp_index_ * micro_batch_size, micro_batch_size};
+  }
+  int64_t global_counted(int64_t local) override {
+    at::Tensor t = at::full({1}, static_cast<double>(local), at::kDouble);
+    dp_->all_reduce(t);
+    return static_cast<int64_t>(t.item<double>());
+  }
 
-  // This rank's rows and sequence part of a global micro-batch.
+  // This rank's sequence part of its rows (local_rows) of a global micro-batch.
   Batch local(const Batch& g) const {
-    Batch b;
-    auto rows = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, dp_index_ * mb_, mb_) : t; };
-    b.input_ids = rows(g.input_ids);
-    b.targets = rows(g.targets);
-    b.position_ids = rows(g.position_ids);
-    b.segment_ids = rows(g.segment_ids);
+    Batch b = g;
+    if (b.input_ids.size(0) != mb_)
+      throw Error("distributed engine: a micro-batch of " + std::to_string(b.input_ids.size(0)) +
+                  " rows; this rank reads " + std::to_string(mb_) + " (local_rows)");
     if (layout_.cp > 1) {
       if (!b.position_ids.defined())
         b.position_ids = at::arange(b.input_ids.size(1), b.input_ids.options()).unsqueeze(0).expand_as(b.input_ids).contiguous();
@@ -214,6 +251,8 @@ class DistEngine : public Engine {
         for (size_t i = 0; i < mine.size(); ++i) {
           opt_->set_sync(i + 1 == mine.size());
           at::Tensor l = loss_of(hidden(mine[i]), mine[i].targets);
+          // MoE router losses, weighted by this rank's counted tokens as micro_loss does (data-parallel layouts only).
+          if (at::Tensor a = b_.model->aux_loss(); a.defined()) l = l + a * static_cast<double>(mine[i].counted());
           (l / scale).backward();
           opt_->finish_backward();
           local_sum += l.item<double>();
@@ -234,7 +273,13 @@ class DistEngine : public Engine {
   }
 
   double clip_grad_norm(double max_norm) override { return opt_->clip_grad_norm(max_norm); }
-  void step(double lr) override { opt_->step(lr); }
+  void step(double lr) override {
+    opt_->step(lr);
+    // Aux-loss-free MoE bias updates from the global expert loads (every data-parallel rank counted its own tokens).
+    for (auto* blk : b_.model->moe_blocks())
+      if (blk->options.bias_update_rate > 0 && blk->load_since_update.defined()) dp_cp_->all_reduce(blk->load_since_update);
+    b_.model->update_moe_bias();
+  }
   void zero_grad() override { opt_->zero_grad(); }
 
   std::pair<double, int64_t> eval_loss(const Batch& g) override {
@@ -242,8 +287,22 @@ class DistEngine : public Engine {
     auto& model = *b_.model;
     bool was_training = model.is_training();
     model.eval();
+    // Evaluation runs in fp32 without autocast (as the single-process engine's): no bf16 copies meanwhile.
+    const at::ScalarType compute = fsdp_ ? fsdp_->compute_dtype() : at::kFloat;
+    if (fsdp_) fsdp_->set_compute_dtype(at::kFloat);
     Batch b = local(g);
-    double l = loss_of(hidden(b), b.targets).item<double>();
+    double l;
+    if (pipe_) {  // forward-only through the stages; the last stage computes the loss, every pp rank gets it
+      const int64_t seq = b.input_ids.size(1) / (layout_.sp ? layout_.tp : 1);
+      const int64_t hidden_size = model.config().hidden_size;
+      std::vector<parallel::MicroBatch> one{parallel::MicroBatch{b.input_ids, b.position_ids, b.segment_ids}};
+      l = pipe_->forward_only(
+          one, [&](const at::Tensor& h, size_t) { return loss_of(h, b.targets); },
+          [&](size_t) { return std::vector<int64_t>{b.input_ids.size(0), seq, hidden_size}; });
+    } else {
+      l = loss_of(hidden(b), b.targets).item<double>();
+    }
+    if (fsdp_) fsdp_->set_compute_dtype(compute);
     if (was_training) model.train();
     at::Tensor t = at::tensor({l, static_cast<double>(b.counted())}, at::kDouble);
     dp_cp_->all_reduce(t);
@@ -270,6 +329,10 @@ class DistEngine : public Engine {
       for (const auto& n : saved_names_) local_w[n] = named[n].detach();
       weights = whole(local_w);
     }
+    // Persistent buffers that are checkpoint tensors (the MoE routers' correction biases), the same on every rank.
+    if (!b_.trainable.lora)
+      for (const auto& item : b_.model->named_buffers())
+        if (is_saved_buffer(item.key())) weights[item.key()] = item.value().detach();
     std::map<std::string, at::Tensor> m = whole(opt_->full_state("exp_avg")), v = whole(opt_->full_state("exp_avg_sq"));
     // Each tensor of this stage is written by one of the stage's ranks (round robin over dp x cp x tp).
     const parallel::Group& stage = mesh_->group_over({"dp_rep", "dp_shard", "cp", "tp"});
@@ -280,17 +343,18 @@ class DistEngine : public Engine {
     io::NamedTensors wt, ot;
     json mine = json::object();
     size_t i = 0;
+    const std::string weight_stem = b_.trainable.lora ? "adapter" : "model";
     for (const auto& [n, t] : weights) {
       if (static_cast<int>(i++ % static_cast<size_t>(stage.size())) != stage.rank()) continue;
       wt.emplace_back(n, t.to(at::kFloat).contiguous());
-      mine[n] = rank_file("model", comm_->rank());
+      mine[n] = rank_file(weight_stem, comm_->rank());
     }
     for (const auto& [n, t] : m)
       if (mine.contains(n)) ot.emplace_back("exp_avg." + n, t.contiguous());
     for (const auto& [n, t] : v)
       if (mine.contains(n)) ot.emplace_back("exp_avg_sq." + n, t.contiguous());
     ot.emplace_back("rng.cpu", cpu_rng_state());
-    if (!wt.empty()) io::save_file((fs::path(tmp) / rank_file("model", comm_->rank())).string(), wt, {{"format", "pt"}});
+    if (!wt.empty()) io::save_file((fs::path(tmp) / rank_file(weight_stem, comm_->rank())).string(), wt, {{"format", "pt"}});
     io::save_file((fs::path(tmp) / rank_file("optimizer", comm_->rank())).string(), ot,
                   {{"optimizer_steps", std::to_string(opt_->steps())}});
     write_file_atomic((fs::path(tmp) / ("index-rank-" + std::to_string(comm_->rank()) + ".json")).string(), mine.dump());
@@ -309,16 +373,38 @@ class DistEngine : public Engine {
         }
         fs::remove(f);
       }
-      for (int rk = 0; rk < comm_->world(); ++rk) {  // total_size: bytes of every weight, as transformers writes it
-        fs::path f = fs::path(tmp) / rank_file("model", rk);
-        if (fs::exists(f)) total += static_cast<int64_t>(fs::file_size(f));
+      if (b_.trainable.lora) {
+        // The adapter in PEFT's layout (as a single-process LoRA run writes it): the ranks' shares of whole
+        // tensors merged into adapter_model.safetensors, in model order; the base stays where it is.
+        std::map<std::string, at::Tensor> all;
+        for (int rk = 0; rk < comm_->world(); ++rk) {
+          fs::path f = fs::path(tmp) / rank_file("adapter", rk);
+          if (!fs::exists(f)) continue;
+          {
+            auto file = io::SafetensorsFile::open(f.string());
+            for (const auto& e : file->entries()) all[e.name] = file->tensor(e.name).clone();
+          }
+          fs::remove(f);
+        }
+        io::NamedTensors ordered;
+        for (const auto& n : b_.trainable.names) {
+          if (!all.count(n)) throw Error(tmp + ": adapter tensor '" + n + "' was written by no rank");
+          ordered.emplace_back(n, all[n]);
+        }
+        io::save_peft_tensors(tmp, ordered, *b_.trainable.lora, b_.trainable.base_model);
+        write_file_atomic((fs::path(tmp) / "base_config.json").string(), b_.model->config().raw.dump(2) + "\n");
+      } else {
+        for (int rk = 0; rk < comm_->world(); ++rk) {  // total_size: bytes of every weight, as transformers writes it
+          fs::path f = fs::path(tmp) / rank_file("model", rk);
+          if (fs::exists(f)) total += static_cast<int64_t>(fs::file_size(f));
+        }
+        json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+        write_file_atomic((fs::path(tmp) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
       }
-      json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-      write_file_atomic((fs::path(tmp) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
       json oindex = {{"world", comm_->world()}, {"layout", layout_.describe()}, {"optimizer_steps", opt_->steps()},
                      {"weight_map", opt_map}};
       write_file_atomic((fs::path(tmp) / "optimizer.index.json").string(), oindex.dump(2) + "\n");
-      io::write_hf_metadata(b_.model->config(), tmp, at::kFloat, tokenizer);
+      if (!b_.trainable.lora) io::write_hf_metadata(b_.model->config(), tmp, at::kFloat, tokenizer);
       write_file_atomic((fs::path(tmp) / "trainer_state.json").string(), st.dump(2) + "\n");
       final_dir = commit_checkpoint(root, step, tmp, keep);
     }
@@ -328,15 +414,26 @@ class DistEngine : public Engine {
 
   json load(const std::string& dir) override {
     at::NoGradGuard no_grad;
-    io::SafetensorsCheckpoint ckpt = io::SafetensorsCheckpoint::open(dir);
+    const bool lora = b_.trainable.lora.has_value();
+    std::optional<io::SafetensorsCheckpoint> ckpt;
+    std::shared_ptr<io::SafetensorsFile> adapter;  // LoRA runs: the PEFT adapter (the base comes from model.path)
+    if (lora) adapter = io::SafetensorsFile::open((fs::path(dir) / "adapter_model.safetensors").string());
+    else ckpt = io::SafetensorsCheckpoint::open(dir);
     OptimizerStateReader st(dir);
     auto local_of = [&](const std::string& n, const at::Tensor& full) {
       return (layout_.tp > 1 || layout_.sp) ? parallel::shard_of(n, full, plan_, *tp_) : full;
     };
     std::map<std::string, at::Tensor> p, m, v;
     for (const auto& n : opt_->names()) {
-      if (!ckpt.contains(n)) throw Error(dir + ": tensor '" + n + "' missing from the checkpoint");
-      p[n] = local_of(n, ckpt.tensor(n).to(at::kFloat));
+      at::Tensor w;
+      if (lora) {
+        if (!adapter->contains(io::peft_name(n))) throw file_error(adapter->path(), io::peft_name(n), "missing");
+        w = adapter->tensor(io::peft_name(n));
+      } else {
+        if (!ckpt->contains(n)) throw Error(dir + ": tensor '" + n + "' missing from the checkpoint");
+        w = ckpt->tensor(n);
+      }
+      p[n] = local_of(n, w.to(at::kFloat));
       m[n] = local_of(n, st.tensor("exp_avg." + n));
       v[n] = local_of(n, st.tensor("exp_avg_sq." + n));
     }
@@ -348,9 +445,12 @@ class DistEngine : public Engine {
     std::set<std::string> trained(opt_->names().begin(), opt_->names().end());
     for (auto& item : b_.model->named_parameters()) {
       const std::string& n = item.key();
-      if (trained.count(n) || item.value().numel() == 0 || !ckpt.contains(n)) continue;
-      item.value().copy_(local_of(n, ckpt.tensor(n).to(at::kFloat)));
+      if (lora || trained.count(n) || item.value().numel() == 0 || !ckpt->contains(n)) continue;
+      item.value().copy_(local_of(n, ckpt->tensor(n).to(at::kFloat)));
     }
+    if (!lora)
+      for (auto& item : b_.model->named_buffers())
+        if (is_saved_buffer(item.key()) && ckpt->contains(item.key())) item.value().copy_(ckpt->tensor(item.key()));
     // The RNG continues where this rank left it when the layout's world size is the same.
     if (st.saved_world() == comm_->world()) {
       std::string file = rank_file("optimizer", comm_->rank());
@@ -367,7 +467,7 @@ class DistEngine : public Engine {
   parallel::Layout layout_;
   std::shared_ptr<parallel::Comm> comm_;
   std::unique_ptr<parallel::Mesh> mesh_;
-  const parallel::Group *tp_ = nullptr, *cp_ = nullptr, *pp_ = nullptr, *dp_cp_ = nullptr, *mp_ = nullptr;
+  const parallel::Group *tp_ = nullptr, *cp_ = nullptr, *pp_ = nullptr, *dp_cp_ = nullptr, *mp_ = nullptr, *dp_ = nullptr;
   int64_t dp_index_ = 0, mb_ = 1;
   parallel::TensorParallelPlan plan_;
   std::unique_ptr<parallel::Pipeline> pipe_;

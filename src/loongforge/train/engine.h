@@ -27,14 +27,15 @@ std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, co
 class Engine {
  public:
   virtual ~Engine() = default;
-  // Forward and backward over the step's micro-batches. Each Batch is a global micro-batch (data-parallel size x
-  // micro_batch_size rows); `counted` is the step's global number of counted tokens. Returns the global loss sum.
+  // Forward and backward over the step's micro-batches. Each Batch holds this process's rows of a global
+  // micro-batch (local_rows: data-parallel size x micro_batch_size rows in all); `counted` is the step's global
+  // number of counted tokens (global_counted). Returns the global loss sum.
   virtual double forward_backward(const std::vector<Batch>& micro, int64_t counted, bool bf16) = 0;
   // Global gradient norm before clipping; clips when max_norm > 0.
   virtual double clip_grad_norm(double max_norm) = 0;
   virtual void step(double lr) = 0;
   virtual void zero_grad() = 0;
-  // Global loss sum and counted tokens of a global batch, without gradients.
+  // Global loss sum and counted tokens of a global batch (given as this process's rows), without gradients.
   virtual std::pair<double, int64_t> eval_loss(const Batch& b) = 0;
   virtual std::string save(const std::string& root, int64_t step, const nlohmann::json& trainer_state,
                            const std::string& tokenizer, int keep) = 0;
@@ -43,6 +44,13 @@ class Engine {
   virtual bool is_main() const { return true; }
   // The data-parallel size: global micro-batches hold this many times micro_batch_size rows.
   virtual int data_parallel() const { return 1; }
+  // The rows [first, first + n) of each global micro-batch (data_parallel() x micro_batch_size rows) this process
+  // reads (BatchSource::next_rows).
+  virtual std::pair<int64_t, int64_t> local_rows(int64_t micro_batch_size) const {
+    return {0, micro_batch_size * data_parallel()};
+  }
+  // The global number of counted tokens from this process's count over its rows (a sum over data-parallel ranks).
+  virtual int64_t global_counted(int64_t local) { return local; }
   virtual void barrier() {}
   // Same value on every rank (e.g. the number of checkpoints found), decided by rank 0.
   virtual int64_t agree(int64_t v) { return v; }

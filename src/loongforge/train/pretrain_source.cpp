@@ -12,9 +12,35 @@ int64_t Batch::counted() const { return (targets != -100).sum().item<int64_t>();
 PretrainSource::PretrainSource(data::PretrainOptions opts, bool per_document)
     : ds_(std::move(opts)), per_document_(per_document) {}
 
-Batch PretrainSource::next(int64_t b) {
-  const int64_t t = ds_.options().seq_len;
-  std::vector<data::Sample> samples = ds_.next_batch(static_cast<size_t>(b));
+namespace {
+void check_rows(int64_t global_rows, int64_t first, int64_t n) {
+  if (first < 0 || n < 1 || first + n > global_rows)
+    throw Error("batch rows [" + std::to_string(first) + ", " + std::to_string(first + n) + ") outside a batch of " +
+                std::to_string(global_rows) + " rows");
+}
+Batch slice_rows(const Batch& g, int64_t first, int64_t n) {
+  auto rows = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, first, n).contiguous() : t; };
+  return Batch{rows(g.input_ids), rows(g.targets), rows(g.position_ids), rows(g.segment_ids)};
+}
+}  // namespace
+
+Batch BatchSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {
+  check_rows(global_rows, first, n);
+  return slice_rows(next(global_rows), first, n);
+}
+
+Batch PretrainSource::next(int64_t b) { return build(ds_.next_batch(static_cast<size_t>(b))); }
+
+Batch PretrainSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {
+  check_rows(global_rows, first, n);
+  ds_.skip(static_cast<uint64_t>(first));
+  Batch out = build(ds_.next_batch(static_cast<size_t>(n)));
+  ds_.skip(static_cast<uint64_t>(global_rows - first - n));
+  return out;
+}
+
+Batch PretrainSource::build(const std::vector<data::Sample>& samples) const {
+  const int64_t t = ds_.options().seq_len, b = static_cast<int64_t>(samples.size());
   at::Tensor ids = at::empty({b, t}, at::kLong), tgt = at::empty({b, t}, at::kLong);
   at::Tensor pos, seg;
   if (per_document_) {

@@ -12,10 +12,12 @@ class PretrainSource : public BatchSource {
   // per_document: restart position ids and attention at document starts inside a sample.
   PretrainSource(data::PretrainOptions opts, bool per_document);
   Batch next(int64_t micro_batch_size) override;
+  Batch next_rows(int64_t global_rows, int64_t first, int64_t n) override;  // reads only rows [first, first + n)
   nlohmann::json state() const override;
   void restore(const nlohmann::json& state) override;
 
  private:
+  Batch build(const std::vector<data::Sample>& samples) const;
   data::PretrainDataset ds_;
   bool per_document_;
 };

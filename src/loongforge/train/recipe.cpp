@@ -32,11 +32,14 @@ const char* kDefaults = R"json({
     "packing": true,
     "per_document_attention": false
   },
-  "train": {"steps": 100, "micro_batch_size": 8, "grad_accum": 1, "threads": 0, "stop_at_step": 0},
+  "train": {"steps": 100, "micro_batch_size": 8, "grad_accum": 1, "threads": 0, "stop_at_step": 0,
+            "cuda_graphs": false},
   "optim": {"lr": 3e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
             "no_decay": ["norm", "bias", "embed_tokens"], "clip": 1.0},
   "schedule": {"kind": "cosine", "warmup_steps": 0, "min_lr_ratio": 0.1, "decay_steps": 0},
   "lora": {"enabled": false, "r": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["q_proj"]},
+  "moe": {"aux_loss_coef": -1.0, "seq_aux_loss_coef": 0.0, "z_loss_coef": 0.0, "bias_update_rate": 0.0,
+          "capacity_factor": 0.0},
   "checkpoint": {"every": 0, "keep": 2},
   "log": {"every": 1, "progress": "auto", "tensorboard": true, "plot": true, "peak_tflops": 0.0},
   "eval": {"every": 0, "batches": 4},
@@ -46,7 +49,7 @@ const char* kDefaults = R"json({
 
 // Keys whose value must be one of a few choices.
 const std::map<std::string, std::vector<std::string>> kChoices = {
-    {"precision", {"fp32", "bf16"}},
+    {"precision", {"fp32", "bf16", "fp8"}},
     {"device", {"cpu", "cuda"}},
     {"model.recompute", {"none", "full", "per_layer"}},
     {"data.format", {"pretrain", "sft", "batch"}},

@@ -46,7 +46,13 @@ SftSource::SftSource(std::vector<std::string> files, const std::string& tokenize
   ds_ = std::make_unique<data::SftDataset>(o, *tok_);
 }
 
-Batch SftSource::next(int64_t b) {
+Batch SftSource::next(int64_t b) { return next_rows(b, 0, b); }
+
+Batch SftSource::next_rows(int64_t global_rows, int64_t first, int64_t b) {
+  if (first < 0 || b < 1 || first + b > global_rows)
+    throw Error("batch rows [" + std::to_string(first) + ", " + std::to_string(first + b) + ") outside a batch of " +
+                std::to_string(global_rows) + " rows");
+  for (int64_t i = 0; i < first; ++i) ds_->next();
   const int64_t t = ds_->options().seq_len;
   at::Tensor ids = at::empty({b, t}, at::kLong), tgt = at::empty({b, t}, at::kLong);
   at::Tensor pos = at::empty({b, t}, at::kLong), seg = at::empty({b, t}, at::kLong);
@@ -57,6 +63,7 @@ Batch SftSource::next(int64_t b) {
     std::copy(s.position_ids.begin(), s.position_ids.end(), pos[i].data_ptr<int64_t>());
     std::copy(s.segment_ids.begin(), s.segment_ids.end(), seg[i].data_ptr<int64_t>());
   }
+  for (int64_t i = first + b; i < global_rows; ++i) ds_->next();
   return Batch{ids, tgt, pos, seg};
 }
 

@@ -13,6 +13,9 @@ class SftSource : public BatchSource {
   SftSource(std::vector<std::string> files, const std::string& tokenizer_dir, const std::string& template_name,
             int64_t seq_len, bool assistant_only_loss, bool packing, uint64_t seed);
   Batch next(int64_t micro_batch_size) override;
+  // Converts only rows [first, first + n) to tensors; the others are drawn (packing decides where each sample ends)
+  // and dropped.
+  Batch next_rows(int64_t global_rows, int64_t first, int64_t n) override;
   nlohmann::json state() const override;
   void restore(const nlohmann::json& state) override;
 

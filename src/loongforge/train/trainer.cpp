@@ -16,10 +16,12 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
 #include "loongforge/io/hf_model.h"
+#include "loongforge/kernels/cuda_ops.h"
 #include "loongforge/kernels/linear_ce.h"
 #include "loongforge/io/peft.h"
 #include "loongforge/io/plot.h"
 #include "loongforge/io/tensorboard.h"
+#include "loongforge/nn/linear.h"
 #include "loongforge/nn/lora.h"
 #include "loongforge/nn/loss.h"
 #include "loongforge/optim/schedule.h"
@@ -74,6 +76,16 @@ Built build_model(const json& r) {
   }
   b.tokenizer = m["tokenizer"].get<std::string>();
   if (b.tokenizer.empty()) b.tokenizer = path;
+  const json& mo = r["moe"];
+  if (!b.model->moe_blocks().empty()) {
+    const double aux = mo["aux_loss_coef"].get<double>();
+    b.model->set_moe_training(aux >= 0 ? aux : b.model->config().router_aux_loss_coef, mo["seq_aux_loss_coef"],
+                              mo["z_loss_coef"], mo["bias_update_rate"], mo["capacity_factor"]);
+  } else {
+    for (const char* k : {"seq_aux_loss_coef", "z_loss_coef", "bias_update_rate", "capacity_factor"})
+      if (mo[k].get<double>() != 0.0)
+        throw Error(std::string("recipe: field 'moe.") + k + "': the model has no mixture-of-experts layers");
+  }
   std::string rc = m["recompute"];
   b.model->set_recompute(rc == "full" ? 1 : rc == "per_layer" ? 2 : 0);
 
@@ -137,7 +149,8 @@ double validation_loss(Engine& engine, BatchSource& src, int64_t batches, int64_
   double sum = 0;
   int64_t count = 0;
   for (int64_t i = 0; i < batches; ++i) {
-    Batch b = src.next(mb * engine.data_parallel());
+    auto [first, n] = engine.local_rows(mb);
+    Batch b = src.next_rows(mb * engine.data_parallel(), first, n);
     auto [l, c] = engine.eval_loss(b);
     sum += l;
     count += c;
@@ -145,17 +158,57 @@ double validation_loss(Engine& engine, BatchSource& src, int64_t batches, int64_
   return count ? sum / static_cast<double>(count) : std::nan("");
 }
 
-// One process, no layout: the model, AdamW and checkpoints as HF folders.
+// The recipe's device after checking what this machine has. device: cuda without a usable GPU prints one line and
+// gives the CPU; precision: fp8 needs the GPU; train.cuda_graphs is not implemented yet.
+at::Device choose_device(const json& r, bool distributed) {
+  const bool want_cuda = r["device"] == "cuda", fp8 = r["precision"] == "fp8";
+  if (r["train"]["cuda_graphs"].get<bool>())
+    throw Error("recipe: field 'train.cuda_graphs': capturing the step in a CUDA graph is not implemented yet (set it to false)");
+  std::string why;
+  if (want_cuda && !kernels::cuda::available()) why = kernels::cuda::unavailable_reason();
+  else if (want_cuda && distributed) why = "the distributed engine runs on the CPU (Gloo) for now";
+  if (fp8 && (!want_cuda || !why.empty()))
+    throw Error("recipe: field 'precision': fp8 needs a CUDA GPU (Hopper)" +
+                (want_cuda ? " (" + why + ")" : std::string(" and device: cuda")));
+  if (!want_cuda) return at::Device(at::kCPU);
+  if (!why.empty()) {
+    if (kernels::cuda::available())  // a GPU is there but the layout cannot use it yet
+      std::fprintf(stderr, "loongforge: device 'cuda' requested but %s; running on the CPU\n", why.c_str());
+    else
+      std::fprintf(stderr, "loongforge: device 'cuda' requested but no usable GPU (%s); running on the CPU\n", why.c_str());
+    return at::Device(at::kCPU);
+  }
+  return at::Device(at::kCUDA, 0);
+}
+
+// precision: fp8: every Linear of the decoder layers (not lm_head, not the embedding) runs its GEMMs in e4m3 with
+// tensorwise scales (kernels::cuda::fp8_linear); shapes _scaled_mm cannot take stay in bf16.
+void use_fp8_linears(models::llama::CausalLMImpl& model) {
+  for (auto& item : model.named_modules()) {
+    auto* lin = dynamic_cast<nn::LinearImpl*>(item.value().get());
+    if (!lin || item.key().find("lm_head") != std::string::npos) continue;
+    lin->matmul_fn = [](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+      if (kernels::cuda::fp8_linear_supported(x, w)) return kernels::cuda::fp8_linear(x, w, b);
+      return at::linear(x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
+    };
+  }
+}
+
+// One process, no layout: the model, AdamW and checkpoints as HF folders. On CUDA the model (fp32 masters) and the
+// optimizer state live on the GPU, batches are copied from pinned memory without blocking, bf16/fp8 run under CUDA
+// autocast, AdamW and the grad norm are the multi-tensor kernels (optim/adamw.cpp picks them for CUDA params).
 class SingleEngine : public Engine {
  public:
-  explicit SingleEngine(const json& r, Built b)
+  explicit SingleEngine(const json& r, Built b, at::Device device = at::Device(at::kCPU))
       : b_(std::move(b)),
-        opt_(b_.trainable.params,
+        device_(device),
+        opt_(on_device(b_, device),
              optim::AdamWOptions{r["optim"]["lr"], r["optim"]["beta1"], r["optim"]["beta2"], r["optim"]["eps"],
                                  r["optim"]["weight_decay"]},
              b_.weight_decay) {}
   double forward_backward(const std::vector<Batch>& micro, int64_t counted, bool bf16) override {
     auto& model = *b_.model;
+    if (device_.is_cuda()) return forward_backward_cuda(micro, counted, bf16);
     double loss_sum = 0;
     for (const Batch& mbatch : micro) {
       at::Tensor l;
@@ -174,13 +227,17 @@ class SingleEngine : public Engine {
     return loss_sum;
   }
   double clip_grad_norm(double max_norm) override { return optim::clip_grad_norm(b_.trainable.params, max_norm); }
-  void step(double lr) override { opt_.step(lr); }
+  void step(double lr) override {
+    opt_.step(lr);
+    b_.model->update_moe_bias();  // aux-loss-free MoE routing (a no-op unless moe.bias_update_rate > 0)
+  }
   void zero_grad() override { opt_.zero_grad(); }
-  std::pair<double, int64_t> eval_loss(const Batch& b) override {
+  std::pair<double, int64_t> eval_loss(const Batch& b_in) override {
     at::NoGradGuard no_grad;
     auto& model = *b_.model;
     bool was_training = model.is_training();
     model.eval();
+    const Batch b = device_.is_cuda() ? to_device(b_in) : b_in;
     auto [l, c] = micro_loss(model, b);
     if (was_training) model.train();
     return {l.item<double>(), c};
@@ -191,13 +248,52 @@ class SingleEngine : public Engine {
   json load(const std::string& dir) override { return load_checkpoint(dir, *b_.model, b_.trainable, opt_); }
 
  private:
+  // Moves the model to the device before the optimizer allocates its state there (Module::to keeps the parameter
+  // tensors, so b.trainable.params stay valid). Returns the optimizer's parameters.
+  static std::vector<at::Tensor> on_device(Built& b, at::Device device) {
+    if (device.is_cuda()) b.model->to(device);
+    return b.trainable.params;
+  }
+  // Host -> device from pinned memory, non_blocking: the copy is queued on the stream and the host goes on.
+  Batch to_device(const Batch& b) const {
+    auto mv = [&](const at::Tensor& t) {
+      if (!t.defined() || t.device() == device_) return t;
+      return t.pin_memory().to(device_, /*non_blocking=*/true);
+    };
+    return Batch{mv(b.input_ids), mv(b.targets), mv(b.position_ids), mv(b.segment_ids)};
+  }
+  double forward_backward_cuda(const std::vector<Batch>& micro, int64_t counted, bool bf16) {
+    auto& model = *b_.model;
+    // Every micro-batch's copy is queued up front: micro-batch i+1 travels while i computes.
+    std::vector<Batch> dev;
+    for (const Batch& m : micro) dev.push_back(to_device(m));
+    at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
+    for (const Batch& mbatch : dev) {
+      at::Tensor l;
+      if (bf16) {  // bf16 (fp8: the Linear layers' matmul_fn) with fp32 master weights
+        at::autocast::set_autocast_enabled(at::kCUDA, true);
+        at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+        l = micro_loss(model, mbatch).first;
+        at::autocast::set_autocast_enabled(at::kCUDA, false);
+        at::autocast::clear_cache();
+      } else {
+        l = micro_loss(model, mbatch).first;
+      }
+      (l / static_cast<double>(std::max<int64_t>(1, counted))).backward();
+      loss_sum += l.detach().to(at::kDouble);
+    }
+    return loss_sum.item<double>();  // the one host sync of the forward/backward
+  }
+
   Built b_;
+  at::Device device_;
   optim::AdamW opt_;
 };
 
-double peak_flops(const json& r) {
+double peak_flops(const json& r, const at::Device& device) {
   double p = r["log"]["peak_tflops"];
   if (p > 0) return p * 1e12;
+  if (device.is_cuda()) return 989e12;  // H100/H200 dense bf16 (the MFU convention; fp32 runs count against it too)
   // CPU: AVX2 FMA, 2 x 8 fp32 lanes x 2 flops per cycle at ~3 GHz per thread (the brief measures ~98 GFLOP/s a core).
   return 98e9 * at::get_num_threads();
 }
@@ -247,6 +343,15 @@ class Progress {
 
 std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b) {
   at::Tensor h = model.hidden_states(b.input_ids, b.position_ids, nullptr, b.segment_ids);
+  // MoE router losses of this forward (CausalLM::aux_loss; undefined for dense models and without gradients, so
+  // eval losses are pure token losses). Transformers adds coef * aux to each micro-batch's mean token loss; here the
+  // sum is returned and the engine divides by the step's counted tokens, so aux is added times this micro-batch's
+  // counted tokens: one micro-batch gives exactly mean token loss + coef * aux, several weight each micro-batch's
+  // aux by its share of the step's tokens.
+  auto with_aux = [&model, &b](at::Tensor l) {
+    at::Tensor a = model.aux_loss();
+    return a.defined() ? l + a.to(l.scalar_type()) * static_cast<double>(b.counted()) : l;
+  };
   // The fused linear + cross-entropy (no [N, V] logits kept) computes what model.logits + cross_entropy compute, as
   // long as nothing hooks lm_head (LoRA adapter, layout input/output functions) and it has no bias. Below 1M logits
   // the composite version costs next to nothing, and staying on it keeps tiny runs bitwise equal to `dump` (the
@@ -255,17 +360,18 @@ std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, co
   const bool large = b.targets.numel() * model.output_weight().size(0) >= (int64_t(1) << 20);
   if (large && (!head || (!head->adapter && !head->input_fn && !head->output_fn && !head->bias.defined()))) {
     at::Tensor w = model.output_weight();
-    if (at::autocast::is_autocast_enabled(at::kCPU)) {  // bf16 GEMMs as autocast would run them, softmax in float32
-      const auto dt = at::autocast::get_autocast_dtype(at::kCPU);
+    const auto dev_type = h.device().type();
+    if (at::autocast::is_autocast_enabled(dev_type)) {  // bf16 GEMMs as autocast would run them, softmax in float32
+      const auto dt = at::autocast::get_autocast_dtype(dev_type);
       h = h.to(dt);
       w = w.to(dt);
     }
-    return {std::get<0>(kernels::linear_cross_entropy(h, w, b.targets, nn::kIgnoreIndex)), b.counted()};
+    return {with_aux(std::get<0>(kernels::linear_cross_entropy(h, w, b.targets, nn::kIgnoreIndex))), b.counted()};
   }
   at::Tensor logits = model.logits(h);
   at::Tensor loss = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), b.targets.reshape({-1}),
                                            {}, at::Reduction::Sum, nn::kIgnoreIndex);
-  return {loss, b.counted()};
+  return {with_aux(loss), b.counted()};
 }
 
 
@@ -274,9 +380,6 @@ TrainOutcome train(const json& r, bool resume) {
   // its mmap threshold back to the kernel on free and fault them in again (zeroed) on the next step; keep them.
   ::mallopt(M_MMAP_THRESHOLD, 1 << 30);
   ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  if (r["device"] == "cuda") {
-    std::fprintf(stderr, "loongforge: device 'cuda' requested but this build has no CUDA support yet; running on the CPU\n");
-  }
   if (r["train"]["threads"].get<int64_t>() > 0) at::set_num_threads(static_cast<int>(r["train"]["threads"].get<int64_t>()));
   at::manual_seed(static_cast<uint64_t>(r["seed"].get<int64_t>()));
   const std::string out = r["output_dir"];
@@ -293,8 +396,10 @@ TrainOutcome train(const json& r, bool resume) {
     if (const char* n = std::getenv(v)) distributed = distributed || std::atoi(n) > 1;
   for (const char* k : {"dp", "tp", "pp", "cp", "vpp", "ep"}) distributed = distributed || par[k].get<int64_t>() != 1;
   distributed = distributed || par["zero"].get<int64_t>() != 0 || par["sp"].get<bool>();
+  const at::Device device = choose_device(r, distributed);
+  if (r["precision"] == "fp8") use_fp8_linears(*b.model);
   std::unique_ptr<Engine> engine = distributed ? make_distributed_engine(r, std::move(b))
-                                               : std::make_unique<SingleEngine>(r, std::move(b));
+                                               : std::make_unique<SingleEngine>(r, std::move(b), device);
   const bool main_rank = engine->is_main();
   const int64_t dp = engine->data_parallel();
   optim::Schedule sched;
@@ -328,14 +433,14 @@ TrainOutcome train(const json& r, bool resume) {
 
   const int64_t mb = r["train"]["micro_batch_size"], accum = r["train"]["grad_accum"];
   const double clip = o["clip"];
-  const bool bf16 = r["precision"] == "bf16";
+  const bool bf16 = r["precision"] == "bf16" || r["precision"] == "fp8";  // fp8: bf16 autocast around the FP8 GEMMs
   const int64_t log_every = std::max<int64_t>(1, r["log"]["every"].get<int64_t>());
   const int64_t ckpt_every = r["checkpoint"]["every"];
   const int keep = static_cast<int>(r["checkpoint"]["keep"].get<int64_t>());
   const double n_params = static_cast<double>(cfg.num_parameters());
   const double seq = static_cast<double>(r["data"]["seq_len"].get<int64_t>());
   const double flops_per_token = 6.0 * n_params + 12.0 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * seq;
-  const double peak = peak_flops(r);
+  const double peak = peak_flops(r, device);
 
   const std::string metrics_path = (fs::path(out) / "metrics.jsonl").string();
   if (main_rank && resume && fs::exists(metrics_path)) {  // drop lines of steps after the checkpoint (they will be redone)
@@ -369,10 +474,12 @@ TrainOutcome train(const json& r, bool resume) {
     auto t0 = std::chrono::steady_clock::now();
     std::vector<Batch> micro;
     int64_t counted = 0;
+    const auto [first_row, rows] = engine->local_rows(mb);  // this rank reads only its rows
     for (int64_t i = 0; i < accum; ++i) {
-      micro.push_back(data->next(mb * dp));
+      micro.push_back(data->next_rows(mb * dp, first_row, rows));
       counted += micro.back().counted();
     }
+    counted = engine->global_counted(counted);
     // The loss of the step averages over every counted token of all its micro-batches (and ranks).
     double loss = engine->forward_backward(micro, counted, bf16) / static_cast<double>(std::max<int64_t>(1, counted));
     double gnorm = engine->clip_grad_norm(clip);
@@ -388,6 +495,7 @@ TrainOutcome train(const json& r, bool resume) {
     double eta = elapsed / static_cast<double>(step - start_step) * static_cast<double>(steps - step);
     json line = {{"step", step}, {"loss", loss}, {"grad_norm", gnorm}, {"lr", lr}, {"tokens", tokens_seen},
                  {"tokens_per_s", tps}, {"mfu", flops_per_token * tps / peak}, {"step_time_s", dt}};
+    if (device.is_cuda()) line["max_memory_allocated"] = kernels::cuda::max_memory_allocated();
     if (valid && eval_every > 0 && (step % eval_every == 0 || step == steps)) {
       valid->restore(valid_start);
       double vl = validation_loss(*engine, *valid, r["eval"]["batches"], mb);
@@ -455,7 +563,7 @@ double evaluate(const json& r, const std::string& model_dir, int64_t batches) {
   b.tokenizer = tok;
   b.trainable.params = {model->parameters().front()};
   b.trainable.names = {"unused"};
-  SingleEngine engine(r, std::move(b));
+  SingleEngine engine(r, std::move(b), choose_device(r, /*distributed=*/false));
   return validation_loss(engine, *src, batches, r["train"]["micro_batch_size"]);
 }
 

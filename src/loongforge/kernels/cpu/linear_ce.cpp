@@ -14,7 +14,9 @@
 #include <cmath>
 #include <limits>
 
+#include "loongforge/kernels/cpu/gemm.h"
 #include "loongforge/kernels/cpu/vec_math.h"
+#include "loongforge/kernels/cuda_ops.h"
 
 namespace lf::kernels {
 namespace {
@@ -196,7 +198,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
     const int64_t c = std::min(chunk, count - r0);
     at::Tensor xc = xs.narrow(0, r0, c);
     at::Tensor logits = buf.narrow(0, 0, c);
-    at::mm_out(logits, xc, w.t());
+    const int64_t parts = cpu::split_parts(c, h, v);  // row-split GEMMs (kernels/cpu/gemm.h)
+    cpu::mm_rows(logits, xc, w.t(), parts);
     at::Tensor lf = bf16 ? logits.to(at::kFloat) : logits;
     if (acc == at::kDouble) {
       double* L = lf.data_ptr<double>();
@@ -215,12 +218,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
     at::Tensor g = bf16 ? lf.to(at::kBFloat16) : lf;
     if (need_dx) {
       at::Tensor dxc = dxs.narrow(0, r0, c);
-      at::mm_out(dxc, g, w);
+      cpu::mm_rows(dxc, g, w, parts);
     }
     if (need_dw) {
       if (bf16) dw.add_(at::mm(g.t(), xc));
-      else if (r0 == 0) at::mm_out(dw, g.t(), xc);
-      else dw.addmm_(g.t(), xc);
+      else cpu::mm_rows(dw, g.t(), xc, parts, /*accumulate=*/r0 > 0);
     }
   }
   at::Tensor loss = losses.sum(at::kDouble).to(acc);
@@ -246,6 +248,16 @@ std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_reference(const at::Tens
 std::tuple<at::Tensor, at::Tensor> linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight,
                                                         const at::Tensor& target, int64_t ignore_index,
                                                         int64_t chunk_rows) {
+  if (cuda::supported(x) && weight.scalar_type() == x.scalar_type() && weight.device() == x.device() &&
+      weight.dim() == 2 && x.size(-1) == weight.size(1) && target.device() == x.device() &&
+      target.scalar_type() == at::kLong && target.numel() * x.size(-1) == x.numel()) {
+    // kernels/cuda/linear_ce.cu: its loss is the mean over counted rows; the sum is mean * count (0 when none count).
+    at::Tensor t = target.reshape({-1});
+    at::Tensor count = t.ne(ignore_index).sum();
+    at::Tensor mean = cuda::linear_cross_entropy(x.reshape({-1, x.size(-1)}), weight, t, ignore_index, 0);
+    at::Tensor loss = at::where(count > 0, mean * count.to(at::kFloat), at::zeros({}, mean.options()));
+    return {loss, count};
+  }
   if (!fused_supported(x, weight, target)) return linear_cross_entropy_reference(x, weight, target, ignore_index);
   const bool grad_mode = at::GradMode::is_enabled();
   const bool need_dx = grad_mode && x.requires_grad(), need_dw = grad_mode && weight.requires_grad();

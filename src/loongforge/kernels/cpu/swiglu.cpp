@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "loongforge/kernels/cpu/vec_math.h"
+#include "loongforge/kernels/cuda_ops.h"
 
 namespace lf::kernels {
 namespace {
@@ -221,6 +222,9 @@ std::tuple<at::Tensor, at::Tensor> swiglu_backward_cpu(const at::Tensor& dy_in, 
 at::Tensor swiglu_reference(const at::Tensor& g, const at::Tensor& u) { return at::silu(g) * u; }
 
 at::Tensor swiglu(const at::Tensor& g, const at::Tensor& u) {
+  if (cuda::supported(g) && g.dim() >= 1 && g.sizes() == u.sizes() && g.scalar_type() == u.scalar_type() &&
+      g.device() == u.device())
+    return cuda::swiglu(g, u);  // kernels/cuda/swiglu.cu
   if (!fused_supported(g, u)) return swiglu_reference(g, u);
   return SwiGLUFunction::apply(g, u);
 }

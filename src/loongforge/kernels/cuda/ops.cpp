@@ -5,10 +5,12 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContextLight.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <cstring>
@@ -84,6 +86,28 @@ bool available() {
     }
   }();
   return ok;
+}
+
+std::string unavailable_reason() {
+  int n = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&n);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky error the failed query leaves behind
+    return "cudaGetDeviceCount error " + std::to_string(static_cast<int>(rc)) + ": " + cudaGetErrorString(rc);
+  }
+  if (n == 0) return "cudaGetDeviceCount found no device";
+  if (!available()) return "c10::cuda::device_count() is 0";
+  return "";
+}
+
+int64_t max_memory_allocated() {
+  if (!available()) return 0;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+}
+
+void synchronize() {
+  if (available()) c10::cuda::device_synchronize();
 }
 
 bool supported(const at::Tensor& t) {

@@ -14,7 +14,10 @@ namespace {
 
 bool compiled() { return false; }
 bool available() { return false; }
+std::string unavailable_reason() { return "this build has no CUDA support (LOONGFORGE_CUDA=OFF)"; }
 bool supported(const at::Tensor&) { return false; }
+int64_t max_memory_allocated() { return 0; }
+void synchronize() {}
 
 at::Tensor rms_norm(const at::Tensor&, const at::Tensor&, double) { missing("rms_norm"); }
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {

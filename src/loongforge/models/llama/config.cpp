@@ -3,6 +3,9 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace lf::models::llama {
 namespace {
 
@@ -113,6 +116,121 @@ RopeConfig parse_rope(const json& j, const std::string& file, int64_t max_pos) {
   return r;
 }
 
+// Mixture-of-experts fields of qwen3_moe and mixtral, with transformers' config defaults.
+void parse_moe(const Reader& rd, DecoderConfig& c) {
+  const std::string& file = rd.file;
+  const int64_t layers = c.num_hidden_layers;
+  c.layer_moe.assign(layers, 1);
+  if (c.model_type == "qwen3_moe") {
+    // transformers 5 writes num_local_experts (num_experts is its alias); older configs write num_experts
+    c.num_experts = rd.has("num_local_experts") ? rd.integer("num_local_experts") : rd.integer("num_experts", 128);
+    c.num_experts_per_tok = rd.integer("num_experts_per_tok", 8);
+    c.moe_intermediate_size = rd.integer("moe_intermediate_size", 768);
+    c.norm_topk_prob = rd.boolean("norm_topk_prob", false);
+    c.router_aux_loss_coef = rd.number("router_aux_loss_coef", 0.001);
+    const int64_t step = rd.integer("decoder_sparse_step", 1);
+    if (step <= 0) throw file_error(file, "decoder_sparse_step", "must be positive, got " + std::to_string(step));
+    std::vector<int64_t> dense = rd.int_list("mlp_only_layers");
+    for (int64_t i : dense)
+      if (i < 0 || i >= layers) throw file_error(file, "mlp_only_layers", "layer " + std::to_string(i) + " out of range");
+    for (int64_t i = 0; i < layers; ++i) {
+      bool only = std::find(dense.begin(), dense.end(), i) != dense.end();
+      c.layer_moe[i] = (!only && c.num_experts > 0 && (i + 1) % step == 0) ? 1 : 0;
+    }
+    c.moe_module_name = "mlp";
+  } else {  // mixtral: every layer, expert width intermediate_size, always renormalized top-k
+    c.num_experts = rd.integer("num_local_experts", 8);
+    c.num_experts_per_tok = rd.integer("num_experts_per_tok", 2);
+    c.moe_intermediate_size = c.intermediate_size;
+    c.norm_topk_prob = true;
+    c.router_aux_loss_coef = rd.number("router_aux_loss_coef", 0.001);
+    if (rd.has("router_jitter_noise") && rd.number("router_jitter_noise") != 0.0)
+      throw file_error(file, "router_jitter_noise", "router jitter noise is not supported (must be 0)");
+    c.moe_checkpoint_name = "block_sparse_moe";
+  }
+  const char* experts_field = c.model_type == "mixtral" || rd.has("num_local_experts") ? "num_local_experts" : "num_experts";
+  if (c.num_experts < 0) throw file_error(file, experts_field, "must not be negative");
+  if (c.num_experts > 0 && (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts))
+    throw file_error(file, "num_experts_per_tok", "must be in [1, " + std::string(experts_field) + " = " +
+                                                      std::to_string(c.num_experts) + "], got " + std::to_string(c.num_experts_per_tok));
+  if (c.num_experts > 0 && c.moe_intermediate_size <= 0)
+    throw file_error(file, c.model_type == "mixtral" ? "intermediate_size" : "moe_intermediate_size", "must be positive");
+  if (c.num_experts == 0) c.layer_moe.assign(layers, 0);
+}
+
+// DeepSeek-V3 multi-head latent attention fields, with transformers' DeepseekV3Config defaults.
+void parse_mla(const Reader& rd, DecoderConfig& c) {
+  const std::string& file = rd.file;
+  c.mla = true;
+  // q_lora_rank: null = a plain q_proj; absent = the default 1536.
+  c.q_lora_rank = rd.j.contains("q_lora_rank") && rd.j.at("q_lora_rank").is_null() ? 0 : rd.integer("q_lora_rank", 1536);
+  c.kv_lora_rank = rd.integer("kv_lora_rank", 512);
+  c.qk_rope_head_dim = rd.integer("qk_rope_head_dim", 64);
+  c.qk_nope_head_dim = rd.integer("qk_nope_head_dim", 128);
+  c.v_head_dim = rd.integer("v_head_dim", 128);
+  for (auto [k, v] : {std::pair{"q_lora_rank", c.q_lora_rank}, {"kv_lora_rank", c.kv_lora_rank},
+                      {"qk_rope_head_dim", c.qk_rope_head_dim}, {"qk_nope_head_dim", c.qk_nope_head_dim},
+                      {"v_head_dim", c.v_head_dim}})
+    if (v < 0 || (v == 0 && std::string(k) != "q_lora_rank" && std::string(k) != "qk_nope_head_dim"))
+      throw file_error(file, k, "must be positive, got " + std::to_string(v));
+  if (c.qk_rope_head_dim % 2) throw file_error(file, "qk_rope_head_dim", "must be even, got " + std::to_string(c.qk_rope_head_dim));
+  if (c.num_key_value_heads != c.num_attention_heads)
+    throw file_error(file, "num_key_value_heads", "must equal num_attention_heads for deepseek_v3 (latent attention expands keys per head), got " +
+                                                      std::to_string(c.num_key_value_heads));
+  c.head_dim = c.qk_rope_head_dim;
+  c.rope_interleave = rd.boolean("rope_interleave", true);
+  c.q_bias = c.k_bias = c.o_bias = rd.boolean("attention_bias", false);
+  // Mixture of experts (nn/moe.h): layers >= first_k_dense_replace; sigmoid scores, selection on scores +
+  // e_score_correction_bias among the topk_group best of n_group groups, shared experts of n_shared_experts *
+  // moe_intermediate_size, weights times routed_scaling_factor. No auxiliary loss in transformers' forward.
+  const auto str = [](int64_t v) { return std::to_string(v); };
+  const int64_t first_dense = rd.integer("first_k_dense_replace", 3);
+  if (first_dense < 0) throw file_error(file, "first_k_dense_replace", "must not be negative, got " + str(first_dense));
+  c.num_experts = rd.integer("n_routed_experts", 256);
+  c.num_experts_per_tok = rd.integer("num_experts_per_tok", 8);
+  c.moe_intermediate_size = rd.integer("moe_intermediate_size", 2048);
+  c.n_shared_experts = rd.integer("n_shared_experts", 1);
+  c.norm_topk_prob = rd.boolean("norm_topk_prob", true);
+  c.routed_scaling_factor = rd.number("routed_scaling_factor", 2.5);
+  c.moe_scoring = "sigmoid";
+  c.moe_score_correction_bias = true;
+  c.moe_n_group = rd.integer("n_group", 8);
+  c.moe_topk_group = rd.integer("topk_group", 4);
+  c.router_aux_loss_coef = 0.0;
+  c.moe_module_name = "mlp";
+  c.layer_moe.assign(c.num_hidden_layers, 0);
+  if (first_dense >= c.num_hidden_layers) return;  // every layer dense: the MoE fields are unused
+  for (int64_t i = first_dense; i < c.num_hidden_layers; ++i) c.layer_moe[i] = 1;
+  const int64_t e = c.num_experts;
+  if (e <= 0) throw file_error(file, "n_routed_experts", "must be positive, got " + str(e));
+  if (c.moe_intermediate_size <= 0) throw file_error(file, "moe_intermediate_size", "must be positive, got " + str(c.moe_intermediate_size));
+  if (c.n_shared_experts < 0) throw file_error(file, "n_shared_experts", "must not be negative, got " + str(c.n_shared_experts));
+  if (c.moe_n_group < 1 || e % c.moe_n_group)
+    throw file_error(file, "n_group", str(c.moe_n_group) + " does not divide n_routed_experts " + str(e));
+  if (e / c.moe_n_group < 2)
+    throw file_error(file, "n_group", "each group needs at least 2 experts (a group's score is its 2 best), got " + str(e / c.moe_n_group));
+  if (c.moe_topk_group < 1 || c.moe_topk_group > c.moe_n_group)
+    throw file_error(file, "topk_group", "must be in [1, n_group = " + str(c.moe_n_group) + "], got " + str(c.moe_topk_group));
+  const int64_t selectable = c.moe_topk_group * (e / c.moe_n_group);
+  if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > selectable)
+    throw file_error(file, "num_experts_per_tok", "must be in [1, topk_group x experts per group = " + str(selectable) +
+                                                      "], got " + str(c.num_experts_per_tok));
+}
+
+// transformers' yarn_apply_mscale: qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 when the rope block is
+// not "default" and has a non-zero mscale_all_dim.
+double mla_softmax_scale(const json& j, const DecoderConfig& c) {
+  double scale = 1.0 / std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim));
+  const char* block = j.contains("rope_scaling") && !j.at("rope_scaling").is_null() ? "rope_scaling" : "rope_parameters";
+  if (c.rope.type == "default" || !j.contains(block) || !j.at(block).is_object()) return scale;
+  const json& p = j.at(block);
+  double all_dim = p.contains("mscale_all_dim") && p.at("mscale_all_dim").is_number() ? p.at("mscale_all_dim").get<double>() : 0.0;
+  if (all_dim == 0.0) return scale;
+  const double factor = c.rope.factor;
+  const double m = factor <= 1 ? 1.0 : 0.1 * all_dim * std::log(factor) + 1.0;
+  return scale * m * m;
+}
+
 }  // namespace
 
 DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
@@ -121,9 +239,10 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   DecoderConfig c;
   c.raw = j;
   c.model_type = rd.string("model_type");
-  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" && c.model_type != "qwen3")
+  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" && c.model_type != "qwen3" &&
+      c.model_type != "deepseek_v3" && c.model_type != "qwen3_moe" && c.model_type != "mixtral")
     throw file_error(file, "model_type", "unsupported model type '" + c.model_type +
-                                             "' (dense decoders: llama, mistral, qwen2, qwen3)");
+                                             "' (decoders: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3)");
   c.vocab_size = rd.integer("vocab_size");
   c.hidden_size = rd.integer("hidden_size");
   c.intermediate_size = rd.integer("intermediate_size");
@@ -137,9 +256,10 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     throw file_error(file, "num_key_value_heads", "must divide num_attention_heads");
   int64_t def_head = c.hidden_size / c.num_attention_heads;
-  c.head_dim = rd.integer("head_dim", def_head);
+  if (c.model_type == "deepseek_v3") parse_mla(rd, c);  // head_dim = qk_rope_head_dim (transformers ignores the field)
+  else c.head_dim = rd.integer("head_dim", def_head);
   if (c.head_dim <= 0 || c.head_dim % 2) throw file_error(file, "head_dim", "must be positive and even");
-  c.max_position_embeddings = rd.integer("max_position_embeddings", 2048);
+  c.max_position_embeddings = rd.integer("max_position_embeddings", c.model_type == "deepseek_v3" ? 4096 : 2048);
   c.rms_norm_eps = rd.number("rms_norm_eps", 1e-6);
   c.hidden_act = rd.string("hidden_act", std::string("silu"));
   if (c.hidden_act != "silu" && c.hidden_act != "gelu" && c.hidden_act != "gelu_pytorch_tanh" && c.hidden_act != "relu")
@@ -161,7 +281,7 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
     c.mlp_bias = rd.boolean("mlp_bias", false);
   } else if (c.model_type == "qwen2") {
     c.q_bias = c.k_bias = c.v_bias = true;
-  } else if (c.model_type == "qwen3") {
+  } else if (c.model_type == "qwen3" || c.model_type == "qwen3_moe") {
     c.q_bias = c.k_bias = c.v_bias = c.o_bias = rd.boolean("attention_bias", false);
     c.qk_norm = true;
   }
@@ -169,7 +289,7 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   // Sliding windows. Mistral: every layer when sliding_window is set. Qwen2/3: per layer_types (or, when absent,
   // layers >= max_window_layers when use_sliding_window). Llama: none.
   c.layer_window.assign(c.num_hidden_layers, 0);
-  if (c.model_type == "mistral") {
+  if (c.model_type == "mistral" || c.model_type == "mixtral") {
     if (rd.has("sliding_window")) {
       int64_t w = rd.integer("sliding_window");
       if (w <= 0) throw file_error(file, "sliding_window", "must be positive");
@@ -194,7 +314,14 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
       for (int64_t i = first; i < c.num_hidden_layers; ++i) c.layer_window[i] = w;
     }
   }
+  if (c.model_type == "qwen3_moe" && rd.boolean("use_sliding_window", false)) {
+    int64_t w = rd.has("sliding_window") ? rd.integer("sliding_window") : 0;
+    if (w <= 0) throw file_error(file, "sliding_window", "must be positive when use_sliding_window is true");
+    c.layer_window.assign(c.num_hidden_layers, w);
+  }
+  if (c.model_type == "qwen3_moe" || c.model_type == "mixtral") parse_moe(rd, c);
   c.rope = parse_rope(j, file, c.max_position_embeddings);
+  if (c.mla) c.attention_scale = mla_softmax_scale(j, c);
   return c;
 }
 
@@ -204,9 +331,19 @@ int64_t DecoderConfig::num_parameters() const {
   int64_t d = hidden_size, q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
   int64_t attn = d * q + 2 * d * kv + q * d + (q_bias ? q : 0) + (k_bias ? kv : 0) + (v_bias ? kv : 0) + (o_bias ? d : 0) +
                  (qk_norm ? 2 * head_dim : 0);
+  if (mla) {  // models/llama/mla.h
+    const int64_t h = num_attention_heads, qk = qk_nope_head_dim + qk_rope_head_dim;
+    attn = (q_lora_rank > 0 ? d * q_lora_rank + (q_bias ? q_lora_rank : 0) + q_lora_rank + q_lora_rank * h * qk : d * h * qk) +
+           d * (kv_lora_rank + qk_rope_head_dim) + (k_bias ? kv_lora_rank + qk_rope_head_dim : 0) + kv_lora_rank +
+           kv_lora_rank * h * (qk_nope_head_dim + v_head_dim) + h * v_head_dim * d + (o_bias ? d : 0);
+  }
   int64_t mlp = 3 * d * intermediate_size + (mlp_bias ? 2 * intermediate_size + d : 0);
   int64_t layer = attn + mlp + 2 * d;
-  return vocab_size * d * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + d;
+  int64_t total = vocab_size * d * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + d;
+  const int64_t moe = num_experts * d + num_experts * 3 * d * moe_intermediate_size + 3 * d * moe_intermediate_size * n_shared_experts;
+  for (int64_t i = 0; i < num_hidden_layers; ++i)
+    if (is_moe_layer(i)) total += moe - mlp;
+  return total;
 }
 
 }  // namespace lf::models::llama

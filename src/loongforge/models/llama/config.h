@@ -24,7 +24,7 @@ struct RopeConfig {
 };
 
 struct DecoderConfig {
-  std::string model_type;  // llama | mistral | qwen2 | qwen3
+  std::string model_type;  // llama | mistral | qwen2 | qwen3 | deepseek_v3
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
   int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
   int64_t max_position_embeddings = 2048;
@@ -37,6 +37,27 @@ struct DecoderConfig {
   std::vector<int64_t> bos_token_ids, eos_token_ids;
   std::vector<int64_t> layer_window;    // per layer: sliding window size, 0 = full causal attention
   RopeConfig rope;
+  // DeepSeek-V3 multi-head latent attention (models/llama/mla.h); biases: q_bias = q_a_proj, k_bias =
+  // kv_a_proj_with_mqa, o_bias = o_proj (attention_bias). head_dim = qk_rope_head_dim (the rotary width).
+  bool mla = false;
+  int64_t q_lora_rank = 0;  // 0: a plain q_proj (config null)
+  int64_t kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool rope_interleave = true;
+  double attention_scale = 0;  // softmax scale when > 0 (else 1/sqrt(head_dim)); MLA: with yarn's mscale_all_dim
+  // Mixture of experts (qwen3_moe, mixtral; nn/moe.h). layer_moe[i]: layer i's MLP is an nn::MoE registered as
+  // moe_module_name ("mlp": transformers 5's in-memory name for all three families); checkpoints name it
+  // moe_checkpoint_name ("mlp"; Mixtral: "block_sparse_moe"). Dense layers keep the MLP of width intermediate_size.
+  // Mixtral: expert width = intermediate_size (moe_intermediate_size set to it).
+  std::vector<int64_t> layer_moe;  // per layer: 1 = MoE, 0 = dense (empty: all dense)
+  std::string moe_module_name = "mlp", moe_checkpoint_name = "mlp";
+  int64_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0;
+  bool norm_topk_prob = true;
+  std::string moe_scoring = "softmax";  // softmax | sigmoid
+  int64_t moe_n_group = 1, moe_topk_group = 1, n_shared_experts = 0;
+  bool moe_score_correction_bias = false;
+  double routed_scaling_factor = 1.0;
+  double router_aux_loss_coef = 0.0;  // transformers' load-balancing coefficient (used by training only)
+  bool is_moe_layer(int64_t i) const { return i < static_cast<int64_t>(layer_moe.size()) && layer_moe[i] != 0; }
   nlohmann::json raw;                   // the config.json as read, written back on export
 
   // Parses config.json's JSON; `file` names the file in errors. Fields that change the math and are not supported

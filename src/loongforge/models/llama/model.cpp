@@ -4,6 +4,9 @@
 
 #include <cmath>
 
+#include "loongforge/core/error.h"
+#include "loongforge/kernels/add_rms_norm.h"
+#include "loongforge/kernels/cuda_ops.h"
 #include "loongforge/kernels/swiglu.h"
 #include "loongforge/nn/recompute.h"
 
@@ -30,6 +33,25 @@ nn::RopeSpec rope_spec(const DecoderConfig& c) {
   s.mscale_all_dim = c.rope.mscale_all_dim.value_or(0);
   s.truncate = c.rope.truncate;
   return s;
+}
+
+nn::MoEOptions moe_options(const DecoderConfig& c) {
+  nn::MoEOptions o;
+  o.num_experts = c.num_experts;
+  o.top_k = c.num_experts_per_tok;
+  o.hidden = c.hidden_size;
+  o.expert_ffn = c.moe_intermediate_size;
+  o.scoring = c.moe_scoring;
+  o.norm_topk_prob = c.norm_topk_prob;
+  o.n_group = c.moe_n_group;
+  o.topk_group = c.moe_topk_group;
+  o.score_correction_bias = c.moe_score_correction_bias;
+  o.routed_scaling_factor = c.routed_scaling_factor;
+  o.shared_ffn = c.n_shared_experts * c.moe_intermediate_size;
+  o.act = c.hidden_act;
+  // Collect the load-balancing statistics in training; CausalLM::aux_loss pools them across layers.
+  o.aux_loss_coef = c.router_aux_loss_coef;
+  return o;
 }
 
 AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t idx)
@@ -86,16 +108,26 @@ at::Tensor MLPImpl::forward(const at::Tensor& x) {
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t idx) {
-  self_attn = register_module("self_attn", Attention(c, idx));
-  mlp = register_module("mlp", MLP(c));
+  if (c.mla) mla = register_module("self_attn", MLA(c, idx));
+  else self_attn = register_module("self_attn", Attention(c, idx));
+  if (c.is_moe_layer(idx)) moe = register_module(c.moe_module_name, nn::MoE(moe_options(c)));
+  else mlp = register_module("mlp", MLP(c));
   input_layernorm = register_module("input_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                      nn::KVCache* cache, const at::Tensor& segment_ids) {
-  at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cache, segment_ids);
-  return h + mlp->forward(post_attention_layernorm->forward(h));
+  at::Tensor a = input_layernorm->forward(x);
+  at::Tensor attn = mla ? mla->forward(a, cos, sin, cache, segment_ids) : self_attn->forward(a, cos, sin, cache, segment_ids);
+  at::Tensor h, n;
+  if (kernels::cuda::supported(x) && attn.scalar_type() == x.scalar_type()) {  // CUDA: fused residual add + RMSNorm
+    std::tie(h, n) = kernels::add_rms_norm(attn, x, post_attention_layernorm->weight, post_attention_layernorm->eps);
+  } else {
+    h = x + attn;
+    n = post_attention_layernorm->forward(h);
+  }
+  return h + (moe ? moe->forward(n) : mlp->forward(n));
 }
 
 DecoderModelImpl::DecoderModelImpl(const DecoderConfig& c) {
@@ -140,6 +172,10 @@ at::Tensor CausalLMImpl::run_layers(at::Tensor h, const at::Tensor& cos, const a
   for (int64_t i = begin; i < end; ++i) {
     auto* l = (*model->layers)[static_cast<size_t>(i)]->as<DecoderLayerImpl>();
     bool recompute = recompute_every_ > 0 && !cache && i % recompute_every_ == 0 && at::GradMode::is_enabled();
+    if (recompute && l->moe && (l->moe->options.aux_loss_coef > 0 || l->moe->options.seq_aux_loss_coef > 0 ||
+                                l->moe->options.z_loss_coef > 0 || l->moe->options.bias_update_rate > 0))
+      throw Error("recompute of MoE layers with router losses or bias updates is not supported yet (set train.recompute "
+                  "to none, or router_aux_loss_coef to 0 in config.json)");
     if (recompute) {
       h = nn::recompute([l, cos, sin, segment_ids](const at::Tensor& x) { return l->forward(x, cos, sin, nullptr, segment_ids); },
                         h, l->parameters());
@@ -148,6 +184,86 @@ at::Tensor CausalLMImpl::run_layers(at::Tensor h, const at::Tensor& cos, const a
     }
   }
   return h;
+}
+
+std::vector<nn::MoEImpl*> CausalLMImpl::moe_blocks() const {
+  std::vector<nn::MoEImpl*> out;
+  for (const auto& m : *model->layers) {
+    auto* l = m->as<DecoderLayerImpl>();
+    if (l && l->moe) out.push_back(l->moe.get());
+  }
+  return out;
+}
+
+at::Tensor CausalLMImpl::aux_loss() const {
+  at::Tensor total;
+  auto add = [&total](const at::Tensor& t) {
+    if (t.defined()) total = total.defined() ? total + t : t;
+  };
+  std::vector<const nn::MoEImpl*> blocks;
+  for (auto* b : moe_blocks()) {
+    blocks.push_back(b);
+    add(b->extra_loss);
+  }
+  at::Tensor lb = nn::load_balancing_loss(blocks);
+  if (lb.defined()) add(config_.router_aux_loss_coef * lb);
+  return total;
+}
+
+void CausalLMImpl::update_moe_bias() {
+  for (auto* b : moe_blocks()) b->update_bias();
+}
+
+void CausalLMImpl::set_moe_training(double aux_loss_coef, double seq_aux_loss_coef, double z_loss_coef,
+                                    double bias_update_rate, double capacity_factor) {
+  config_.router_aux_loss_coef = aux_loss_coef;
+  for (auto* b : moe_blocks()) {
+    if (bias_update_rate > 0 && !b->options.score_correction_bias)
+      throw Error("recipe: field 'moe.bias_update_rate': needs a router with a score correction bias (deepseek_v3)");
+    b->options.aux_loss_coef = aux_loss_coef;
+    b->options.seq_aux_loss_coef = seq_aux_loss_coef;
+    b->options.z_loss_coef = z_loss_coef;
+    b->options.bias_update_rate = bias_update_rate;
+    b->options.capacity_factor = capacity_factor;
+  }
+}
+
+std::vector<CheckpointTensor> checkpoint_tensors(const CausalLMImpl& m) {
+  std::vector<CheckpointTensor> out;
+  const DecoderConfig& c = m.config();
+  const bool mixtral = c.model_type == "mixtral";
+  const int64_t f = c.moe_intermediate_size;
+  for (const auto& item : m.named_parameters()) {
+    const std::string& name = item.key();
+    const std::string stem = ".experts.gate_up_proj", down = ".experts.down_proj";
+    const bool is_gu = name.ends_with(stem), is_down = name.ends_with(down);
+    // the block's checkpoint name (Mixtral: "block_sparse_moe" for the in-memory "mlp")
+    const std::string from = "." + c.moe_module_name + ".", to = "." + c.moe_checkpoint_name + ".";
+    std::string ck = name;
+    if (from != to && (is_gu || is_down || name.ends_with(from + "gate.weight"))) ck.replace(ck.rfind(from), from.size(), to);
+    if (!is_gu && !is_down) {
+      out.push_back({ck, name});
+      continue;
+    }
+    const std::string prefix = ck.substr(0, ck.size() - (is_gu ? stem.size() : down.size())) + ".experts.";
+    for (int64_t e = 0; e < item.value().size(0); ++e) {
+      const std::string p = prefix + std::to_string(e) + ".";
+      if (is_gu) {
+        out.push_back({p + (mixtral ? "w1" : "gate_proj") + ".weight", name, e, 0, f});
+        out.push_back({p + (mixtral ? "w3" : "up_proj") + ".weight", name, e, f, 2 * f});
+      } else {
+        out.push_back({p + (mixtral ? "w2" : "down_proj") + ".weight", name, e, 0, item.value().size(1)});
+      }
+    }
+  }
+  for (const auto& item : m.named_buffers())
+    if (item.key().ends_with("e_score_correction_bias")) out.push_back({item.key(), item.key(), -1, 0, 0, true});
+  return out;
+}
+
+at::Tensor checkpoint_slice(const at::Tensor& t, const CheckpointTensor& e) {
+  if (e.index < 0) return t;
+  return t.select(0, e.index).slice(0, e.begin, e.end);
 }
 
 at::Tensor CausalLMImpl::final_norm(const at::Tensor& h) { return model->norm->forward(h); }

@@ -9,8 +9,10 @@
 #include <functional>
 
 #include "loongforge/models/llama/config.h"
+#include "loongforge/models/llama/mla.h"
 #include "loongforge/nn/attention.h"
 #include "loongforge/nn/linear.h"
+#include "loongforge/nn/moe.h"
 #include "loongforge/nn/rms_norm.h"
 #include "loongforge/nn/rotary.h"
 
@@ -50,8 +52,10 @@ class DecoderLayerImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, nn::KVCache* cache,
                      const at::Tensor& segment_ids = {});
 
-  Attention self_attn{nullptr};
-  MLP mlp{nullptr};
+  Attention self_attn{nullptr};  // null with config.mla: then mla is registered as "self_attn"
+  MLA mla{nullptr};
+  MLP mlp{nullptr};  // null in MoE layers (config.is_moe_layer): then moe, registered as config.moe_module_name
+  nn::MoE moe{nullptr};
   nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
 };
 TORCH_MODULE(DecoderLayer);
@@ -99,6 +103,19 @@ class CausalLMImpl : public torch::nn::Module {
   DecoderModel model{nullptr};
   nn::Linear lm_head{nullptr};  // absent when tie_word_embeddings
 
+  // Mixture of experts. The MoE blocks of the layers, in layer order (empty for dense models).
+  std::vector<nn::MoEImpl*> moe_blocks() const;
+  // Router losses of the last forward with gradients, to add to the mean token loss (undefined when none):
+  // router_aux_loss_coef * transformers' load_balancing_loss_func over all MoE layers (its statistics pooled
+  // across layers, as transformers does) + every block's sequence-level and z-loss terms.
+  at::Tensor aux_loss() const;
+  // Aux-loss-free bias updates of every block (nn::MoEImpl::update_bias); call after the optimizer step.
+  void update_moe_bias();
+  // Training options of every MoE block (recipe `moe.*`): the load-balancing coefficient (replaces config.json's
+  // router_aux_loss_coef), sequence-level and z-loss coefficients, aux-loss-free bias update rate, capacity factor.
+  void set_moe_training(double aux_loss_coef, double seq_aux_loss_coef, double z_loss_coef, double bias_update_rate,
+                        double capacity_factor);
+
  private:
   DecoderConfig config_;
   nn::Rotary rotary_;
@@ -107,5 +124,22 @@ class CausalLMImpl : public torch::nn::Module {
 TORCH_MODULE(CausalLM);
 
 nn::RopeSpec rope_spec(const DecoderConfig& c);
+// The MoE block options of a config's MoE layers.
+nn::MoEOptions moe_options(const DecoderConfig& c);
+
+// Checkpoint names <-> model tensors. Hub checkpoints and save_pretrained store experts one tensor per expert
+// (Qwen3-MoE: model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight; Mixtral:
+// model.layers.L.block_sparse_moe.experts.E.{w1,w3,w2}.weight) while the model stacks them
+// (experts.gate_up_proj [E,2f,d] = [gate; up], experts.down_proj [E,d,f]). Each entry names one checkpoint tensor
+// and the slice of a model parameter (or, with buffer, a buffer) it fills: param[index, begin:end] along dim 1, or
+// the whole tensor when index < 0. Every other parameter maps to itself. Loading and export apply this list.
+struct CheckpointTensor {
+  std::string name, param;
+  int64_t index = -1, begin = 0, end = 0;
+  bool buffer = false;
+};
+std::vector<CheckpointTensor> checkpoint_tensors(const CausalLMImpl& model);
+// The view of `t` (the tensor named entry.param) that entry fills.
+at::Tensor checkpoint_slice(const at::Tensor& t, const CheckpointTensor& entry);
 
 }  // namespace lf::models::llama

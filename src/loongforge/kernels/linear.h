@@ -1,0 +1,28 @@
+// Linear layer y = x W^T + b with the GEMMs split across ATen's threads on the CPU.
+//
+// Why it exists: the torch wheel's MKL was measured at ~96 GFLOP/s with two threads on x W^T (K=256) where OpenBLAS
+// reached ~176, so one single-threaded sgemm per thread on its own block of rows looked like a way to run each core at
+// its single-thread speed. Measured in `loongforge train` (small bench shape, 2 threads) it gives no gain (~2 %
+// slower, bench/results/cpu_train.md), so it is opt-in, kept for A/B runs on other CPUs. Forward splits the N rows of
+// y, the input gradient the N rows of dx, the weight gradient the out rows of dW; each block is one at::mm_out inside
+// at::parallel_for (MKL runs single-threaded inside a parallel region: no nested team). Only libgomp's threads run.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+namespace lf::kernels {
+
+// Autograd-aware. CPU f32/f64 tensors (x [..., in], weight [out, in], bias [out] or undefined) go to the split
+// GEMMs when splitting pays (linear_split_mode()), anything else to at::linear.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+// The raw split GEMM (no autograd), for tests and benchmarks: a [M,K] b [K,N] (any strides) into a fresh contiguous
+// [M,N], its M rows split in `parts` blocks of multiples of 8 rows (0: ATen's thread count).
+at::Tensor mm_split_rows(const at::Tensor& a, const at::Tensor& b, int64_t parts = 0);
+
+// When the CPU GEMMs of kernels::linear and kernels::linear_cross_entropy split: 0 never (the default: no gain
+// measured, see above), 1 when it may pay (more than one ATen thread and at least 4M multiply-adds), 2 always, in
+// at least 2 blocks (tests). LOONGFORGE_SPLIT_GEMM=1 in the environment selects 1 (A/B runs of bench/cpu_train.py).
+int linear_split_mode();
+void set_linear_split_mode(int mode);
+
+}  // namespace lf::kernels

@@ -1,0 +1,71 @@
+#include "loongforge/models/llama/mla.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "loongforge/nn/rotary.h"
+
+namespace lf::models::llama {
+
+at::Tensor apply_rotary_interleaved(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  // Pair i = (x[2i], x[2i+1]) rotates by angle i; cos/sin are cat(freqs, freqs), so de-interleaving x into
+  // [evens | odds] turns this into the usual rotate-half form with the same cos/sin.
+  const int64_t d = x.size(-1);
+  at::Tensor de = at::cat({x.slice(-1, 0, d, 2), x.slice(-1, 1, d, 2)}, -1);
+  return nn::apply_rotary(de, cos, sin);
+}
+
+MLAImpl::MLAImpl(const DecoderConfig& c, int64_t idx)
+    : layer_idx(idx), heads(c.num_attention_heads), kv_lora_rank(c.kv_lora_rank), qk_nope_head_dim(c.qk_nope_head_dim),
+      qk_rope_head_dim(c.qk_rope_head_dim), v_head_dim(c.v_head_dim), rope_interleave(c.rope_interleave),
+      scale(c.attention_scale > 0 ? c.attention_scale
+                                  : 1.0 / std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim))) {
+  const int64_t d = c.hidden_size, qk = qk_nope_head_dim + qk_rope_head_dim;
+  // transformers builds q_a_layernorm / kv_a_layernorm with the RMSNorm default eps (1e-6), not rms_norm_eps.
+  constexpr double latent_eps = 1e-6;
+  if (c.q_lora_rank > 0) {
+    q_a_proj = register_module("q_a_proj", nn::Linear(d, c.q_lora_rank, c.q_bias));
+    q_a_layernorm = register_module("q_a_layernorm", nn::RMSNorm(c.q_lora_rank, latent_eps));
+    q_b_proj = register_module("q_b_proj", nn::Linear(c.q_lora_rank, heads * qk, false));
+  } else {
+    q_proj = register_module("q_proj", nn::Linear(d, heads * qk, false));
+  }
+  kv_a_proj_with_mqa = register_module("kv_a_proj_with_mqa", nn::Linear(d, kv_lora_rank + qk_rope_head_dim, c.k_bias));
+  kv_a_layernorm = register_module("kv_a_layernorm", nn::RMSNorm(kv_lora_rank, latent_eps));
+  kv_b_proj = register_module("kv_b_proj", nn::Linear(kv_lora_rank, heads * (qk_nope_head_dim + v_head_dim), false));
+  o_proj = register_module("o_proj", nn::Linear(heads * v_head_dim, d, c.o_bias));
+}
+
+at::Tensor MLAImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, nn::KVCache* cache,
+                            const at::Tensor& segment_ids) {
+  const int64_t b = x.size(0), t = x.size(1), qk = qk_nope_head_dim + qk_rope_head_dim;
+  at::Tensor q = q_proj ? q_proj->forward(x) : q_b_proj->forward(q_a_layernorm->forward(q_a_proj->forward(x)));
+  q = q.view({b, t, heads, qk}).transpose(1, 2);  // [B,H,T,qk]
+  at::Tensor q_pass = q.narrow(-1, 0, qk_nope_head_dim), q_rot = q.narrow(-1, qk_nope_head_dim, qk_rope_head_dim);
+
+  at::Tensor ckv = kv_a_proj_with_mqa->forward(x);  // [B,T,kv_lora_rank + rope]
+  at::Tensor latent = kv_a_layernorm->forward(ckv.narrow(-1, 0, kv_lora_rank)).unsqueeze(1);  // [B,1,T,kv_lora_rank]
+  at::Tensor k_rot = ckv.narrow(-1, kv_lora_rank, qk_rope_head_dim).unsqueeze(1);            // [B,1,T,rope]
+  if (rope_interleave) {
+    q_rot = apply_rotary_interleaved(q_rot, cos, sin);
+    k_rot = apply_rotary_interleaved(k_rot, cos, sin);
+  } else {
+    q_rot = nn::apply_rotary(q_rot, cos, sin);
+    k_rot = nn::apply_rotary(k_rot, cos, sin);
+  }
+  int64_t offset = 0;
+  if (cache) {  // the cache keeps the compressed latent and the rotated shared key
+    offset = cache->keys[layer_idx].defined() ? cache->keys[layer_idx].size(2) : 0;
+    std::tie(latent, k_rot) = cache->append(static_cast<size_t>(layer_idx), latent, k_rot);
+  }
+  const int64_t tk = latent.size(2);
+  at::Tensor kv = kv_b_proj->forward(latent).view({b, tk, heads, qk_nope_head_dim + v_head_dim}).transpose(1, 2);
+  at::Tensor k_nope = kv.narrow(-1, 0, qk_nope_head_dim), v = kv.narrow(-1, qk_nope_head_dim, v_head_dim);
+  at::Tensor k = at::cat({k_nope, k_rot.expand({b, heads, tk, qk_rope_head_dim})}, -1);
+  q = at::cat({q_pass, q_rot}, -1);
+  at::Tensor o = nn::causal_attention(q, k, v, offset, /*window=*/0, scale, segment_ids);  // [B,H,T,v_head_dim]
+  return o_proj->forward(o.transpose(1, 2).reshape({b, t, heads * v_head_dim}));
+}
+
+}  // namespace lf::models::llama

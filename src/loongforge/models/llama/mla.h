@@ -1,0 +1,41 @@
+// Multi-head latent attention (MLA) of DeepSeek-V2/V3, as transformers' DeepseekV3Attention: the queries come from
+// a low-rank path (q_a_proj -> q_a_layernorm -> q_b_proj) or a plain q_proj; keys and values from one compressed
+// latent (kv_a_proj_with_mqa -> kv_a_layernorm -> kv_b_proj) plus a rotary part shared by all heads. Each head's
+// query/key is [nope part | rope part] (qk_nope_head_dim + qk_rope_head_dim); values have v_head_dim.
+// Registered under "self_attn" with the Hugging Face child names. The KV cache holds the compressed latent
+// (keys[layer] = normed latent [B,1,T,kv_lora_rank], values[layer] = rotated shared key [B,1,T,qk_rope_head_dim]).
+#pragma once
+#include <torch/nn/module.h>
+
+#include "loongforge/models/llama/config.h"
+#include "loongforge/nn/attention.h"
+#include "loongforge/nn/linear.h"
+#include "loongforge/nn/rms_norm.h"
+
+namespace lf::models::llama {
+
+class MLAImpl : public torch::nn::Module {
+ public:
+  MLAImpl(const DecoderConfig& c, int64_t layer_idx);
+  // x [B,T,hidden]; cos/sin [B,T,qk_rope_head_dim] from the model's rotary (attention scaling included);
+  // segment_ids [B,T] restrict attention to packed documents. Returns [B,T,hidden].
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, nn::KVCache* cache,
+                     const at::Tensor& segment_ids = {});
+
+  nn::Linear q_proj{nullptr};                            // q_lora_rank null
+  nn::Linear q_a_proj{nullptr}, q_b_proj{nullptr};       // q_lora_rank set
+  nn::RMSNorm q_a_layernorm{nullptr};
+  nn::Linear kv_a_proj_with_mqa{nullptr}, kv_b_proj{nullptr}, o_proj{nullptr};
+  nn::RMSNorm kv_a_layernorm{nullptr};
+  int64_t layer_idx, heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+  bool rope_interleave;
+  double scale;  // softmax scale: qk_head_dim^-0.5, times yarn's mscale(factor, mscale_all_dim)^2
+};
+TORCH_MODULE(MLA);
+
+// DeepSeek's interleaved rotary: the rope dimensions come in pairs (x0,x1),(x2,x3)...; the result is laid out
+// de-interleaved [x0',x2',...,x1',x3',...] as transformers' apply_rotary_pos_emb_interleave. x [B,H,T,D],
+// cos/sin [B,T,D].
+at::Tensor apply_rotary_interleaved(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+}  // namespace lf::models::llama

@@ -1,0 +1,307 @@
+#include "loongforge/nn/moe.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+
+#include "loongforge/core/error.h"
+#include "loongforge/kernels/swiglu.h"
+
+namespace lf::nn {
+
+namespace {
+
+at::Tensor activate(const at::Tensor& g, const at::Tensor& u, const std::string& act) {
+  if (act == "silu") return kernels::swiglu(g, u);
+  if (act == "gelu") return at::gelu(g) * u;
+  if (act == "gelu_pytorch_tanh") return at::gelu(g, "tanh") * u;
+  if (act == "relu") return at::relu(g) * u;
+  throw Error("moe: unsupported activation '" + act + "'");
+}
+
+// at::_grouped_mm's autograd fails on an expanded (stride 0) incoming gradient: make it contiguous first.
+at::Tensor contiguous_grad(at::Tensor y) {
+  if (y.requires_grad()) y.register_hook([](const at::Tensor& g) { return g.contiguous(); });
+  return y;
+}
+
+// Router math runs in float32 (float64 stays float64, for gradient checks).
+at::ScalarType router_dtype(const at::Tensor& t) { return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+bool grouped_mm_ok(const at::Tensor& x, int64_t d, int64_t ffn) {
+  auto dt = x.scalar_type();
+  if (dt != at::kFloat && dt != at::kBFloat16 && dt != at::kHalf) return false;
+  const int64_t es = static_cast<int64_t>(x.element_size());
+  // row strides of every operand must be multiples of 16 bytes
+  return (d * es) % 16 == 0 && (ffn * es) % 16 == 0;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// Routing
+
+Routing route(const at::Tensor& logits, const MoEOptions& o, const at::Tensor& bias) {
+  Routing r;
+  r.logits = logits;
+  const int64_t n = logits.size(0), e = logits.size(1), k = o.top_k;
+  if (o.scoring == "softmax") {
+    r.probs = at::softmax(logits, -1, router_dtype(logits));
+    auto [val, idx] = at::topk(r.probs, k, -1);
+    if (o.norm_topk_prob) val = val / val.sum(-1, true);
+    r.weights = val.to(logits.scalar_type());
+    r.expert_ids = idx;
+  } else if (o.scoring == "sigmoid") {
+    r.probs = at::sigmoid(logits.to(router_dtype(logits)));
+    at::Tensor choice = bias.defined() ? r.probs + bias.to(r.probs.scalar_type()) : r.probs;
+    if (o.n_group > 1) {
+      const int64_t per = e / o.n_group;
+      at::Tensor v = choice.view({n, o.n_group, per});
+      at::Tensor group_scores = std::get<0>(at::topk(v, std::min<int64_t>(2, per), -1)).sum(-1);
+      at::Tensor group_idx = std::get<1>(at::topk(group_scores, o.topk_group, -1, true, false));
+      at::Tensor group_mask = at::zeros_like(group_scores).scatter_(1, group_idx, 1.0);
+      at::Tensor score_mask = group_mask.unsqueeze(-1).expand({n, o.n_group, per}).reshape({n, e});
+      choice = choice.masked_fill(score_mask.logical_not(), -std::numeric_limits<double>::infinity());
+    }
+    at::Tensor idx = std::get<1>(at::topk(choice, k, -1, true, false));
+    at::Tensor w = r.probs.gather(1, idx);
+    if (o.norm_topk_prob) w = w / (w.sum(-1, true) + 1e-20);
+    r.weights = w;
+    r.expert_ids = idx;
+  } else {
+    throw Error("moe: unsupported scoring '" + o.scoring + "' (softmax, sigmoid)");
+  }
+  if (o.routed_scaling_factor != 1.0) r.weights = r.weights * o.routed_scaling_factor;
+  return r;
+}
+
+int64_t expert_capacity(int64_t num_tokens, int64_t top_k, int64_t num_experts, double capacity_factor) {
+  return static_cast<int64_t>(std::ceil(capacity_factor * static_cast<double>(num_tokens * top_k) /
+                                        static_cast<double>(num_experts)));
+}
+
+std::pair<at::Tensor, at::Tensor> apply_capacity(const at::Tensor& expert_ids, const at::Tensor& weights,
+                                                 int64_t num_experts, double capacity_factor) {
+  if (capacity_factor <= 0) return {expert_ids, weights};
+  const int64_t n = expert_ids.size(0), k = expert_ids.size(1);
+  const int64_t cap = expert_capacity(n, k, num_experts, capacity_factor);
+  at::Tensor flat = expert_ids.reshape({-1});
+  at::Tensor key = at::where(flat >= 0, flat, at::full_like(flat, num_experts));
+  // stable sort by expert: within an expert, assignments stay in flat (token, slot) order
+  at::Tensor order = std::get<1>(at::sort(key, /*stable=*/true, 0, false));
+  at::Tensor counts = at::bincount(key, {}, num_experts + 1);
+  at::Tensor starts = at::cumsum(counts, 0) - counts;
+  at::Tensor sorted_key = key.index_select(0, order);
+  at::Tensor rank = at::arange(flat.numel(), flat.options()) - starts.index_select(0, sorted_key);
+  at::Tensor keep_sorted = rank < cap;
+  at::Tensor keep = at::empty_like(keep_sorted).index_copy_(0, order, keep_sorted).logical_and(flat >= 0);
+  at::Tensor ids = at::where(keep, flat, at::full_like(flat, -1)).view({n, k});
+  at::Tensor w = weights * keep.view({n, k}).to(weights.scalar_type());
+  return {ids, w};
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Permutation, grouped experts, unpermutation
+
+Permutation permute(const at::Tensor& x, const at::Tensor& expert_ids, int64_t num_experts) {
+  Permutation p;
+  p.num_tokens = expert_ids.size(0);
+  p.top_k = expert_ids.size(1);
+  at::Tensor flat = expert_ids.reshape({-1});
+  at::Tensor key = at::where(flat >= 0, flat, at::full_like(flat, num_experts));  // dropped last
+  at::Tensor order = std::get<1>(at::sort(key, /*stable=*/true, 0, false));
+  at::Tensor counts_all = at::bincount(key, {}, num_experts + 1);
+  p.counts = counts_all.slice(0, 0, num_experts);
+  const int64_t m = flat.numel() - counts_all[num_experts].item<int64_t>();
+  p.slots = order.slice(0, 0, m);
+  p.tokens = at::floor_divide(p.slots, p.top_k);
+  p.offsets = at::cumsum(p.counts, 0).to(at::kInt);
+  p.x = x.index_select(0, p.tokens);
+  return p;
+}
+
+at::Tensor grouped_expert_ffn(const at::Tensor& x, const at::Tensor& gate_up, const at::Tensor& down,
+                              const at::Tensor& offsets, const std::string& act) {
+  const int64_t e = gate_up.size(0), ffn = gate_up.size(1) / 2, d = gate_up.size(2);
+  if (grouped_mm_ok(x, d, ffn) && gate_up.scalar_type() == x.scalar_type() && down.scalar_type() == x.scalar_type()) {
+    at::Tensor xin = x.contiguous();
+    at::Tensor h = contiguous_grad(at::_grouped_mm(xin, gate_up.transpose(1, 2), offsets));  // [M, 2*ffn]
+    at::Tensor a = activate(h.slice(1, 0, ffn), h.slice(1, ffn, 2 * ffn), act);
+    return contiguous_grad(at::_grouped_mm(a.contiguous(), down.transpose(1, 2), offsets));  // [M, d]
+  }
+  // Other dtypes (float64 for gradient checks) and unaligned shapes: one GEMM per expert over its contiguous rows.
+  at::Tensor ends = offsets.to(at::kCPU, at::kLong);
+  const int64_t* end = ends.data_ptr<int64_t>();
+  std::vector<at::Tensor> outs;
+  int64_t begin = 0;
+  for (int64_t i = 0; i < e; ++i) {
+    if (end[i] > begin) {
+      at::Tensor xi = x.slice(0, begin, end[i]);
+      at::Tensor h = at::linear(xi, gate_up[i]);
+      outs.push_back(at::linear(activate(h.slice(1, 0, ffn), h.slice(1, ffn, 2 * ffn), act), down[i]));
+    }
+    begin = end[i];
+  }
+  if (outs.empty()) return at::zeros({0, d}, x.options());
+  return at::cat(outs, 0);
+}
+
+at::Tensor unpermute(const at::Tensor& y, const Permutation& p, const at::Tensor& weights) {
+  at::Tensor w = weights.reshape({-1}).index_select(0, p.slots).to(y.scalar_type()).unsqueeze(1);
+  at::Tensor out = at::zeros({p.num_tokens, y.size(1)}, y.options());
+  return out.index_add(0, p.tokens, y * w);
+}
+
+at::Tensor experts_reference(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights,
+                             const at::Tensor& gate_up, const at::Tensor& down, const std::string& act) {
+  const int64_t ffn = gate_up.size(1) / 2;
+  at::Tensor out = at::zeros_like(x);
+  for (int64_t i = 0; i < gate_up.size(0); ++i) {
+    auto where = at::where(expert_ids == i);
+    at::Tensor tok = where[0], pos = where[1];
+    if (tok.numel() == 0) continue;
+    at::Tensor h = at::linear(x.index_select(0, tok), gate_up[i]);
+    at::Tensor g = h.slice(1, 0, ffn), u = h.slice(1, ffn, 2 * ffn);
+    at::Tensor a = act == "silu" ? at::silu(g) * u : activate(g, u, act);
+    at::Tensor wi = weights.reshape({-1}).index_select(0, tok * expert_ids.size(1) + pos);
+    at::Tensor yi = at::linear(a, down[i]) * wi.unsqueeze(1).to(x.scalar_type());
+    out = out.index_add(0, tok, yi);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Modules
+
+MoEGateImpl::MoEGateImpl(int64_t num_experts, int64_t hidden, bool correction_bias) {
+  weight = register_parameter("weight", at::zeros({num_experts, hidden}));
+  if (correction_bias) e_score_correction_bias = register_buffer("e_score_correction_bias", at::zeros({num_experts}));
+}
+
+MoEExpertsImpl::MoEExpertsImpl(int64_t num_experts, int64_t hidden, int64_t ffn) {
+  gate_up_proj = register_parameter("gate_up_proj", at::zeros({num_experts, 2 * ffn, hidden}));
+  down_proj = register_parameter("down_proj", at::zeros({num_experts, hidden, ffn}));
+}
+
+SharedExpertImpl::SharedExpertImpl(int64_t hidden, int64_t ffn, std::string a) : act(std::move(a)) {
+  gate_proj = register_module("gate_proj", Linear(hidden, ffn, false));
+  up_proj = register_module("up_proj", Linear(hidden, ffn, false));
+  down_proj = register_module("down_proj", Linear(ffn, hidden, false));
+}
+
+at::Tensor SharedExpertImpl::forward(const at::Tensor& x) {
+  return down_proj->forward(activate(gate_proj->forward(x), up_proj->forward(x), act));
+}
+
+MoEImpl::MoEImpl(MoEOptions o) : options(std::move(o)) {
+  const auto& op = options;
+  if (op.num_experts <= 0 || op.top_k <= 0 || op.top_k > op.num_experts || op.hidden <= 0 || op.expert_ffn <= 0)
+    throw Error("moe: need num_experts > 0, 0 < top_k <= num_experts, hidden > 0, expert_ffn > 0");
+  if (op.n_group < 1 || op.num_experts % op.n_group || op.topk_group < 1 || op.topk_group > op.n_group)
+    throw Error("moe: n_group must divide num_experts and 1 <= topk_group <= n_group");
+  if (op.bias_update_rate > 0 && !op.score_correction_bias)
+    throw Error("moe: bias_update_rate needs score_correction_bias");
+  gate = register_module("gate", MoEGate(op.num_experts, op.hidden, op.score_correction_bias));
+  experts = register_module("experts", MoEExperts(op.num_experts, op.hidden, op.expert_ffn));
+  if (op.shared_ffn > 0) shared_experts = register_module("shared_experts", SharedExpert(op.hidden, op.shared_ffn, op.act));
+}
+
+at::Tensor MoEImpl::router_logits(const at::Tensor& x) const {
+  if (options.scoring == "sigmoid") {
+    const auto dt = router_dtype(x);
+    return at::linear(x.to(dt), gate->weight.to(dt));
+  }
+  return at::linear(x, gate->weight);
+}
+
+at::Tensor MoEImpl::forward(const at::Tensor& x) {
+  const auto& o = options;
+  const int64_t d = x.size(-1);
+  at::Tensor xf = x.reshape({-1, d});
+  const int64_t n = xf.size(0), e = o.num_experts, k = o.top_k;
+  Routing r = route(router_logits(xf), o, gate->e_score_correction_bias);
+
+  // Training statistics and losses (only when gradients are being computed, i.e. training).
+  aux_loss = lb_loss = extra_loss = at::Tensor();
+  lb_counts = at::Tensor();
+  lb_prob_sum = at::Tensor();
+  lb_rows = 0;
+  const bool grad = at::GradMode::is_enabled();
+  if (grad && (o.aux_loss_coef > 0 || o.bias_update_rate > 0 || o.seq_aux_loss_coef > 0)) {
+    at::NoGradGuard ng;
+    lb_counts = at::bincount(r.expert_ids.reshape({-1}), {}, e).to(at::kFloat);
+    if (o.bias_update_rate > 0)
+      load_since_update = load_since_update.defined() ? load_since_update + lb_counts : lb_counts.clone();
+  }
+  if (grad) {
+    at::Tensor p = o.scoring == "softmax" ? r.probs : r.probs / r.probs.sum(-1, true);
+    if (o.aux_loss_coef > 0) {
+      lb_prob_sum = p.sum(0);
+      lb_rows = n;
+      lb_loss = o.aux_loss_coef * static_cast<double>(e) *
+                (lb_counts.to(p.scalar_type()) / static_cast<double>(n) * (lb_prob_sum / static_cast<double>(n))).sum();
+    }
+    if (o.seq_aux_loss_coef > 0) {
+      const int64_t b = x.dim() == 3 ? x.size(0) : 1, t = n / b;
+      at::Tensor cnt;
+      {
+        at::NoGradGuard ng;
+        cnt = at::zeros({b, e}, p.options())
+                  .scatter_add_(1, r.expert_ids.view({b, t * k}), at::ones({b, t * k}, p.options()));
+      }
+      at::Tensor f = cnt * (static_cast<double>(e) / static_cast<double>(k * t));
+      at::Tensor pm = p.view({b, t, e}).mean(1);
+      extra_loss = o.seq_aux_loss_coef * (f * pm).sum(1).mean();
+    }
+    if (o.z_loss_coef > 0) {
+      at::Tensor z = at::logsumexp(r.logits.to(router_dtype(r.logits)), -1);
+      at::Tensor zl = o.z_loss_coef * (z * z).mean();
+      extra_loss = extra_loss.defined() ? extra_loss + zl : zl;
+    }
+    if (lb_loss.defined()) aux_loss = lb_loss;
+    if (extra_loss.defined()) aux_loss = aux_loss.defined() ? aux_loss + extra_loss : extra_loss;
+  }
+
+  at::Tensor ids = r.expert_ids, w = r.weights;
+  if (o.capacity_factor > 0) std::tie(ids, w) = apply_capacity(ids, w, e, o.capacity_factor);
+
+  at::Tensor out;
+  if (experts_fn) {
+    out = experts_fn(xf, ids, w);
+  } else {
+    Permutation p = permute(xf, ids, e);
+    at::Tensor y = grouped_expert_ffn(p.x, experts->gate_up_proj, experts->down_proj, p.offsets, o.act);
+    out = unpermute(y, p, w);
+  }
+  out = out.view(x.sizes());
+  if (shared_experts) out = out + shared_experts->forward(x);
+  return out;
+}
+
+void MoEImpl::update_bias() {
+  if (options.bias_update_rate <= 0 || !load_since_update.defined()) return;
+  at::NoGradGuard ng;
+  at::Tensor load = load_since_update;
+  at::Tensor delta = at::sign(load.mean() - load) * options.bias_update_rate;
+  gate->e_score_correction_bias.add_(delta.to(gate->e_score_correction_bias.scalar_type()));
+  load_since_update = at::Tensor();
+}
+
+at::Tensor load_balancing_loss(const std::vector<const MoEImpl*>& layers) {
+  at::Tensor counts, probs;
+  int64_t rows = 0, e = 0;
+  for (const MoEImpl* l : layers) {
+    if (!l->lb_prob_sum.defined()) continue;
+    counts = counts.defined() ? counts + l->lb_counts : l->lb_counts;
+    probs = probs.defined() ? probs + l->lb_prob_sum : l->lb_prob_sum;
+    rows += l->lb_rows;
+    e = l->options.num_experts;
+  }
+  if (!counts.defined()) return {};
+  const double r = static_cast<double>(rows);
+  return static_cast<double>(e) * (counts.to(probs.scalar_type()) / r * (probs / r)).sum();
+}
+
+}  // namespace lf::nn
