@@ -15,6 +15,7 @@
 #include "loongforge/nn/loss.h"
 #include "loongforge/parallel/comm.h"
 #include "loongforge/parallel/expert_parallel.h"
+#include "loongforge/parallel/layout.h"
 
 namespace {
 
@@ -114,6 +115,41 @@ void check_ep(const Group& g, double capacity_factor) {
 TEST(EP, GroupOfOneMatchesPlainModel) {
   Group one;
   check_ep(one, 0.0);
+}
+
+// The trainer's layout (parallel/layout.h): ep ranks are neighbouring data-parallel ranks, ep divides dp, DDP only.
+TEST(EP, LayoutPutsEpRanksInsideDataParallel) {
+  DecoderConfig c = DecoderConfig::from_json(moe_json());
+  par::Layout l;
+  l.dp = 4;
+  l.ep = 2;
+  EXPECT_EQ(l.world(), 4);
+  EXPECT_EQ(l.describe(), "dp4 ep2");
+  std::vector<std::pair<std::string, int>> want{{"pp", 1}, {"dp_rep", 2}, {"ep", 2}, {"dp_shard", 1}, {"cp", 1}, {"tp", 1}};
+  EXPECT_EQ(l.mesh_dims(), want);
+  EXPECT_NO_THROW(par::validate(l, c, 16, 1, false));
+  auto error_of = [&](par::Layout b, bool lora = false) -> std::string {
+    try {
+      par::validate(b, c, 16, 1, lora);
+    } catch (const lf::Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  par::Layout b = l;
+  b.ep = 3;
+  EXPECT_EQ(error_of(b), "recipe: field 'parallel.ep': 3 does not divide parallel.dp 4 (the expert-parallel ranks are "
+                         "data-parallel ranks)");
+  b = l;
+  b.zero = 1;
+  EXPECT_NE(error_of(b).find("'parallel.ep': 2: expert parallelism runs with parallel.zero 0 (DDP) only"), std::string::npos);
+  b = l;
+  b.zero = 3;
+  EXPECT_NE(error_of(b).find("'parallel.ep'"), std::string::npos);
+  EXPECT_NE(error_of(l, true).find("'parallel.ep'"), std::string::npos);
+  b = l;
+  b.tp = 2;
+  EXPECT_NE(error_of(b).find("'parallel.tp'"), std::string::npos);
 }
 
 TEST(EP, BadLayoutsAreClearErrors) {

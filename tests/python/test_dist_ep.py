@@ -1,12 +1,166 @@
 """Expert parallelism (parallel/expert_parallel.h) at ep2 and ep4: every rank runs its own rows of a tiny qwen3_moe
 model with its share of the experts; the loss sums over ranks and every gradient (non-expert ones summed over ranks,
 expert ones as local slices) equal the one-process reference each rank computes itself on the global batch
-(tests/cpp/test_ep.cpp, EPHook.*), dropless and with per-rank capacity dropping."""
-import pytest
+(tests/cpp/test_ep.cpp, EPHook.*), dropless and with per-rank capacity dropping.
+`loongforge train` with parallel.ep (ep2, ep4, ep2 x dp2; the ep ranks are data-parallel ranks) gives the losses,
+grad norms and validation losses of one process, and its checkpoints hold whole experts (resume in one process,
+load in transformers); bad ep layouts fail with one line naming the field."""
+import json
+import pathlib
+import shutil
 
-from conftest import run_gtest_hook_ranks
+import pytest
+import torch
+import transformers
+from safetensors import safe_open
+
+from conftest import LF_BIN, launch_ranks, run_gtest_hook_ranks, run_lf
 
 
 @pytest.mark.parametrize("ep", [2, 4])
 def test_expert_parallel_matches_one_process(ep):
     run_gtest_hook_ranks(ep, "EPHook.LossAndGradientsMatchOneProcess", {"LF_EP_HOOK": "1"})
+
+
+# ---- `loongforge train` with parallel.ep (train/dist_engine.cpp): ep ranks are data-parallel ranks -------------------
+MOE = dict(model_type="qwen3_moe", vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=8,
+           num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, max_position_embeddings=64,
+           router_aux_loss_coef=0.0, rms_norm_eps=1e-6)
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ep_train")
+    cfg = transformers.AutoConfig.for_model(**MOE)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # routers with spread-out logits: tokens go to different experts on different ranks
+        for n, p in model.named_parameters():
+            if n.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.5)
+    model.save_pretrained(d / "model")
+    g = torch.Generator().manual_seed(7)
+    write_shard(d / "train", torch.randint(0, 64, (4000,), generator=g).numpy(), docs=40)
+    return d
+
+
+def write_shard(prefix, toks, docs):
+    """A uint16 token shard (docs/data_format.md) of `docs` equal-length documents of random tokens."""
+    import numpy as np
+    toks = toks.astype(np.uint16)
+    toks.tofile(str(prefix) + ".bin")
+    offsets = np.linspace(0, len(toks), docs + 1).astype("<u8")
+    idx = b"LFIDX\0\0\0" + np.array([1, 2], dtype="<u4").tobytes() + np.array([docs, len(toks)], dtype="<u8").tobytes()
+    (pathlib.Path(str(prefix) + ".idx")).write_bytes(idx + offsets.tobytes())
+
+
+def ep_recipe(tmp, d, out, steps):
+    r = tmp / f"{out}.yaml"
+    r.write_text(f"""
+output_dir: {tmp / out}
+seed: 3
+model:
+  path: {d / 'model'}
+data:
+  train:
+    - path: {d / 'train'}
+  seq_len: 16
+  valid_fraction: 0.05
+train:
+  steps: {steps}
+  micro_batch_size: 1
+  grad_accum: 2
+  threads: 1
+checkpoint:
+  every: 4
+eval:
+  every: 2
+  batches: 2
+optim:
+  lr: 1.0e-2
+  clip: 0.5
+schedule:
+  kind: constant
+log:
+  progress: off
+  plot: false
+  tensorboard: false
+""")
+    return r
+
+
+def ep_metrics(run):
+    return [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in l]
+
+
+def whole_tensors(ckpt, prefix):
+    out = {}
+    for f in sorted(ckpt.glob(f"{prefix}*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            for k in h.keys():
+                out[k] = h.get_tensor(k)
+    return out
+
+
+@pytest.mark.parametrize("dp,ep", [(2, 2), (4, 4), (4, 2)])
+def test_train_ep_matches_one_process(tmp_path, moe_dir, dp, ep):
+    """ep2, ep4 and ep2 x dp2 (4 data ranks, 2 per expert group): per-step losses and grad norms of one process
+    (fp32, 1e-5, 4 steps of 2 micro-batches, clipping on) and the validation losses; the checkpoint holds whole expert tensors equal to the
+    one-process run's, with the optimizer moments, resumes in one process with the same next-step loss (1e-6) and
+    loads in transformers."""
+    steps = 4
+    run_lf("train", ep_recipe(tmp_path, moe_dir, "one", steps + 1), "--set", f"train.micro_batch_size={dp}")
+    res = launch_ranks(dp, [LF_BIN, "train", ep_recipe(tmp_path, moe_dir, "ep", steps), "--set", f"parallel.dp={dp}",
+                            "--set", f"parallel.ep={ep}"], threads=1)
+    for r in res:
+        assert r.returncode == 0, r.stderr[-3000:]
+    one, got = ep_metrics(tmp_path / "one"), ep_metrics(tmp_path / "ep")
+    assert len(got) == steps
+    for a, b in zip(one, got):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * abs(a["grad_norm"]), (a, b)
+        assert ("valid_loss" in a) == ("valid_loss" in b) == (a["step"] % 2 == 0)
+        if "valid_loss" in a:  # evaluation (forward only, eval mode) through the ep exchange as well
+            assert abs(a["valid_loss"] - b["valid_loss"]) <= 1e-5 * abs(a["valid_loss"]), (a, b)
+    ckpt = tmp_path / "ep" / "checkpoints" / f"step_{steps:08d}"
+    weights = whole_tensors(ckpt, "model")
+    experts = [k for k in weights if ".mlp.experts." in k]
+    assert experts and all(weights[k].shape[0] == MOE["num_experts"] for k in experts)  # whole stacked experts
+    # the same weights as the one-process run's checkpoint of that step (which uses per-expert HF names): compare
+    # the two as transformers loads them
+    a = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).state_dict()
+    b = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "one" / "checkpoints" / f"step_{steps:08d}",
+                                                          dtype=torch.float32).state_dict()
+    assert sorted(a) == sorted(b)
+    for k in a:  # AdamW (lr 1e-2) amplifies fp32 rounding where a gradient is tiny: 1e-4 = 1/400 of 4 steps' move
+        assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-4), k
+    for k in experts:
+        assert torch.allclose(weights[k], a[k]), k
+    ref_opt = whole_tensors(tmp_path / "one" / "checkpoints" / f"step_{steps:08d}", "optimizer")
+    opt = whole_tensors(ckpt, "optimizer")
+    assert any(".experts." in k for k in ref_opt) and sorted(k for k in ref_opt if k.startswith("exp_avg")) == sorted(k for k in opt if k.startswith("exp_avg"))
+    for k in ref_opt:
+        if k.startswith("exp_avg"):
+            assert torch.allclose(opt[k], ref_opt[k], rtol=1e-3, atol=1e-7), k
+    # resume in one process: step 5 equals the uninterrupted one-process run's step 5
+    shutil.copytree(tmp_path / "ep", tmp_path / "resumed")
+    rec = ep_recipe(tmp_path, moe_dir, "resumed", steps + 1)
+    run_lf("train", rec, "--resume", "--set", f"train.micro_batch_size={dp}")
+    last = ep_metrics(tmp_path / "resumed")[-1]
+    assert last["step"] == steps + 1
+    assert abs(last["loss"] - one[steps]["loss"]) <= 1e-6 * abs(one[steps]["loss"]), (last, one[steps])
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    assert torch.isfinite(model(torch.tensor([[3, 4, 5, 6]])).logits).all()
+
+
+@pytest.mark.parametrize("sets,needle", [
+    (["parallel.dp=2", "parallel.ep=3"], "'parallel.ep': 3 does not divide parallel.dp 2"),
+    (["parallel.dp=2", "parallel.ep=2", "parallel.zero=1"], "'parallel.ep': 2: expert parallelism runs with parallel.zero 0"),
+    (["parallel.dp=2", "parallel.ep=2", "parallel.tp=2"], "'parallel.tp'"),
+])
+def test_bad_ep_layouts_one_line(tmp_path, moe_dir, sets, needle):
+    p = run_lf("train", ep_recipe(tmp_path, moe_dir, "bad", 1), *sum((["--set", s] for s in sets), []), check=False)
+    assert p.returncode == 1
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], p.stderr

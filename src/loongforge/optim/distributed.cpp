@@ -66,7 +66,7 @@ void DataParallelOptimizer::init(std::vector<double> weight_decay, AdamWOptions 
   adam_ = std::make_unique<AdamW>(param_views_, opts, wd);
 }
 
-double DataParallelOptimizer::clip_grad_norm(double max_norm) {
+double DataParallelOptimizer::grad_sq_norm() {
   finish_backward();
   at::NoGradGuard no_grad;
   at::Tensor sq = at::zeros({1}, at::kDouble);
@@ -74,15 +74,23 @@ double DataParallelOptimizer::clip_grad_norm(double max_norm) {
     if (counted_[i]) sq += grad_views_[i].to(at::kDouble).square().sum();
   if (engine_->shard_group().size() > 1) engine_->shard_group().all_reduce(sq);
   if (model_parallel_ && model_parallel_->size() > 1) model_parallel_->all_reduce(sq);
-  const double total = std::sqrt(sq.item<double>());
-  if (max_norm > 0) {
-    // As torch.nn.utils.clip_grad_norm_: the coefficient in the gradients' precision.
-    auto dtype = grad_views_.empty() ? at::kFloat : grad_views_[0].scalar_type();
-    at::Tensor t = at::scalar_tensor(total, at::TensorOptions(dtype));
-    at::Tensor coef = at::clamp_max(max_norm / (t + 1e-6), 1.0);
-    for (auto& s : engine_->shards())
-      if (s.grad.numel() > 0) s.grad.mul_(coef);
-  }
+  return sq.item<double>();
+}
+
+void DataParallelOptimizer::scale_grads(double total, double max_norm) {
+  if (max_norm <= 0) return;
+  at::NoGradGuard no_grad;
+  // As torch.nn.utils.clip_grad_norm_: the coefficient in the gradients' precision.
+  auto dtype = grad_views_.empty() ? at::kFloat : grad_views_[0].scalar_type();
+  at::Tensor t = at::scalar_tensor(total, at::TensorOptions(dtype));
+  at::Tensor coef = at::clamp_max(max_norm / (t + 1e-6), 1.0);
+  for (auto& s : engine_->shards())
+    if (s.grad.numel() > 0) s.grad.mul_(coef);
+}
+
+double DataParallelOptimizer::clip_grad_norm(double max_norm) {
+  const double total = std::sqrt(grad_sq_norm());
+  scale_grads(total, max_norm);
   return total;
 }
 

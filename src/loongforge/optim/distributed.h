@@ -47,6 +47,11 @@ class DataParallelOptimizer {
   // The global 2-norm of the gradients before clipping (norm^2 summed over the shard ranks and model_parallel,
   // counting only count_in_norm parameters); scales them like torch.nn.utils.clip_grad_norm_ when max_norm > 0.
   double clip_grad_norm(double max_norm);
+  // The two halves of clip_grad_norm, for callers combining several optimizers (expert parallelism): the squared
+  // norm (summed over the shard ranks and model_parallel, count_in_norm parameters only), and the clipping of the
+  // gradients given the global norm `total` (a no-op unless max_norm > 0).
+  double grad_sq_norm();
+  void scale_grads(double total, double max_norm);
   void step(double lr);
   void zero_grad() { engine_->zero_grad(); }
   int64_t steps() const { return adam_->steps(); }

@@ -20,6 +20,7 @@ std::string Layout::describe() const {
   if (pp > 1) add("pp" + s(pp));
   if (vpp > 1) add("vpp" + s(vpp));
   if (cp > 1) add("cp" + s(cp) + "(" + cp_mode + ")");
+  if (ep > 1) add("ep" + s(ep));
   if (zero > 0) add("zero" + s(zero));
   if (hsdp_shard > 0) add("hsdp_shard" + s(hsdp_shard));
   return d.empty() ? "single process" : d;
@@ -31,10 +32,14 @@ void validate(const Layout& l, const models::llama::DecoderConfig& c, int64_t se
   bool moe = false;
   for (size_t i = 0; i < c.layer_moe.size(); ++i) moe = moe || c.is_moe_layer(static_cast<int64_t>(i));
   if (l.ep != 1 && !moe) bad("ep", s(l.ep) + ": expert parallelism needs a mixture-of-experts model; this one is dense");
-  // MoE models: data parallelism (DDP, ZeRO-1, FSDP) in the trainer. The expert-parallel layout exists
-  // (parallel/expert_parallel.h, tested on its own) but the trainer does not apply it yet; the tensor/pipeline/context
-  // layouts do not handle the MoE blocks' router losses.
-  if (moe && l.ep != 1) bad("ep", s(l.ep) + ": expert parallelism is not wired into the trainer yet (use parallel.dp)");
+  // MoE models: data parallelism (DDP, ZeRO-1, FSDP) and expert parallelism over data-parallel ranks (DDP only)
+  // in the trainer; the tensor/pipeline/context layouts do not handle the MoE blocks' router losses.
+  if (l.ep > 1) {
+    if (l.dp % l.ep)
+      bad("ep", s(l.ep) + " does not divide parallel.dp " + s(l.dp) + " (the expert-parallel ranks are data-parallel ranks)");
+    if (l.zero != 0) bad("ep", s(l.ep) + ": expert parallelism runs with parallel.zero 0 (DDP) only, got zero " + s(l.zero));
+    if (lora) bad("ep", s(l.ep) + ": expert parallelism does not train LoRA adapters");
+  }
   if (moe && l.tp > 1) bad("tp", s(l.tp) + ": tensor parallelism of mixture-of-experts models is not supported yet");
   if (moe && l.pp > 1) bad("pp", s(l.pp) + ": pipeline parallelism of mixture-of-experts models is not supported yet");
   if (moe && l.cp > 1) bad("cp", s(l.cp) + ": context parallelism of mixture-of-experts models is not supported yet");

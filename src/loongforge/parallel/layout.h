@@ -3,6 +3,9 @@
 // parallel ranks are neighbours, as in Megatron. Data parallelism is dp_rep x dp_shard:
 //   zero 0: dp_rep = dp; zero 1 (distributed optimizer) and zero 3 (FSDP): dp_shard = dp;
 //   HSDP (zero 3, hsdp_shard = S): dp_shard = S, dp_rep = dp / S.
+// Expert parallelism (ep > 1, MoE models, zero 0 only): the ep ranks are data-parallel ranks; ep divides dp and the
+// mesh splits dp_rep into dp_rep = dp / ep (outer) x ep (inner, neighbouring data ranks):
+//   pp, dp_rep, ep, dp_shard, cp, tp (ep is 1 without expert parallelism). The world stays dp x tp x pp x cp.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -25,9 +28,9 @@ struct Layout {
   int world() const { return dp * tp * pp * cp; }
   bool trivial() const { return world() == 1 && zero == 0 && !sp; }
   int dp_shard() const { return zero == 0 ? 1 : (hsdp_shard > 0 ? hsdp_shard : dp); }
-  int dp_rep() const { return dp / dp_shard(); }
+  int dp_rep() const { return dp / dp_shard() / ep; }
   std::vector<std::pair<std::string, int>> mesh_dims() const {
-    return {{"pp", pp}, {"dp_rep", dp_rep()}, {"dp_shard", dp_shard()}, {"cp", cp}, {"tp", tp}};
+    return {{"pp", pp}, {"dp_rep", dp_rep()}, {"ep", ep}, {"dp_shard", dp_shard()}, {"cp", cp}, {"tp", tp}};
   }
   std::string describe() const;  // "dp2 tp2 pp2 ..." (the non-trivial parts)
 };

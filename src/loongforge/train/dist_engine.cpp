@@ -15,6 +15,13 @@
 // folder a single-process LoRA run writes (rank 0 merges the ranks' shares). FSDP, context parallel and adapters
 // outside the decoder layers are one-line errors.
 //
+// Expert parallelism (parallel.ep = E > 1, MoE models, DDP only): the ep ranks are E neighbouring data-parallel
+// ranks (mesh pp, dp_rep, ep, dp_shard, cp, tp; ep divides dp), each with its own rows and 1/E of every MoE block's
+// experts (parallel/expert_parallel.h). Two DDP optimizers: the non-expert parameters' gradients are summed over all
+// dp ranks, the expert slices' over the dp / E ranks holding the same experts (never over ep); the grad norm sums
+// the expert squares over ep once. Checkpoints hold whole expert tensors (all-gathered over ep) and optimizer
+// moments, so they load in any layout. Router losses are computed per rank on its own tokens.
+//
 // Validation (eval_loss) with pp > 1 runs Pipeline::forward_only. With FSDP and precision bf16 the gathered matmul
 // weights are bf16 copies (parallel/fsdp.h); evaluation switches them back to fp32, as evaluation runs without
 // autocast.
@@ -26,6 +33,7 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -41,6 +49,7 @@
 #include "loongforge/optim/distributed.h"
 #include "loongforge/parallel/comm.h"
 #include "loongforge/parallel/context_parallel.h"
+#include "loongforge/parallel/expert_parallel.h"
 #include "loongforge/parallel/fsdp.h"
 #include "loongforge/parallel/layout.h"
 #include "loongforge/parallel/pipeline.h"
@@ -111,11 +120,12 @@ class DistEngine : public Engine {
     cp_ = &mesh_->group("cp");
     pp_ = &mesh_->group("pp");
     const parallel::Group& shard = mesh_->group("dp_shard");
-    const parallel::Group& replicate = mesh_->group_over({"dp_rep", "cp"});
-    dp_cp_ = &mesh_->group_over({"dp_rep", "dp_shard", "cp"});
-    dp_ = &mesh_->group_over({"dp_rep", "dp_shard"});
+    const parallel::Group& replicate = mesh_->group_over({"dp_rep", "ep", "cp"});
+    dp_cp_ = &mesh_->group_over({"dp_rep", "ep", "dp_shard", "cp"});
+    dp_ = &mesh_->group_over({"dp_rep", "ep", "dp_shard"});
     mp_ = &mesh_->group_over({"pp", "tp"});
-    dp_index_ = mesh_->coord("dp_rep") * layout_.dp_shard() + mesh_->coord("dp_shard");
+    ep_ = &mesh_->group("ep");
+    dp_index_ = (mesh_->coord("dp_rep") * layout_.ep + mesh_->coord("ep")) * layout_.dp_shard() + mesh_->coord("dp_shard");
     mb_ = r["train"]["micro_batch_size"];
 
     // Which parameters train (by name) and their weight decay, from the bundle.
@@ -159,14 +169,21 @@ class DistEngine : public Engine {
       for (auto& item : model.named_parameters()) owned.push_back(item.key());
       counted = owned;
     }
+    if (layout_.ep > 1) ep_plan_ = parallel::apply_expert_parallel(model, *ep_);  // before the buckets take the params
     std::set<std::string> counted_set(counted.begin(), counted.end());
-    std::vector<std::string> names;
-    std::vector<at::Tensor> params;
-    std::vector<double> decay;
+    std::vector<std::string> names, enames;
+    std::vector<at::Tensor> params, eparams;
+    std::vector<double> decay, edecay;
     std::vector<bool> count_in_norm;
     auto named = model.named_parameters();
     for (const auto& n : owned) {
       if (!wd.count(n)) continue;  // frozen
+      if (ep_plan_.is_expert_param(n)) {
+        enames.push_back(n);
+        eparams.push_back(named[n]);
+        edecay.push_back(wd[n]);
+        continue;
+      }
       names.push_back(n);
       params.push_back(named[n]);
       decay.push_back(wd[n]);
@@ -179,6 +196,18 @@ class DistEngine : public Engine {
     optim::DataParallelOptions dpo;
     dpo.zero = layout_.zero;
     opt_ = std::make_unique<optim::DataParallelOptimizer>(names, params, decay, ao, replicate, shard, dpo, mp_, count_in_norm);
+    if (!enames.empty())  // expert slices: summed over the data ranks holding the same experts only
+      eopt_ = std::make_unique<optim::DataParallelOptimizer>(enames, eparams, edecay, ao,
+                                                             mesh_->group_over({"dp_rep", "cp"}), shard, dpo);
+  }
+
+  void set_sync(bool last) {
+    opt_->set_sync(last);
+    if (eopt_) eopt_->set_sync(last);
+  }
+  void finish_backward() {
+    opt_->finish_backward();
+    if (eopt_) eopt_->finish_backward();
   }
 
   bool is_main() const override { return comm_->rank() == 0; }
@@ -240,21 +269,21 @@ class DistEngine : public Engine {
         for (const auto& b : mine) mbs.push_back({b.input_ids, b.position_ids, b.segment_ids});
         const int64_t hidden_size = b_.model->config().hidden_size;
         const int64_t seq = mine[0].input_ids.size(1) / (layout_.sp ? layout_.tp : 1);
-        opt_->set_sync(false);
+        set_sync(false);
         local_sum = pipe_->forward_backward(
             mbs, [&](const at::Tensor& h, size_t i) { return loss_of(h, mine[i].targets); }, scale,
             [&](size_t i) { return std::vector<int64_t>{mine[i].input_ids.size(0), seq, hidden_size}; });
         pipe_->sync_tied_grads();
-        opt_->set_sync(true);
-        opt_->finish_backward();
+        set_sync(true);
+        finish_backward();
       } else {
         for (size_t i = 0; i < mine.size(); ++i) {
-          opt_->set_sync(i + 1 == mine.size());
+          set_sync(i + 1 == mine.size());
           at::Tensor l = loss_of(hidden(mine[i]), mine[i].targets);
           // MoE router losses, weighted by this rank's counted tokens as micro_loss does (data-parallel layouts only).
           if (at::Tensor a = b_.model->aux_loss(); a.defined()) l = l + a * static_cast<double>(mine[i].counted());
           (l / scale).backward();
-          opt_->finish_backward();
+          finish_backward();
           local_sum += l.item<double>();
         }
       }
@@ -272,15 +301,36 @@ class DistEngine : public Engine {
     return t.item<double>();
   }
 
-  double clip_grad_norm(double max_norm) override { return opt_->clip_grad_norm(max_norm); }
+  double clip_grad_norm(double max_norm) override {
+    if (!eopt_) return opt_->clip_grad_norm(max_norm);
+    // Non-expert squares once (the same on every data rank after DDP), expert squares summed over ep.
+    at::Tensor esq = at::full({1}, eopt_->grad_sq_norm(), at::kDouble);
+    ep_->all_reduce(esq);
+    const double total = std::sqrt(opt_->grad_sq_norm() + esq.item<double>());
+    opt_->scale_grads(total, max_norm);
+    eopt_->scale_grads(total, max_norm);
+    return total;
+  }
   void step(double lr) override {
     opt_->step(lr);
+    if (eopt_) eopt_->step(lr);
     // Aux-loss-free MoE bias updates from the global expert loads (every data-parallel rank counted its own tokens).
     for (auto* blk : b_.model->moe_blocks())
       if (blk->options.bias_update_rate > 0 && blk->load_since_update.defined()) dp_cp_->all_reduce(blk->load_since_update);
     b_.model->update_moe_bias();
   }
-  void zero_grad() override { opt_->zero_grad(); }
+  void zero_grad() override {
+    opt_->zero_grad();
+    if (eopt_) eopt_->zero_grad();
+  }
+
+  // The optimizers' whole state `which` by name; expert slices all-gathered over ep (collective).
+  std::map<std::string, at::Tensor> full_state(const std::string& which) const {
+    std::map<std::string, at::Tensor> out = opt_->full_state(which);
+    if (eopt_)
+      for (const auto& [n, t] : eopt_->full_state(which)) out[n] = ep_->all_gather(t.contiguous(), 0);
+    return out;
+  }
 
   std::pair<double, int64_t> eval_loss(const Batch& g) override {
     at::NoGradGuard no_grad;
@@ -328,14 +378,17 @@ class DistEngine : public Engine {
       std::map<std::string, at::Tensor> local_w;
       for (const auto& n : saved_names_) local_w[n] = named[n].detach();
       weights = whole(local_w);
+      if (layout_.ep > 1)
+        for (auto& [n, t] : parallel::gather_expert_params(*b_.model, ep_plan_, *ep_))
+          if (weights.count(n)) weights[n] = t;
     }
     // Persistent buffers that are checkpoint tensors (the MoE routers' correction biases), the same on every rank.
     if (!b_.trainable.lora)
       for (const auto& item : b_.model->named_buffers())
         if (is_saved_buffer(item.key())) weights[item.key()] = item.value().detach();
-    std::map<std::string, at::Tensor> m = whole(opt_->full_state("exp_avg")), v = whole(opt_->full_state("exp_avg_sq"));
+    std::map<std::string, at::Tensor> m = whole(full_state("exp_avg")), v = whole(full_state("exp_avg_sq"));
     // Each tensor of this stage is written by one of the stage's ranks (round robin over dp x cp x tp).
-    const parallel::Group& stage = mesh_->group_over({"dp_rep", "dp_shard", "cp", "tp"});
+    const parallel::Group& stage = mesh_->group_over({"dp_rep", "ep", "dp_shard", "cp", "tp"});
     std::string tmp;
     if (is_main()) tmp = begin_checkpoint(root, step, false);
     barrier();
@@ -421,10 +474,13 @@ class DistEngine : public Engine {
     else ckpt = io::SafetensorsCheckpoint::open(dir);
     OptimizerStateReader st(dir);
     auto local_of = [&](const std::string& n, const at::Tensor& full) {
+      if (layout_.ep > 1 && ep_plan_.is_expert_param(n)) return parallel::expert_shard_of(full, *ep_);
       return (layout_.tp > 1 || layout_.sp) ? parallel::shard_of(n, full, plan_, *tp_) : full;
     };
     std::map<std::string, at::Tensor> p, m, v;
-    for (const auto& n : opt_->names()) {
+    std::vector<std::string> all_names = opt_->names();
+    if (eopt_) all_names.insert(all_names.end(), eopt_->names().begin(), eopt_->names().end());
+    for (const auto& n : all_names) {
       at::Tensor w;
       if (lora) {
         if (!adapter->contains(io::peft_name(n))) throw file_error(adapter->path(), io::peft_name(n), "missing");
@@ -437,12 +493,15 @@ class DistEngine : public Engine {
       m[n] = local_of(n, st.tensor("exp_avg." + n));
       v[n] = local_of(n, st.tensor("exp_avg_sq." + n));
     }
-    opt_->load_full_state("param", p);
-    opt_->load_full_state("exp_avg", m);
-    opt_->load_full_state("exp_avg_sq", v);
-    opt_->set_steps(st.steps());
+    for (auto* o : {opt_.get(), eopt_.get()}) {
+      if (!o) continue;
+      o->load_full_state("param", p);
+      o->load_full_state("exp_avg", m);
+      o->load_full_state("exp_avg_sq", v);
+      o->set_steps(st.steps());
+    }
     // Frozen parameters of this rank come from the checkpoint too.
-    std::set<std::string> trained(opt_->names().begin(), opt_->names().end());
+    std::set<std::string> trained(all_names.begin(), all_names.end());
     for (auto& item : b_.model->named_parameters()) {
       const std::string& n = item.key();
       if (lora || trained.count(n) || item.value().numel() == 0 || !ckpt->contains(n)) continue;
@@ -472,7 +531,9 @@ class DistEngine : public Engine {
   parallel::TensorParallelPlan plan_;
   std::unique_ptr<parallel::Pipeline> pipe_;
   std::shared_ptr<parallel::FullyShardedModel> fsdp_;
-  std::unique_ptr<optim::DataParallelOptimizer> opt_;
+  std::unique_ptr<optim::DataParallelOptimizer> opt_, eopt_;  // eopt_: expert slices under parallel.ep (else null)
+  parallel::ExpertParallelPlan ep_plan_;
+  const parallel::Group* ep_ = nullptr;
   std::vector<std::string> saved_names_;
 };
 
