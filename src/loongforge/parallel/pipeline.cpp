@@ -235,13 +235,7 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
         slot.input = recv(act_shape(mi), (r - 1 + P) % P, tag(op.micro, s, true)).requires_grad_(true);
         h = slot.input;
       }
-      at::Tensor pos = mb.position_ids;
-      if (!pos.defined()) {
-        int64_t B = mb.input_ids.size(0), T = mb.input_ids.size(1);
-        pos = at::arange(T, mb.input_ids.options().dtype(at::kLong)).unsqueeze(0).expand({B, T});
-      }
-      auto [cos, sin] = model_.rotary(pos, h.scalar_type());
-      h = model_.run_layers(h, cos, sin, begin, end, nullptr, mb.segment_ids);
+      h = run_chunk(mb, h, begin, end);
       if (s == S - 1) {
         at::Tensor loss = loss_fn(model_.final_norm(h), mi);
         loss_sum += loss.detach().to(at::kDouble).item<double>();
@@ -279,6 +273,16 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
   return loss_sum;
 }
 
+at::Tensor Pipeline::run_chunk(const MicroBatch& mb, const at::Tensor& h, int64_t begin, int64_t end) {
+  at::Tensor pos = mb.position_ids;
+  if (!pos.defined()) {
+    int64_t B = mb.input_ids.size(0), T = mb.input_ids.size(1);
+    pos = at::arange(T, mb.input_ids.options().dtype(at::kLong)).unsqueeze(0).expand({B, T});
+  }
+  auto [cos, sin] = model_.rotary(pos, h.scalar_type());
+  return model_.run_layers(h, cos, sin, begin, end, nullptr, mb.segment_ids);
+}
+
 double Pipeline::forward_only(const std::vector<MicroBatch>& mbs,
                               const std::function<at::Tensor(const at::Tensor&, size_t)>& loss_fn,
                               const std::function<std::vector<int64_t>(size_t)>& act_shape) {
@@ -310,13 +314,7 @@ double Pipeline::forward_only(const std::vector<MicroBatch>& mbs,
           pp_.irecv(h, src, tg).wait();
         }
       }
-      at::Tensor pos = mb.position_ids;
-      if (!pos.defined()) {
-        int64_t B = mb.input_ids.size(0), T = mb.input_ids.size(1);
-        pos = at::arange(T, mb.input_ids.options().dtype(at::kLong)).unsqueeze(0).expand({B, T});
-      }
-      auto [cos, sin] = model_.rotary(pos, h.scalar_type());
-      h = model_.run_layers(h, cos, sin, begin, end, nullptr, mb.segment_ids);
+      h = run_chunk(mb, h, begin, end);
       if (s == S - 1) {
         loss_sum += loss_fn(model_.final_norm(h), mi).detach().to(at::kDouble).item<double>();
       } else {

@@ -91,6 +91,9 @@ class Pipeline {
   bool tied() const { return tied_; }
 
  private:
+  // Layers [begin, end) of the micro-batch on h (positions 0..T-1 when the batch has none).
+  at::Tensor run_chunk(const MicroBatch& mb, const at::Tensor& h, int64_t begin, int64_t end);
+
   models::llama::CausalLMImpl& model_;
   const Group& pp_;
   int vpp_;

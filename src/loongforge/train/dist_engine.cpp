@@ -80,9 +80,12 @@ parallel::Layout layout_of(const json& r) {
   return l;
 }
 
-bool is_saved_buffer(const std::string& name) {
-  const std::string suffix = "e_score_correction_bias";
-  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+// The buffers that are checkpoint tensors (the MoE routers' correction biases), as the model lists them.
+std::set<std::string> saved_buffers(const models::llama::CausalLMImpl& model) {
+  std::set<std::string> out;
+  for (const auto& e : models::llama::checkpoint_tensors(model))
+    if (e.buffer) out.insert(e.param);
+  return out;
 }
 
 std::string rank_file(const std::string& stem, int rank) {
@@ -383,9 +386,11 @@ class DistEngine : public Engine {
           if (weights.count(n)) weights[n] = t;
     }
     // Persistent buffers that are checkpoint tensors (the MoE routers' correction biases), the same on every rank.
-    if (!b_.trainable.lora)
+    if (!b_.trainable.lora) {
+      const auto saved = saved_buffers(*b_.model);
       for (const auto& item : b_.model->named_buffers())
-        if (is_saved_buffer(item.key())) weights[item.key()] = item.value().detach();
+        if (saved.count(item.key())) weights[item.key()] = item.value().detach();
+    }
     std::map<std::string, at::Tensor> m = whole(full_state("exp_avg")), v = whole(full_state("exp_avg_sq"));
     // Each tensor of this stage is written by one of the stage's ranks (round robin over dp x cp x tp).
     const parallel::Group& stage = mesh_->group_over({"dp_rep", "ep", "dp_shard", "cp", "tp"});
@@ -507,9 +512,11 @@ class DistEngine : public Engine {
       if (lora || trained.count(n) || item.value().numel() == 0 || !ckpt->contains(n)) continue;
       item.value().copy_(local_of(n, ckpt->tensor(n).to(at::kFloat)));
     }
-    if (!lora)
+    if (!lora) {
+      const auto saved = saved_buffers(*b_.model);
       for (auto& item : b_.model->named_buffers())
-        if (is_saved_buffer(item.key()) && ckpt->contains(item.key())) item.value().copy_(ckpt->tensor(item.key()));
+        if (saved.count(item.key()) && ckpt->contains(item.key())) item.value().copy_(ckpt->tensor(item.key()));
+    }
     // The RNG continues where this rank left it when the layout's world size is the same.
     if (st.saved_world() == comm_->world()) {
       std::string file = rank_file("optimizer", comm_->rank());
