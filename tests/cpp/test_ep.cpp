@@ -148,8 +148,13 @@ TEST(EP, LayoutPutsEpRanksInsideDataParallel) {
   EXPECT_NE(error_of(b).find("'parallel.ep'"), std::string::npos);
   EXPECT_NE(error_of(l, true).find("'parallel.ep'"), std::string::npos);
   b = l;
-  b.tp = 2;
-  EXPECT_NE(error_of(b).find("'parallel.tp'"), std::string::npos);
+  b.tp = 2;  // ep x tp is a layout (experts split along their ffn over tp)
+  EXPECT_EQ(error_of(b), "no error");
+  b.tp = 3;
+  EXPECT_NE(error_of(b).find("'parallel.tp': 3 does not divide"), std::string::npos);
+  b = l;
+  b.cp = 2;
+  EXPECT_NE(error_of(b).find("'parallel.cp'"), std::string::npos);
 }
 
 TEST(EP, BadLayoutsAreClearErrors) {

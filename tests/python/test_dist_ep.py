@@ -2,7 +2,10 @@
 model with its share of the experts; the loss sums over ranks and every gradient (non-expert ones summed over ranks,
 expert ones as local slices) equal the one-process reference each rank computes itself on the global batch
 (tests/cpp/test_ep.cpp, EPHook.*), dropless and with per-rank capacity dropping.
-`loongforge train` with parallel.ep (ep2, ep4, ep2 x dp2; the ep ranks are data-parallel ranks) gives the losses,
+`loongforge train` with parallel.ep (ep2, ep4, ep2 x dp2, ep2 x tp2; the ep ranks are data-parallel ranks) and
+tensor parallelism of the MoE blocks (tp2, tp2 + sp, with router losses) and pipeline parallelism (pp2 with
+per-layer router losses, ep2 x pp2) and hot-expert replication (moe.guest_slots: ep2, ep4 over 2 nodes, ep2 x tp2;
+the replicas compute tokens and lower the ranks' overload) give the losses,
 grad norms and validation losses of one process, and its checkpoints hold whole experts (resume in one process,
 load in transformers); bad ep layouts fail with one line naming the field."""
 import json
@@ -103,16 +106,40 @@ def whole_tensors(ckpt, prefix):
     return out
 
 
-@pytest.mark.parametrize("dp,ep", [(2, 2), (4, 4), (4, 2)])
-def test_train_ep_matches_one_process(tmp_path, moe_dir, dp, ep):
-    """ep2, ep4 and ep2 x dp2 (4 data ranks, 2 per expert group): per-step losses and grad norms of one process
-    (fp32, 1e-5, 4 steps of 2 micro-batches, clipping on) and the validation losses; the checkpoint holds whole expert tensors equal to the
-    one-process run's, with the optimizer moments, resumes in one process with the same next-step loss (1e-6) and
-    loads in transformers."""
+# Router losses (load balancing pooled over layers as transformers, DeepSeek's sequence-level loss, z-loss): every
+# layout adds its share of the losses of the whole global micro-batch (CausalLM::aux_loss_share), so they match one
+# process. Under pp the pooled load-balancing loss is refused, the per-layer ones remain.
+ROUTER_LOSSES = ["moe.aux_loss_coef=0.02", "moe.seq_aux_loss_coef=0.01", "moe.z_loss_coef=0.001"]
+PER_LAYER_LOSSES = ["moe.seq_aux_loss_coef=0.02", "moe.z_loss_coef=0.001"]
+R = ROUTER_LOSSES
+
+
+@pytest.mark.parametrize("dp,ep,tp,extra", [
+    (2, 2, 1, R), (4, 4, 1, R), (4, 2, 1, R),
+    (2, 1, 1, R),                           # plain data parallel: the same router losses as one process
+    (2, 2, 2, R),                           # ep2 x tp2: each ep rank's experts split along their ffn over tp
+    (1, 1, 2, R),                           # tp2 of an MoE model
+    (1, 1, 2, R + ["parallel.sp=true"]),    # ... with sequence parallelism (parallel.* sets: tp run only)
+    (1, 1, 1, PER_LAYER_LOSSES + ["parallel.pp=2"]),  # pp2: router losses added per pipeline chunk
+    (2, 2, 1, PER_LAYER_LOSSES + ["parallel.pp=2"]),  # ep2 x pp2: each stage's experts over its ep group
+    # hot-expert replication (guest slots): routing unchanged, so the same losses as one process (and as no guests)
+    (2, 2, 1, R + ["moe.guest_slots=2"]),
+    (4, 4, 1, R + ["moe.guest_slots=1", "moe.ranks_per_node=2"]),  # 2 "nodes" of 2 ranks
+    (2, 2, 2, R + ["moe.guest_slots=1"]),                          # ep2 x tp2: the copies are tp shards
+])
+def test_train_ep_matches_one_process(tmp_path, moe_dir, dp, ep, tp, extra):
+    """ep2, ep4, ep2 x dp2 (4 data ranks, 2 per expert group), dp2, ep2 x tp2, tp2 (+sp), pp2, ep2 x pp2 and
+    replication, all with router losses: per-step losses and grad norms of one process (fp32, 1e-5, 4 steps of 2 micro-batches, clipping on) and the validation
+    losses; the checkpoint holds whole expert tensors equal to the one-process run's, with the optimizer moments,
+    resumes in one process with the same next-step loss (1e-6) and loads in transformers."""
     steps = 4
-    run_lf("train", ep_recipe(tmp_path, moe_dir, "one", steps + 1), "--set", f"train.micro_batch_size={dp}")
-    res = launch_ranks(dp, [LF_BIN, "train", ep_recipe(tmp_path, moe_dir, "ep", steps), "--set", f"parallel.dp={dp}",
-                            "--set", f"parallel.ep={ep}"], threads=1)
+    dist_only = ("parallel.", "moe.guest_slots", "moe.ranks_per_node")  # the one-process run has no such layout
+    sets = sum((["--set", x] for x in extra if not x.startswith(dist_only)), [])
+    layout = sum((["--set", x] for x in extra if x.startswith(dist_only)), [])
+    run_lf("train", ep_recipe(tmp_path, moe_dir, "one", steps + 1), "--set", f"train.micro_batch_size={dp}", *sets)
+    pp = int(next((x.split("=")[1] for x in extra if x.startswith("parallel.pp=")), 1))
+    res = launch_ranks(dp * tp * pp, [LF_BIN, "train", ep_recipe(tmp_path, moe_dir, "ep", steps), "--set", f"parallel.dp={dp}",
+                                 "--set", f"parallel.ep={ep}", "--set", f"parallel.tp={tp}", *sets, *layout], threads=1)
     for r in res:
         assert r.returncode == 0, r.stderr[-3000:]
     one, got = ep_metrics(tmp_path / "one"), ep_metrics(tmp_path / "ep")
@@ -123,6 +150,12 @@ def test_train_ep_matches_one_process(tmp_path, moe_dir, dp, ep):
         assert ("valid_loss" in a) == ("valid_loss" in b) == (a["step"] % 2 == 0)
         if "valid_loss" in a:  # evaluation (forward only, eval mode) through the ep exchange as well
             assert abs(a["valid_loss"] - b["valid_loss"]) <= 1e-5 * abs(a["valid_loss"]), (a, b)
+    if any(x.startswith("moe.guest_slots") for x in extra):  # the replicas did compute tokens, balancing the ranks
+        assert all(m["moe_overload"] <= m["moe_home_overload"] + 1e-12 for m in got), got
+        assert sum(m["moe_replica_tokens"] for m in got) > 0, got
+        assert min(m["moe_overload"] - m["moe_home_overload"] for m in got) < -0.01, got
+    elif ep > 1:  # without guests every token is computed at home
+        assert all(m["moe_replica_tokens"] == 0 and m["moe_overload"] == m["moe_home_overload"] for m in got), got
     ckpt = tmp_path / "ep" / "checkpoints" / f"step_{steps:08d}"
     weights = whole_tensors(ckpt, "model")
     experts = [k for k in weights if ".mlp.experts." in k]
@@ -146,7 +179,7 @@ def test_train_ep_matches_one_process(tmp_path, moe_dir, dp, ep):
     # resume in one process: step 5 equals the uninterrupted one-process run's step 5
     shutil.copytree(tmp_path / "ep", tmp_path / "resumed")
     rec = ep_recipe(tmp_path, moe_dir, "resumed", steps + 1)
-    run_lf("train", rec, "--resume", "--set", f"train.micro_batch_size={dp}")
+    run_lf("train", rec, "--resume", "--set", f"train.micro_batch_size={dp}", *sets)
     last = ep_metrics(tmp_path / "resumed")[-1]
     assert last["step"] == steps + 1
     assert abs(last["loss"] - one[steps]["loss"]) <= 1e-6 * abs(one[steps]["loss"]), (last, one[steps])
@@ -157,7 +190,10 @@ def test_train_ep_matches_one_process(tmp_path, moe_dir, dp, ep):
 @pytest.mark.parametrize("sets,needle", [
     (["parallel.dp=2", "parallel.ep=3"], "'parallel.ep': 3 does not divide parallel.dp 2"),
     (["parallel.dp=2", "parallel.ep=2", "parallel.zero=1"], "'parallel.ep': 2: expert parallelism runs with parallel.zero 0"),
-    (["parallel.dp=2", "parallel.ep=2", "parallel.tp=2"], "'parallel.tp'"),
+    (["parallel.dp=2", "parallel.ep=2", "parallel.tp=3"], "'parallel.tp': 3 does not divide num_attention_heads"),
+    (["parallel.pp=2", "moe.aux_loss_coef=0.01"], "'moe.aux_loss_coef': 0.01"),
+    (["moe.guest_slots=1"], "'moe.guest_slots': 1: hot-expert replication"),
+    (["parallel.dp=4", "parallel.ep=4", "moe.guest_slots=1", "moe.ranks_per_node=3"], "'moe.ranks_per_node': 3"),
 ])
 def test_bad_ep_layouts_one_line(tmp_path, moe_dir, sets, needle):
     p = run_lf("train", ep_recipe(tmp_path, moe_dir, "bad", 1), *sum((["--set", s] for s in sets), []), check=False)

@@ -216,7 +216,8 @@ at::Tensor MoEImpl::router_logits(const at::Tensor& x) const {
   return at::linear(x, gate->weight);
 }
 
-at::Tensor MoEImpl::forward(const at::Tensor& x) {
+at::Tensor MoEImpl::forward(const at::Tensor& input) {
+  const at::Tensor x = input_fn ? input_fn(input) : input;
   const auto& o = options;
   const int64_t d = x.size(-1);
   at::Tensor xf = x.reshape({-1, d});
@@ -224,7 +225,9 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
   Routing r = route(router_logits(xf), o, gate->e_score_correction_bias);
 
   // Training statistics and losses (only when gradients are being computed, i.e. training).
-  aux_loss = lb_loss = extra_loss = at::Tensor();
+  aux_loss = lb_loss = extra_loss = seq_loss = z_loss = at::Tensor();
+  tokens_seen = n;
+  sequences_seen = x.dim() == 3 ? x.size(0) : 1;
   lb_counts = at::Tensor();
   lb_prob_sum = at::Tensor();
   lb_rows = 0;
@@ -253,11 +256,11 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
       }
       at::Tensor f = cnt * (static_cast<double>(e) / static_cast<double>(k * t));
       at::Tensor pm = p.view({b, t, e}).mean(1);
-      extra_loss = o.seq_aux_loss_coef * (f * pm).sum(1).mean();
+      extra_loss = seq_loss = o.seq_aux_loss_coef * (f * pm).sum(1).mean();
     }
     if (o.z_loss_coef > 0) {
       at::Tensor z = at::logsumexp(r.logits.to(router_dtype(r.logits)), -1);
-      at::Tensor zl = o.z_loss_coef * (z * z).mean();
+      at::Tensor zl = z_loss = o.z_loss_coef * (z * z).mean();
       extra_loss = extra_loss.defined() ? extra_loss + zl : zl;
     }
     if (lb_loss.defined()) aux_loss = lb_loss;
@@ -277,7 +280,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
   }
   out = out.view(x.sizes());
   if (shared_experts) out = out + shared_experts->forward(x);
-  return out;
+  return output_fn ? output_fn(out) : out;
 }
 
 void MoEImpl::update_bias() {

@@ -137,11 +137,17 @@ class MoEImpl : public torch::nn::Module {
   // x [N,d], expert_ids [N,k] (-1 = dropped), weights [N,k]; returns [N,d] (shared experts are added outside).
   using ExpertsFn = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights)>;
   ExpertsFn experts_fn;
+  // Tensor-parallel hooks (parallel/tensor_parallel.h): input_fn maps the block's input before routing (identity
+  // forward / all-reduce backward, or the sequence all-gather under sp); output_fn maps the block's output (routed +
+  // shared experts, a partial sum on each tp rank) to the whole result (all-reduce, or reduce-scatter under sp).
+  std::function<at::Tensor(const at::Tensor&)> input_fn, output_fn;
 
   // State of the last forward:
   at::Tensor aux_loss;    // scalar: coef-weighted sum of this layer's terms (undefined when none apply)
   at::Tensor lb_loss;     // its load-balancing term (aux_loss_coef * this layer's loss) or undefined
   at::Tensor extra_loss;  // its sequence-level + z-loss terms or undefined (aux_loss = lb_loss + extra_loss)
+  at::Tensor seq_loss, z_loss;  // the two terms of extra_loss (coefficient included) or undefined
+  int64_t tokens_seen = 0, sequences_seen = 0;  // the forward's tokens N and sequences B (z / sequence means)
   at::Tensor lb_counts;   // [E] float32: assignments per expert before capacity (no grad)
   at::Tensor lb_prob_sum; // [E] float32: sum over tokens of p[n,e] (with grad); rows = lb_rows
   int64_t lb_rows = 0;

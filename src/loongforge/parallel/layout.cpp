@@ -32,16 +32,15 @@ void validate(const Layout& l, const models::llama::DecoderConfig& c, int64_t se
   bool moe = false;
   for (size_t i = 0; i < c.layer_moe.size(); ++i) moe = moe || c.is_moe_layer(static_cast<int64_t>(i));
   if (l.ep != 1 && !moe) bad("ep", s(l.ep) + ": expert parallelism needs a mixture-of-experts model; this one is dense");
-  // MoE models: data parallelism (DDP, ZeRO-1, FSDP) and expert parallelism over data-parallel ranks (DDP only)
-  // in the trainer; the tensor/pipeline/context layouts do not handle the MoE blocks' router losses.
+  // MoE models: data parallelism (DDP, ZeRO-1, FSDP), tensor (+sequence) parallelism (experts split along their
+  // ffn) and expert parallelism over data-parallel ranks (DDP only), pipeline parallelism in the trainer; context
+  // parallelism does not handle the MoE blocks yet.
   if (l.ep > 1) {
     if (l.dp % l.ep)
       bad("ep", s(l.ep) + " does not divide parallel.dp " + s(l.dp) + " (the expert-parallel ranks are data-parallel ranks)");
     if (l.zero != 0) bad("ep", s(l.ep) + ": expert parallelism runs with parallel.zero 0 (DDP) only, got zero " + s(l.zero));
     if (lora) bad("ep", s(l.ep) + ": expert parallelism does not train LoRA adapters");
   }
-  if (moe && l.tp > 1) bad("tp", s(l.tp) + ": tensor parallelism of mixture-of-experts models is not supported yet");
-  if (moe && l.pp > 1) bad("pp", s(l.pp) + ": pipeline parallelism of mixture-of-experts models is not supported yet");
   if (moe && l.cp > 1) bad("cp", s(l.cp) + ": context parallelism of mixture-of-experts models is not supported yet");
   if (l.timeout_s < 1) bad("timeout_s", s(l.timeout_s) + " is not a positive number of seconds");
   if (c.mla && l.tp > 1) bad("tp", s(l.tp) + ": tensor parallelism does not support multi-head latent attention (deepseek_v3)");
@@ -51,6 +50,8 @@ void validate(const Layout& l, const models::llama::DecoderConfig& c, int64_t se
     if (c.num_key_value_heads % l.tp) bad("tp", s(l.tp) + " does not divide num_key_value_heads " + s(c.num_key_value_heads));
     if (c.intermediate_size % l.tp) bad("tp", s(l.tp) + " does not divide intermediate_size " + s(c.intermediate_size));
     if (c.vocab_size % l.tp) bad("tp", s(l.tp) + " does not divide vocab_size " + s(c.vocab_size));
+    if (moe && c.moe_intermediate_size % l.tp)
+      bad("tp", s(l.tp) + " does not divide moe_intermediate_size " + s(c.moe_intermediate_size));
   }
   if (l.sp && l.tp == 1) bad("sp", "sequence parallel splits over tensor-parallel ranks; it needs tp > 1");
   const int64_t seq_div = (l.cp > 1 ? 2 * l.cp : 1) * (l.sp ? l.tp : 1);

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 // comm.h declares Pending (inline defaulted move) over an incomplete c10d::Work: code that moves a Pending needs it.
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <cmath>
@@ -184,7 +185,8 @@ void Pipeline::sync_tied_grads() {
 
 double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
                                   const std::function<at::Tensor(const at::Tensor&, size_t)>& loss_fn, double loss_scale,
-                                  const std::function<std::vector<int64_t>(size_t)>& act_shape) {
+                                  const std::function<std::vector<int64_t>(size_t)>& act_shape,
+                                  const ChunkLossFn& chunk_loss_fn) {
   const int P = pp_.size(), r = pp_.rank();
   const int64_t M = static_cast<int64_t>(mbs.size());
   const int64_t S = int64_t{P} * vpp_;  // virtual stages
@@ -193,11 +195,12 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
   auto tag = [&](int64_t micro, int64_t s, bool forward) { return static_cast<int>(2 * (micro * S + s) + (forward ? 0 : 1)); };
   struct Slot {
     at::Tensor input, output;  // input: the received leaf (stages > 0); output: the sent tensor or the scaled loss
+    at::Tensor extra;          // the chunk's own scaled loss (chunk_loss_fn) or undefined
   };
   std::map<std::pair<int64_t, int>, Slot> slots;
   std::vector<std::pair<Pending, at::Tensor>> sends;
   std::map<int, at::Tensor> local;  // messages to this rank itself (pp == 1 with vpp > 1)
-  double loss_sum = 0.0;
+  double loss_sum = 0.0, extra_sum = 0.0;
 
   auto send = [&](const at::Tensor& t, int dst_rank, int tg) {
     at::Tensor c = t.detach().contiguous();
@@ -220,6 +223,16 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
     pp_.irecv(buf, src_rank, tg).wait();
     return buf;
   };
+  // backward of a chunk's output (with gradient g, or the loss itself when g is undefined) and its own loss
+  auto backward = [](const at::Tensor& out, const at::Tensor& g, const at::Tensor& extra) {
+    if (!extra.defined() || !extra.requires_grad()) {
+      if (g.defined()) out.backward(g);
+      else out.backward();
+      return;
+    }
+    at::Tensor go = g.defined() ? g : at::ones_like(out);
+    torch::autograd::backward({out, extra}, {go, at::ones_like(extra)});
+  };
 
   for (const auto& op : ops) {
     const int64_t s = int64_t{op.chunk} * P + r;
@@ -236,6 +249,11 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
         h = slot.input;
       }
       h = run_chunk(mb, h, begin, end);
+      if (chunk_loss_fn) {
+        auto [extra, value] = chunk_loss_fn(mi, begin, end);
+        extra_sum += value;
+        if (extra.defined()) slot.extra = extra / loss_scale;
+      }
       if (s == S - 1) {
         at::Tensor loss = loss_fn(model_.final_norm(h), mi);
         loss_sum += loss.detach().to(at::kDouble).item<double>();
@@ -251,10 +269,10 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
       Slot slot = std::move(it->second);
       slots.erase(it);
       if (s == S - 1) {
-        slot.output.backward();
+        backward(slot.output, at::Tensor(), slot.extra);
       } else {
         at::Tensor g = recv(act_shape(mi), (r + 1) % P, tag(op.micro, s, false));
-        slot.output.backward(g);
+        backward(slot.output, g, slot.extra);
       }
       if (s > 0) {
         at::Tensor g = slot.input.grad();
@@ -265,12 +283,13 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
   }
   for (auto& [p, t] : sends) p.wait();
   // the loss is known on the last stage only: share it with the pp group
+  // (and the chunks' own losses are known where they were made)
   if (P > 1) {
-    at::Tensor l = at::full({}, is_last() ? loss_sum : 0.0, act_opts_.dtype(at::kDouble));
+    at::Tensor l = at::full({}, (is_last() ? loss_sum : 0.0) + extra_sum, act_opts_.dtype(at::kDouble));
     pp_.all_reduce(l);
-    loss_sum = l.item<double>();
+    return l.item<double>();
   }
-  return loss_sum;
+  return loss_sum + extra_sum;
 }
 
 at::Tensor Pipeline::run_chunk(const MicroBatch& mb, const at::Tensor& h, int64_t begin, int64_t end) {

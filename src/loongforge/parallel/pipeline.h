@@ -75,9 +75,15 @@ class Pipeline {
   // [B,T,H] activations sent between stages (sequence/context parallel change it). Returns the sum of loss_fn's
   // values over the micro-batches (not divided by loss_scale), identical on every pp rank. Tied gradients are not
   // synchronized here: call sync_tied_grads() after the last forward_backward of a step (before the norm/optimizer).
+  //
+  // chunk_loss_fn (optional), called on every stage right after a chunk's forward with (micro, first layer, end
+  // layer), returns losses made inside those layers (MoE router losses): a scalar tensor to backpropagate (divided by
+  // loss_scale, together with the chunk's output) or an undefined tensor, and the value to add to the returned sum.
+  using ChunkLossFn = std::function<std::pair<at::Tensor, double>(size_t, int64_t, int64_t)>;
   double forward_backward(const std::vector<MicroBatch>& micro_batches,
                           const std::function<at::Tensor(const at::Tensor&, size_t)>& loss_fn, double loss_scale,
-                          const std::function<std::vector<int64_t>(size_t)>& act_shape);
+                          const std::function<std::vector<int64_t>(size_t)>& act_shape,
+                          const ChunkLossFn& chunk_loss_fn = nullptr);
   // Forward only (validation: call under at::NoGradGuard): every micro-batch goes through the virtual stages in
   // order, no activations are kept and nothing flows backwards. Each rank walks (micro, chunk) in increasing order
   // and every receive waits for an earlier item of that order, so the schedule cannot deadlock. loss_fn as above

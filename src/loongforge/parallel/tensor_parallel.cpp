@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <memory>
+#include <set>
 
 #include "loongforge/core/error.h"
 #include "loongforge/parallel/functional.h"
@@ -139,9 +141,35 @@ TensorParallelPlan apply_tensor_parallel(llama::CausalLMImpl& m, const Group& tp
   plan.tp_size = n;
   plan.tp_rank = tp_group.rank();
   plan.sp = sp;
+  // MoE blocks: experts split along their ffn dimension (gate_up_proj [E,2f,d]: rows of each half; down_proj
+  // [E,d,f]: columns), the router replicated with a partial gradient (its routing weights multiply partial expert
+  // outputs); shared experts as a dense MLP (by name below).
+  std::map<const void*, int64_t> moe_dim;
+  std::set<const void*> moe_gate;
+  for (auto* b : m.moe_blocks()) {
+    if (b->options.expert_ffn % n)
+      throw tp_error(std::to_string(n) + " does not divide moe_intermediate_size " + std::to_string(b->options.expert_ffn));
+    if (b->options.shared_ffn % n)
+      throw tp_error(std::to_string(n) + " does not divide the shared experts' intermediate size " +
+                     std::to_string(b->options.shared_ffn));
+    moe_dim[b->experts->gate_up_proj.unsafeGetTensorImpl()] = 1;
+    moe_dim[b->experts->down_proj.unsafeGetTensorImpl()] = 2;
+    moe_gate.insert(b->gate->weight.unsafeGetTensorImpl());
+  }
   auto params = m.named_parameters(true);
   for (const auto& item : params) {
     const std::string& name = item.key();
+    const void* impl = item.value().unsafeGetTensorImpl();
+    if (auto it = moe_dim.find(impl); it != moe_dim.end()) {
+      plan.shard_dim[name] = it->second;
+      if (it->second == 1) plan.halves.insert(name);
+      continue;
+    }
+    if (moe_gate.count(impl)) {
+      plan.shard_dim[name] = -1;
+      plan.partial_grad.push_back(name);
+      continue;
+    }
     if (name.find("lora_") != std::string::npos && name.rfind("model.layers.", 0) != 0)
       throw Error("recipe: field 'lora.target_modules': tensor parallel supports LoRA on the decoder layers' "
                   "projections only (parameter '" + name + "')");
@@ -163,6 +191,20 @@ TensorParallelPlan apply_tensor_parallel(llama::CausalLMImpl& m, const Group& tp
     }
     row_parallel(*a.o_proj, g, sp);
     a.o_proj->in_features = a.o_proj->weight.size(1);
+    if (layer->moe) {
+      auto& b = *layer->moe;
+      b.input_fn = [g, sp](const at::Tensor& x) {
+        if (sp) check_sequence(x.size(1) * g->size(), g->size());
+        return sp ? gather_rs(x, *g, 1) : copy_to(x, *g);
+      };
+      b.output_fn = [g, sp](const at::Tensor& y) { return sp ? reduce_scatter(y, *g, 1) : reduce_from(y, *g); };
+      if (b.shared_experts) {  // column/row shards inside the block's region: no hooks of their own
+        for (nn::LinearImpl* lin : {b.shared_experts->gate_proj.get(), b.shared_experts->up_proj.get()})
+          lin->out_features = lin->weight.size(0);
+        b.shared_experts->down_proj->in_features = b.shared_experts->down_proj->weight.size(1);
+      }
+      continue;
+    }
     auto& mlp = *layer->mlp;
     auto mlp_in = std::make_shared<ColumnEntry>(g, sp, 2);
     for (nn::LinearImpl* lin : {mlp.gate_proj.get(), mlp.up_proj.get()}) {
@@ -243,7 +285,7 @@ std::map<std::string, at::Tensor> gather_full(llama::CausalLMImpl& m, const Tens
   for (const auto& item : m.named_parameters(true)) {
     const int64_t dim = plan.dim_of(item.key());
     at::Tensor p = item.value().detach();
-    out[item.key()] = dim >= 0 ? tp.all_gather(p.contiguous(), dim) : p.clone();
+    out[item.key()] = dim >= 0 ? unshard(item.key(), p, plan, tp) : p.clone();
   }
   return out;
 }
@@ -254,8 +296,26 @@ at::Tensor shard_of(const std::string& name, const at::Tensor& full, const Tenso
   if (full.size(dim) % tp.size() != 0)
     throw tp_error(std::to_string(tp.size()) + " does not divide dimension " + std::to_string(dim) + " (" +
                    std::to_string(full.size(dim)) + ") of '" + name + "'");
+  if (plan.halves.count(name)) {  // [.., 2f, ..]: this rank's chunk of each half, stacked
+    if (full.size(dim) % (2 * tp.size()) != 0)
+      throw tp_error(std::to_string(tp.size()) + " does not divide the halves of dimension " + std::to_string(dim) +
+                     " (" + std::to_string(full.size(dim)) + ") of '" + name + "'");
+    auto h = full.chunk(2, dim);
+    return at::cat({h[0].chunk(tp.size(), dim)[static_cast<size_t>(tp.rank())],
+                    h[1].chunk(tp.size(), dim)[static_cast<size_t>(tp.rank())]}, dim);
+  }
   at::Tensor s = full.chunk(tp.size(), dim)[static_cast<size_t>(tp.rank())];
   return s.is_contiguous() ? s.clone() : s.contiguous();
+}
+
+at::Tensor unshard(const std::string& name, const at::Tensor& local, const TensorParallelPlan& plan, const Group& tp) {
+  const int64_t dim = plan.dim_of(name);
+  if (dim < 0 || tp.size() == 1) return local;
+  if (plan.halves.count(name)) {
+    auto h = local.chunk(2, dim);
+    return at::cat({tp.all_gather(h[0].contiguous(), dim), tp.all_gather(h[1].contiguous(), dim)}, dim);
+  }
+  return tp.all_gather(local.contiguous(), dim);
 }
 
 }  // namespace lf::parallel

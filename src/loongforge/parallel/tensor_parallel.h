@@ -8,6 +8,13 @@
 //    after the reduction;
 //  - vocabulary parallel (dim 0): embed_tokens (ids outside this rank's slice give zeros, then a sum over tp) and
 //    lm_head (or the tied embedding); the loss is computed by lm_loss_sum without ever gathering full logits;
+//  - MoE blocks (nn/moe.h): every expert split along its ffn dimension (experts.gate_up_proj: this rank's chunk of
+//    the gate half and of the up half, dim 1; experts.down_proj: dim 2) and the shared experts like a dense MLP; the
+//    block's input_fn/output_fn are the column entry / row exit of the whole block, so routing runs on whole
+//    (replicated) tokens and the partial outputs of routed and shared experts are summed once. The router (gate.weight)
+//    stays whole; its gradient is partial (the routing weights multiply partial expert outputs). Router losses are
+//    computed identically on every tp rank: weight them by 1/tp in the loss that is backpropagated (the reported
+//    value stays whole). With expert parallelism on top, each ep rank's experts are these tp shards.
 //  - everything else (RMSNorm weights, q_norm/k_norm, row-parallel biases) replicated.
 // Without sp, activations between blocks are whole and replicated: copy_to before column-parallel layers,
 // all-reduce after row-parallel ones. With sp they are split along the sequence (dim 1 of [B,T,H]) over tp:
@@ -30,6 +37,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,6 +53,9 @@ struct TensorParallelPlan {
   std::map<std::string, int64_t> shard_dim;
   // Replicated parameters whose gradients are partial on each tp rank (need a sum over tp).
   std::vector<std::string> partial_grad;
+  // Parameters made of two stacked halves along their split dimension (MoE experts.gate_up_proj [E, 2f, d]: gate
+  // rows, then up rows): each rank keeps its chunk of each half, stacked the same way.
+  std::set<std::string> halves;
 
   // Whether this rank adds the parameter's squared gradient to the global gradient norm: sharded parameters on
   // every tp rank, replicated ones on tp rank 0 only (then sum over tp and dp). Unknown name: lf::Error.
@@ -75,6 +86,9 @@ void sync_sequence_parallel_grads(models::llama::CausalLMImpl& m, const TensorPa
 // Whole tensors by HF name from the shards (every rank gets all; checkpoints and export).
 std::map<std::string, at::Tensor> gather_full(models::llama::CausalLMImpl& m, const TensorParallelPlan& plan,
                                               const Group& tp);
+// The whole tensor of parameter (or optimizer moment) `name` from this rank's slice `local` (collective over tp;
+// `local` itself when replicated).
+at::Tensor unshard(const std::string& name, const at::Tensor& local, const TensorParallelPlan& plan, const Group& tp);
 // This rank's slice of a whole tensor `full` of parameter `name` (a copy; `full` itself when replicated).
 at::Tensor shard_of(const std::string& name, const at::Tensor& full, const TensorParallelPlan& plan, const Group& tp);
 

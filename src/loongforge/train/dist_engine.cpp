@@ -17,10 +17,16 @@
 //
 // Expert parallelism (parallel.ep = E > 1, MoE models, DDP only): the ep ranks are E neighbouring data-parallel
 // ranks (mesh pp, dp_rep, ep, dp_shard, cp, tp; ep divides dp), each with its own rows and 1/E of every MoE block's
-// experts (parallel/expert_parallel.h). Two DDP optimizers: the non-expert parameters' gradients are summed over all
+// experts (parallel/expert_parallel.h); with tp each expert is further split along its ffn (tensor_parallel.h), with
+// pp each stage's blocks are expert-parallel over the stage's ep group.
+//
+// MoE router losses (every data-parallel layout): each rank adds its share of the losses of the whole global
+// micro-batch (CausalLM::aux_loss_share: expert counts, rows, tokens and sequences summed over the data ranks), so
+// they equal one process's on the whole micro-batch. Under pp they are added per chunk (Pipeline's chunk_loss_fn);
+// the pooled load-balancing loss is then refused (it needs every layer's statistics). Two DDP optimizers: the non-expert parameters' gradients are summed over all
 // dp ranks, the expert slices' over the dp / E ranks holding the same experts (never over ep); the grad norm sums
 // the expert squares over ep once. Checkpoints hold whole expert tensors (all-gathered over ep) and optimizer
-// moments, so they load in any layout. Router losses are computed per rank on its own tokens.
+// moments, so they load in any layout.
 //
 // Validation (eval_loss) with pp > 1 runs Pipeline::forward_only. With FSDP and precision bf16 the gathered matmul
 // weights are bf16 copies (parallel/fsdp.h); evaluation switches them back to fp32, as evaluation runs without
@@ -88,6 +94,12 @@ std::set<std::string> saved_buffers(const models::llama::CausalLMImpl& model) {
   return out;
 }
 
+std::string fmt_double(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 std::string rank_file(const std::string& stem, int rank) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%s-rank-%05d.safetensors", stem.c_str(), rank);
@@ -109,6 +121,20 @@ class DistEngine : public Engine {
         throw Error("recipe: field 'lora.dropout': must be 0 with parallel.tp > 1 (tensor-parallel ranks would draw "
                     "different dropout masks for the same activations)");
     }
+    {  // replication options (before the processes meet, so a bad recipe fails the same way everywhere)
+      const int64_t gs = r["moe"]["guest_slots"], rpn = r["moe"]["ranks_per_node"];
+      if (gs < 0) throw Error("recipe: field 'moe.guest_slots': " + std::to_string(gs) + " is negative");
+      if (rpn < 0 || (rpn > 0 && layout_.ep % rpn != 0))
+        throw Error("recipe: field 'moe.ranks_per_node': " + std::to_string(rpn) + " does not divide parallel.ep " +
+                    std::to_string(layout_.ep) + " (the expert-parallel ranks of a group, node by node)");
+    }
+    if (layout_.pp > 1)
+      for (auto* blk : model.moe_blocks())
+        if (blk->options.aux_loss_coef > 0)
+          throw Error("recipe: field 'moe.aux_loss_coef': " + fmt_double(blk->options.aux_loss_coef) +
+                      ": the load-balancing loss pools every layer's statistics (as transformers), which pipeline "
+                      "stages do not share; with parallel.pp > 1 set it to 0 (sequence-level, z-loss and bias "
+                      "updates work)");
     parallel::Comm::Options co;
     co.timeout = std::chrono::milliseconds(layout_.timeout_s * 1000);
     comm_ = parallel::Comm::init(parallel::detect_launch(), co);
@@ -172,7 +198,15 @@ class DistEngine : public Engine {
       for (auto& item : model.named_parameters()) owned.push_back(item.key());
       counted = owned;
     }
-    if (layout_.ep > 1) ep_plan_ = parallel::apply_expert_parallel(model, *ep_);  // before the buckets take the params
+    if (layout_.ep > 1) {  // before the buckets take the params
+      parallel::moe::GuestOptions go;
+      go.guest_slots = r["moe"]["guest_slots"].get<int>();
+      go.ranks_per_node = r["moe"]["ranks_per_node"].get<int>();
+      go.hidden_size = cfg.hidden_size;
+      go.bytes_per_element = r["precision"] == "fp32" ? 4 : 2;
+      go.expert_params = 3 * cfg.hidden_size * cfg.moe_intermediate_size;
+      ep_plan_ = parallel::apply_expert_parallel(model, *ep_, go);
+    }
     std::set<std::string> counted_set(counted.begin(), counted.end());
     std::vector<std::string> names, enames;
     std::vector<at::Tensor> params, eparams;
@@ -267,15 +301,33 @@ class DistEngine : public Engine {
     try {
       std::vector<Batch> mine;
       for (const auto& g : micro) mine.push_back(local(g));
+      // Router losses: each micro-batch's global share (as one process computes them on the whole micro-batch),
+      // weighted by the micro-batch's global count of counted tokens (micro_loss's weighting).
+      std::vector<double> weight;
+      const bool router = !b_.model->moe_blocks().empty();
+      if (router) {
+        at::Tensor c = at::zeros({static_cast<int64_t>(mine.size())}, at::kDouble);
+        for (size_t i = 0; i < mine.size(); ++i) c[static_cast<int64_t>(i)] = static_cast<double>(mine[i].counted());
+        dp_cp_->all_reduce(c);
+        for (size_t i = 0; i < mine.size(); ++i) weight.push_back(c[static_cast<int64_t>(i)].item<double>());
+      }
+      auto reduce = [this](at::Tensor& t) { dp_cp_->all_reduce(t); };
       if (pipe_) {
         std::vector<parallel::MicroBatch> mbs;
         for (const auto& b : mine) mbs.push_back({b.input_ids, b.position_ids, b.segment_ids});
         const int64_t hidden_size = b_.model->config().hidden_size;
         const int64_t seq = mine[0].input_ids.size(1) / (layout_.sp ? layout_.tp : 1);
         set_sync(false);
+        // MoE router losses of each chunk's layers (sequence-level and z-losses), weighted as above.
+        parallel::Pipeline::ChunkLossFn router_losses = [&](size_t i, int64_t begin, int64_t end) {
+          at::Tensor a = router ? b_.model->aux_loss_share(reduce, begin, end) : at::Tensor();
+          if (!a.defined()) return std::pair<at::Tensor, double>{at::Tensor(), 0.0};
+          return std::pair<at::Tensor, double>{a * (weight[i] / layout_.tp), a.item<double>() * weight[i]};
+        };
         local_sum = pipe_->forward_backward(
             mbs, [&](const at::Tensor& h, size_t i) { return loss_of(h, mine[i].targets); }, scale,
-            [&](size_t i) { return std::vector<int64_t>{mine[i].input_ids.size(0), seq, hidden_size}; });
+            [&](size_t i) { return std::vector<int64_t>{mine[i].input_ids.size(0), seq, hidden_size}; },
+            router_losses);
         pipe_->sync_tied_grads();
         set_sync(true);
         finish_backward();
@@ -283,11 +335,16 @@ class DistEngine : public Engine {
         for (size_t i = 0; i < mine.size(); ++i) {
           set_sync(i + 1 == mine.size());
           at::Tensor l = loss_of(hidden(mine[i]), mine[i].targets);
-          // MoE router losses, weighted by this rank's counted tokens as micro_loss does (data-parallel layouts only).
-          if (at::Tensor a = b_.model->aux_loss(); a.defined()) l = l + a * static_cast<double>(mine[i].counted());
+          double value = l.item<double>();
+          // MoE router losses: this rank's share. Every tp rank computes the same share on the same (whole) tokens:
+          // each backpropagates 1/tp of it (tensor_parallel.h).
+          if (at::Tensor a = router ? b_.model->aux_loss_share(reduce) : at::Tensor(); a.defined()) {
+            value += a.item<double>() * weight[i];
+            l = l + a * (weight[i] / layout_.tp);
+          }
           (l / scale).backward();
           finish_backward();
-          local_sum += l.item<double>();
+          local_sum += value;
         }
       }
     } catch (...) {
@@ -308,7 +365,7 @@ class DistEngine : public Engine {
     if (!eopt_) return opt_->clip_grad_norm(max_norm);
     // Non-expert squares once (the same on every data rank after DDP), expert squares summed over ep.
     at::Tensor esq = at::full({1}, eopt_->grad_sq_norm(), at::kDouble);
-    ep_->all_reduce(esq);
+    mesh_->group_over({"pp", "ep", "tp"}).all_reduce(esq);  // expert slices: split over ep (and tp, pp stages)
     const double total = std::sqrt(opt_->grad_sq_norm() + esq.item<double>());
     opt_->scale_grads(total, max_norm);
     eopt_->scale_grads(total, max_norm);
@@ -321,6 +378,17 @@ class DistEngine : public Engine {
     for (auto* blk : b_.model->moe_blocks())
       if (blk->options.bias_update_rate > 0 && blk->load_since_update.defined()) dp_cp_->all_reduce(blk->load_since_update);
     b_.model->update_moe_bias();
+  }
+  json step_metrics() override {
+    json m = json::object();
+    auto& st = *ep_plan_.stats;
+    if (layout_.ep > 1 && st.plans > 0) {  // the forwards since the last step, of rank 0's expert-parallel group
+      m["moe_overload"] = st.overload / static_cast<double>(st.plans);
+      m["moe_home_overload"] = st.home_overload / static_cast<double>(st.plans);
+      m["moe_replica_tokens"] = st.replica_tokens;
+    }
+    st = parallel::ExpertParallelPlan::Stats{};
+    return m;
   }
   void zero_grad() override {
     opt_->zero_grad();
@@ -366,8 +434,7 @@ class DistEngine : public Engine {
   std::map<std::string, at::Tensor> whole(const std::map<std::string, at::Tensor>& local_by_name) const {
     std::map<std::string, at::Tensor> out;
     for (const auto& [n, t] : local_by_name) {
-      int64_t dim = (layout_.tp > 1 || layout_.sp) ? plan_.dim_of(n) : -1;
-      out[n] = dim >= 0 ? tp_->all_gather(t.contiguous(), dim) : t;
+      out[n] = (layout_.tp > 1 || layout_.sp) ? parallel::unshard(n, t, plan_, *tp_) : t;
     }
     return out;
   }
@@ -380,10 +447,10 @@ class DistEngine : public Engine {
       auto named = b_.model->named_parameters();
       std::map<std::string, at::Tensor> local_w;
       for (const auto& n : saved_names_) local_w[n] = named[n].detach();
-      weights = whole(local_w);
+      weights = whole(local_w);  // whole over tp; expert slices then all-gathered over ep
       if (layout_.ep > 1)
-        for (auto& [n, t] : parallel::gather_expert_params(*b_.model, ep_plan_, *ep_))
-          if (weights.count(n)) weights[n] = t;
+        for (auto& [n, t] : weights)
+          if (ep_plan_.is_expert_param(n)) t = ep_->all_gather(t.contiguous(), 0);
     }
     // Persistent buffers that are checkpoint tensors (the MoE routers' correction biases), the same on every rank.
     if (!b_.trainable.lora) {
@@ -479,8 +546,8 @@ class DistEngine : public Engine {
     else ckpt = io::SafetensorsCheckpoint::open(dir);
     OptimizerStateReader st(dir);
     auto local_of = [&](const std::string& n, const at::Tensor& full) {
-      if (layout_.ep > 1 && ep_plan_.is_expert_param(n)) return parallel::expert_shard_of(full, *ep_);
-      return (layout_.tp > 1 || layout_.sp) ? parallel::shard_of(n, full, plan_, *tp_) : full;
+      at::Tensor t = (layout_.tp > 1 || layout_.sp) ? parallel::shard_of(n, full, plan_, *tp_) : full;
+      return layout_.ep > 1 && ep_plan_.is_expert_param(n) ? parallel::expert_shard_of(t, *ep_) : t;
     };
     std::map<std::string, at::Tensor> p, m, v;
     std::vector<std::string> all_names = opt_->names();

@@ -54,6 +54,9 @@ class Engine {
   virtual void barrier() {}
   // Same value on every rank (e.g. the number of checkpoints found), decided by rank 0.
   virtual int64_t agree(int64_t v) { return v; }
+  // Extra entries for this step's metrics line (no collectives; called on every rank after step()): the MoE
+  // replication plans' mean overload with and without guests, and the tokens replicas computed (parallel.ep).
+  virtual nlohmann::json step_metrics() { return nlohmann::json::object(); }
 };
 
 // The distributed engine for the recipe's `parallel` block (dist_engine.cpp); takes the full model.

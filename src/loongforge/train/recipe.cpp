@@ -39,7 +39,7 @@ const char* kDefaults = R"json({
   "schedule": {"kind": "cosine", "warmup_steps": 0, "min_lr_ratio": 0.1, "decay_steps": 0},
   "lora": {"enabled": false, "r": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["q_proj"]},
   "moe": {"aux_loss_coef": -1.0, "seq_aux_loss_coef": 0.0, "z_loss_coef": 0.0, "bias_update_rate": 0.0,
-          "capacity_factor": 0.0},
+          "capacity_factor": 0.0, "guest_slots": 0, "ranks_per_node": 0},
   "checkpoint": {"every": 0, "keep": 2},
   "log": {"every": 1, "progress": "auto", "tensorboard": true, "plot": true, "peak_tflops": 0.0},
   "eval": {"every": 0, "batches": 4},

@@ -81,7 +81,12 @@ Built build_model(const json& r) {
     const double aux = mo["aux_loss_coef"].get<double>();
     b.model->set_moe_training(aux >= 0 ? aux : b.model->config().router_aux_loss_coef, mo["seq_aux_loss_coef"],
                               mo["z_loss_coef"], mo["bias_update_rate"], mo["capacity_factor"]);
+    if (mo["guest_slots"].get<int64_t>() != 0 && r["parallel"]["ep"].get<int64_t>() <= 1)
+      throw Error("recipe: field 'moe.guest_slots': " + mo["guest_slots"].dump() +
+                  ": hot-expert replication places copies on other expert-parallel ranks; it needs parallel.ep > 1");
   } else {
+    if (mo["guest_slots"].get<int64_t>() != 0)
+      throw Error("recipe: field 'moe.guest_slots': the model has no mixture-of-experts layers");
     for (const char* k : {"seq_aux_loss_coef", "z_loss_coef", "bias_update_rate", "capacity_factor"})
       if (mo[k].get<double>() != 0.0)
         throw Error(std::string("recipe: field 'moe.") + k + "': the model has no mixture-of-experts layers");
@@ -496,6 +501,8 @@ TrainOutcome train(const json& r, bool resume) {
     json line = {{"step", step}, {"loss", loss}, {"grad_norm", gnorm}, {"lr", lr}, {"tokens", tokens_seen},
                  {"tokens_per_s", tps}, {"mfu", flops_per_token * tps / peak}, {"step_time_s", dt}};
     if (device.is_cuda()) line["max_memory_allocated"] = kernels::cuda::max_memory_allocated();
+    const json extra = engine->step_metrics();
+    for (auto it = extra.begin(); it != extra.end(); ++it) line[it.key()] = it.value();
     if (valid && eval_every > 0 && (step % eval_every == 0 || step == steps)) {
       valid->restore(valid_start);
       double vl = validation_loss(*engine, *valid, r["eval"]["batches"], mb);

@@ -109,6 +109,14 @@ class CausalLMImpl : public torch::nn::Module {
   // router_aux_loss_coef * transformers' load_balancing_loss_func over all MoE layers (its statistics pooled
   // across layers, as transformers does) + every block's sequence-level and z-loss terms.
   at::Tensor aux_loss() const;
+  // This rank's share of those router losses when every micro-batch is split over data-parallel ranks (rows) and
+  // `reduce` sums a tensor over those ranks in place: the load-balancing statistics' expert counts and rows are
+  // summed over the ranks (this rank's probability sums stay local), the sequence-level and z-loss means are taken
+  // over the ranks' sequences and tokens. The shares sum over the ranks to aux_loss() of the whole micro-batch in
+  // one process (value and gradients). Only the layers [begin, end) (end < 0: all): pipeline stages (the pooled
+  // load-balancing loss needs every layer: lf::Error when it is on and the range is not all layers). Collective
+  // (calls reduce once) whenever any block of the range has router losses; undefined when none.
+  at::Tensor aux_loss_share(const std::function<void(at::Tensor&)>& reduce, int64_t begin = 0, int64_t end = -1) const;
   // Aux-loss-free bias updates of every block (nn::MoEImpl::update_bias); call after the optimizer step.
   void update_moe_bias();
   // Training options of every MoE block (recipe `moe.*`): the load-balancing coefficient (replaces config.json's
