@@ -6,7 +6,8 @@
 #      (third_party_debs/, carried along), unpacked with dpkg -x into the build folder;
 #   2. run the CUDA gtests (tests/cpp/test_cuda_kernels.cpp) and the CPU kernel tests;
 #   3. the training benchmark (bench/gpu_train.py): LoongForge vs PyTorch eager / torch.compile, tokens/s, MFU, peak
-#      memory, ratios (table in $OUT/gpu_train.md, JSON in $OUT/gpu_train.json);
+#      memory, ratios (table in $OUT/gpu_train.md, JSON in $OUT/gpu_train.json): issue 4's dense shapes, then issue
+#      6's Qwen3-MoE shape against transformers' Qwen3MoeForCausalLM (goal >= 2 x 54.9k tok/s);
 #   4. print a short table last.
 # Usage (repo root):  bash bench/gpu_check.sh
 #   OUT=dir            where logs and JSON go (default build-gpu/gpu_out; the device tool's $OUT when set)
@@ -172,17 +173,20 @@ fi
 
 # ---- 3. training benchmark: LoongForge vs PyTorch eager / torch.compile (bench/gpu_train.py) ------------------------
 # ---- BEGIN TRAINING BENCHMARK ----
-# The two shapes of issue 4, each run its own process; runs that no longer fit the budget are reported as skipped.
+# The two shapes of issue 4 and the MoE shape of issue 6, each run its own process; the torch.compile runs go after
+# every shape's LoongForge and eager runs, and runs that no longer fit the budget are reported as skipped.
 # GPU_BENCH_BUDGET (s, default: what is left of 460 s since the start), GPU_BENCH_STEPS (timed steps, default 8),
-# GPU_BENCH_SHAPES (default small,1b), GPU_CHECK_FP8=1 (LoongForge fp8 rows too), GPU_CHECK_CURVES=1 (fp32 vs bf16
-# loss curves, 200 steps of the small shape: ~2 more minutes, so off by default).
+# GPU_BENCH_SHAPES (default small,1b,moe; GPU_BENCH_SHAPES=moe for the MoE rows alone), GPU_BENCH_RUNS (default
+# loongforge,eager,compile), GPU_CHECK_FP8=1 (LoongForge fp8 rows too), GPU_CHECK_CURVES=1 (fp32 vs bf16 loss
+# curves, 200 steps of the small shape: ~2 more minutes, so off by default).
 T=$(date +%s)
 BUDGET=${GPU_BENCH_BUDGET:-$(( 460 - $(elapsed "$T_START") ))}
 if [ "$BUDGET" -lt 60 ]; then
   row "training benchmark" SKIP 0 "only $BUDGET s left of the 8 minutes"
 else
   timeout $(( BUDGET + 60 )) "$PY" bench/gpu_train.py --lf "$BUILD/loongforge" --out "$OUT" --budget "$BUDGET" \
-    --steps "${GPU_BENCH_STEPS:-8}" --warmup 3 --shapes "${GPU_BENCH_SHAPES:-small,1b}" \
+    --steps "${GPU_BENCH_STEPS:-8}" --warmup 3 --shapes "${GPU_BENCH_SHAPES:-small,1b,moe}" \
+    --runs "${GPU_BENCH_RUNS:-loongforge,eager,compile}" \
     ${GPU_CHECK_FP8:+--fp8} ${GPU_CHECK_CURVES:+--curves} >"$OUT/gpu_train.log" 2>&1
   rc=$?
   tail -25 "$OUT/gpu_train.log"
@@ -193,16 +197,23 @@ else
 import json, sys
 for r in json.load(open(sys.argv[1]))["results"]:
     st = r["status"]
-    status = "ok" if st == "ok" else ("SKIP" if st.startswith("skipped") else "FAIL")
+    status = "ok" if st.startswith("ok") else ("SKIP" if st.startswith("skipped") else "FAIL")
     if "tokens_per_s" in r:
         mem = r.get("max_memory_allocated")
         detail = f"{r['tokens_per_s']:.0f} tok/s, MFU {r['mfu'] * 100:.1f} %" + (f", peak {mem / 2**30:.1f} GiB" if mem else "")
+        if r["mode"].startswith("loongforge"):
+            detail += "".join(f", {r[k]:.2f}x {m}" for k, m in (("vs_eager", "HF eager"), ("vs_compile", "compile"))
+                              if k in r)
+        if "goal_met" in r:
+            detail += f", goal >= {r['goal_tokens_per_s'] / 1e3:.1f}k: {'yes' if r['goal_met'] else 'NO'}"
+        if r.get("hf_experts_implementation"):
+            detail += f" (HF experts {r['hf_experts_implementation']})"
     elif r["mode"] == "curves" and st == "ok":
         detail = f"bf16 vs fp32 over {r['steps']} steps: {r['max_rel_10step_mean'] * 100:.2f} % (goal 1 %)"
         status = "ok" if r["within_1pct"] else "FAIL"
     else:
         detail = st
-    print(f"train {r['shape']} {r['mode']}|{status}|{r.get('wall_s', 0):.0f}|{detail[:110]}".replace("\n", " "))
+    print(f"train {r['shape']} {r['mode']}|{status}|{r.get('wall_s', 0):.0f}|{detail[:150]}".replace("\n", " "))
 PY
 )
   else

@@ -1,20 +1,35 @@
-"""GPU training throughput (issue 4): LoongForge (`loongforge train`, device cuda, bf16) against PyTorch in Python on
-the same GPU in the same call: transformers' LlamaForCausalLM (attn_implementation="sdpa") with bf16 autocast and
-torch.optim.AdamW(fused=True), eager and torch.compile. Random tokens, fp32 master weights on both sides, gradient
+"""GPU training throughput (issues 4 and 6): LoongForge (`loongforge train`, device cuda, bf16) against PyTorch in
+Python on the same GPU in the same call: transformers' LlamaForCausalLM (attn_implementation="sdpa") with bf16 autocast
+and torch.optim.AdamW(fused=True), eager and torch.compile. Random tokens, fp32 master weights on both sides, gradient
 clipping at 1.0 on both sides, a few warm-up steps, then timed steps.
+
+MoE (issue 6, shape "moe"; "tiny_moe" checks it on the CPU): a Qwen3-MoE model (d1024 L8 h16 kv4 head_dim 64, 64
+experts top-8, expert ffn 512, norm_topk_prob, every layer sparse, V32000 untied, 8x1024). The reference is
+transformers' Qwen3MoeForCausalLM (AutoModelForCausalLM.from_config, sdpa; its experts use transformers' default
+experts_implementation, "grouped_mm" where torch supports it, and the row records which one ran; runs
+"eager-loop" / "compile-loop" force experts_implementation="eager", the per-expert Python loop), same autocast, fused
+AdamW and clipping. Both sides add the load-balancing loss, router_aux_loss_coef 0.001 x aux: config.json sets
+output_router_logits=True, since transformers' default (False) skips the aux loss, while LoongForge takes the
+coefficient from router_aux_loss_coef (recipe moe.aux_loss_coef -1). Goal: LoongForge >= 2 x 54.9k tok/s (the
+issue's transformers-eager figure on an H200 with PyTorch 2.11); the table also gives the ratio to the eager run
+measured in the same call.
 
 Prints a table (tokens/s, MFU, peak memory, LoongForge / eager and / compile) and writes JSON (--out). Every run is
 its own process (clean peak memory, a crash or timeout costs one row); runs are skipped once --budget seconds are
 spent, and the table says so.
 
-    python3 bench/gpu_train.py --lf build-gpu/loongforge [--shapes small,1b] [--steps 8 --warmup 3] [--budget 240]
+    python3 bench/gpu_train.py --lf build-gpu/loongforge [--shapes small,1b,moe] [--steps 8 --warmup 3] [--budget 240]
                                [--out DIR] [--fp8] [--curves]
     # the CPU-side logic with a tiny shape (no GPU needed; torch.compile on the CPU takes minutes, so without it):
     .venv/bin/python bench/gpu_train.py --lf build/loongforge --device cpu --shapes tiny --steps 2 --warmup 1 \
         --runs loongforge,eager --curves
+    .venv/bin/python bench/gpu_train.py --lf build/loongforge --device cpu --shapes tiny_moe --steps 2 --warmup 1 \
+        --runs loongforge,eager
 
 MFU: 6 * parameters + 12 * layers * heads * head_dim * seq FLOPs per token (the trainer's formula, embeddings
-included) over the H200's dense bf16 peak, 989 TFLOP/s (--peak-tflops; the issue's measured GEMM ceiling is 742).
+included; for MoE the ACTIVE parameters: router + top_k experts per MoE layer, as `loongforge info` and the trainer
+count them; the script checks its count against `loongforge info` on the generated config.json) over the H200's
+dense bf16 peak, 989 TFLOP/s (--peak-tflops; the issue's measured GEMM ceiling is 742).
 --curves: fp32 vs bf16 loss curves of LoongForge on the small shape (200 steps, batch 4; same data and init), the
 issue's "within 1 %" check. --fp8: LoongForge with precision: fp8 too (the issue wants >= 1.3x bf16 on the 1B shape).
 """
@@ -36,10 +51,38 @@ SHAPES = {
                heads=32, kv=8, ffn=8192, vocab=128256, tied=True, batch=4, seq=2048, goal=65e3),
     "tiny": dict(name="tiny (CPU check) d64 L2 h4 kv2 ffn128 V512, 2x64", d=64, layers=2, heads=4, kv=2, ffn=128,
                  vocab=512, tied=False, batch=2, seq=64, goal=0),
+    # issue 6: goal 2 x the 54.9k tok/s of transformers eager on an H200 (PyTorch 2.11)
+    "moe": dict(name="Qwen3-MoE shape (d1024 L8 h16 kv4 hd64, 64 experts top-8 ffn512, V32000 untied), 8x1024",
+                family="qwen3_moe", d=1024, layers=8, heads=16, kv=4, head_dim=64, ffn=3072, experts=64, top_k=8,
+                moe_ffn=512, vocab=32000, tied=False, batch=8, seq=1024, goal=2 * 54.9e3,
+                goal_note="2 x the issue's 54.9k of HF eager"),
+    "tiny_moe": dict(name="tiny MoE (CPU check) d64 L2 h4 kv2 hd16, 8 experts top-2 ffn32, V512, 2x64",
+                     family="qwen3_moe", d=64, layers=2, heads=4, kv=2, head_dim=16, ffn=128, experts=8, top_k=2,
+                     moe_ffn=32, vocab=512, tied=False, batch=2, seq=64, goal=0),
 }
 
 
+def is_moe(s):
+    return s.get("family") == "qwen3_moe"
+
+
+def head_dim(s):
+    return s.get("head_dim", s["d"] // s["heads"])
+
+
 def hf_config(s):
+    if is_moe(s):
+        return {
+            "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": s["d"],
+            "num_hidden_layers": s["layers"], "num_attention_heads": s["heads"], "num_key_value_heads": s["kv"],
+            "head_dim": s["head_dim"], "intermediate_size": s["ffn"],  # unused: every layer is sparse
+            "num_experts": s["experts"], "num_experts_per_tok": s["top_k"], "moe_intermediate_size": s["moe_ffn"],
+            "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+            "router_aux_loss_coef": 0.001, "output_router_logits": True,  # both sides add the load-balancing loss
+            "vocab_size": s["vocab"], "tie_word_embeddings": s["tied"], "attention_bias": False,
+            "max_position_embeddings": max(2048, s["seq"]), "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+            "hidden_act": "silu", "initializer_range": 0.02, "bos_token_id": 1, "eos_token_id": 2,
+        }
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": s["d"],
         "num_hidden_layers": s["layers"], "num_attention_heads": s["heads"], "num_key_value_heads": s["kv"],
@@ -49,32 +92,65 @@ def hf_config(s):
     }
 
 
-def n_params(s):
-    d, hd = s["d"], s["d"] // s["heads"]
-    per_layer = d * (s["heads"] * hd) * 2 + d * (s["kv"] * hd) * 2 + 3 * d * s["ffn"] + 2 * d
+def n_params(s, active=True):
+    """Parameters; for MoE (every layer sparse) the active ones by default: router + top_k experts per layer."""
+    d, hd = s["d"], head_dim(s)
+    attn = d * (s["heads"] * hd) * 2 + d * (s["kv"] * hd) * 2
+    if is_moe(s):
+        attn += 2 * hd  # Qwen3's q_norm / k_norm
+        mlp = d * s["experts"] + (s["top_k"] if active else s["experts"]) * 3 * d * s["moe_ffn"]
+    else:
+        mlp = 3 * d * s["ffn"]
     emb = s["vocab"] * d * (1 if s["tied"] else 2)
-    return s["layers"] * per_layer + emb + d
+    return s["layers"] * (attn + mlp + 2 * d) + emb + d
 
 
 def flops_per_token(s):
-    return 6 * n_params(s) + 12 * s["layers"] * s["heads"] * (s["d"] // s["heads"]) * s["seq"]
+    return 6 * n_params(s) + 12 * s["layers"] * s["heads"] * head_dim(s) * s["seq"]
+
+
+def check_params(lf, s, work):
+    """`loongforge info` on the generated config.json against n_params: (ours, info's active, info's total)."""
+    p = subprocess.run([lf, "info", str(work / "config.json")], capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        raise RuntimeError(f"loongforge info: rc {p.returncode}: {(p.stderr or p.stdout)[-300:]}")
+    info = json.loads(p.stdout)
+    got = (n_params(s), info["active_parameters"], info["parameters"])
+    if got[1] != got[0] or got[2] != n_params(s, active=False) or \
+            info["train_flops_per_token_excl_attention"] != 6 * got[1]:
+        raise RuntimeError(f"parameter count mismatch: script {got[0]} active / {n_params(s, active=False)} total, "
+                           f"loongforge info {json.dumps(info)}")
+    return got
 
 
 # ---- PyTorch side (runs in a child process: --worker torch) ---------------------------------------------------------
 def torch_worker(a):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     s = SHAPES[a.shape]
     dev = torch.device(a.device)
     torch.manual_seed(0)
-    cfg = LlamaConfig(**hf_config(s), attn_implementation="sdpa")
-    model = LlamaForCausalLM(cfg).to(dev)  # fp32 masters
+    experts_impl = None
+    if is_moe(s):
+        from transformers import AutoConfig, AutoModelForCausalLM
+        c = dict(hf_config(s))
+        cfg = AutoConfig.for_model(c.pop("model_type"), **c)
+        kw = {"experts_implementation": "eager"} if a.mode.endswith("-loop") else {}
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", **kw).to(dev)  # fp32 masters
+        assert type(model).__name__ == "Qwen3MoeForCausalLM", type(model).__name__
+        assert model.config.output_router_logits and model.config.router_aux_loss_coef == 0.001
+        experts_impl = model.config._experts_implementation
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(**hf_config(s), attn_implementation="sdpa")
+        model = LlamaForCausalLM(cfg).to(dev)  # fp32 masters
     assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
+    n_model = sum(p.numel() for p in model.parameters())
+    assert n_model == n_params(s, active=False), (n_model, n_params(s, active=False))
     model.train()
     fused = dev.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=fused)
-    fwd = torch.compile(model) if a.mode == "compile" else model
+    fwd = torch.compile(model) if a.mode.startswith("compile") else model
     g = torch.Generator().manual_seed(1)
     data = torch.randint(0, s["vocab"], (4, s["batch"], s["seq"]), generator=g)
     batches = [b.pin_memory().to(dev, non_blocking=True) if fused else b.to(dev) for b in data]
@@ -82,7 +158,10 @@ def torch_worker(a):
     def step(i):
         x = batches[i % len(batches)]
         with torch.autocast(dev.type, dtype=torch.bfloat16):
-            loss = fwd(input_ids=x, labels=x).loss
+            o = fwd(input_ids=x, labels=x)
+        if is_moe(s) and i == 0:
+            assert o.aux_loss is not None, "no load-balancing loss: output_router_logits is off"
+        loss = o.loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -105,6 +184,8 @@ def torch_worker(a):
     out = {"tokens_per_s": a.steps * s["batch"] * s["seq"] / dt, "final_loss": float(loss.item()),
            "warmup_s": warm_s, "timed_s": dt,
            "max_memory_allocated": torch.cuda.max_memory_allocated() if fused else None}
+    if experts_impl:
+        out["hf_experts_implementation"] = experts_impl
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -214,8 +295,11 @@ def main():
     ap.add_argument("--mode", default="eager", help=argparse.SUPPRESS)
     ap.add_argument("--lf", default=os.environ.get("LOONGFORGE_BIN", str(ROOT / "build-gpu" / "loongforge")))
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--shapes", default="small,1b")
-    ap.add_argument("--runs", default="loongforge,eager,compile", help="which runs per shape (comma list)")
+    ap.add_argument("--shapes", default="small,1b,moe", help=f"comma list of {', '.join(SHAPES)}")
+    ap.add_argument("--runs", default="loongforge,eager,compile",
+                    help="which runs per shape (comma list; MoE shapes also take eager-loop, compile-loop: "
+                         "transformers' per-expert loop instead of its default grouped_mm experts); compile runs go "
+                         "last, after every shape's other runs, so a short budget skips them first")
     ap.add_argument("--steps", type=int, default=8, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget", type=float, default=600, help="seconds for all runs; later runs are skipped")
@@ -232,14 +316,24 @@ def main():
     work = pathlib.Path(tempfile.mkdtemp(prefix="lf-gpu-train-"))
     results = []
     plan = []
-    for sh in a.shapes.split(","):
-        plan += [(sh, m) for m in a.runs.split(",")]
+    shapes = a.shapes.split(",")
+    for sh in shapes:
+        if sh not in SHAPES:
+            ap.error(f"--shapes: unknown shape '{sh}' (known: {', '.join(SHAPES)})")
+    runs = [m for m in a.runs.split(",") if not m.startswith("compile")]
+    for sh in shapes:
+        plan += [(sh, m) for m in runs if is_moe(SHAPES[sh]) or not m.endswith("-loop")]
         if a.fp8:
             plan.append((sh, "loongforge-fp8"))
+    # torch.compile runs (minutes of compiling each) after every shape's LoongForge and eager runs
+    plan += [(sh, m) for sh in shapes for m in a.runs.split(",")
+             if m.startswith("compile") and (is_moe(SHAPES[sh]) or not m.endswith("-loop"))]
     if a.curves:
         plan.append(("small" if a.device == "cuda" else "tiny", "curves"))
     # Rough seconds a run needs (startup, compile); a run starts only if that much budget is left.
-    need = {"loongforge": 25, "loongforge-fp8": 25, "eager": 25, "compile": 90, "curves": 120}
+    need = {"loongforge": 25, "loongforge-fp8": 25, "eager": 25, "compile": 90, "curves": 120, "eager-loop": 40,
+            "compile-loop": 120}
+    params = {}  # shape -> (script's active count, loongforge info's active, info's total), or the error
     for sh, mode in plan:
         s = SHAPES[sh]
         row = {"shape": sh, "name": s["name"], "mode": mode}
@@ -251,6 +345,13 @@ def main():
         try:
             if not (work / sh / "config.json").exists():
                 write_inputs(s, work / sh)
+            if sh not in params:
+                try:
+                    params[sh] = check_params(a.lf, s, work / sh)
+                except Exception as e:  # noqa: BLE001 - reported under the table; fatal on the CPU check
+                    params[sh] = str(e)[:300]
+                    if a.device == "cpu":
+                        raise
             if mode.startswith("loongforge"):
                 prec = "fp8" if mode.endswith("fp8") else "bf16"
                 row.update(run_lf(a, s, work / sh, mode, prec, a.warmup + a.steps, a.warmup, s["batch"], left()))
@@ -273,12 +374,26 @@ def main():
         row["wall_s"] = round(time.time() - t0, 1)
         if "tokens_per_s" in row:
             row["mfu"] = flops_per_token(s) * row["tokens_per_s"] / (a.peak_tflops * 1e12)
+        if row.get("hf_experts_implementation") and row["status"] == "ok":
+            row["status"] = f"ok (HF experts: {row['hf_experts_implementation']})"
         print(f"[{time.time() - t_start:5.0f} s] {sh} {mode}: {row['status']}"
               + (f" {row['tokens_per_s']:.0f} tok/s" if "tokens_per_s" in row else ""), flush=True)
 
+    # ratios and goals into the rows too (bench/gpu_check.sh's summary reads them from the JSON)
+    for r in results:
+        ref = {q["mode"]: q.get("tokens_per_s") for q in results if q["shape"] == r["shape"]}
+        tps = r.get("tokens_per_s")
+        for m in ("eager", "compile"):
+            if tps and ref.get(m) and r["mode"] != m:
+                r[f"vs_{m}"] = tps / ref[m]
+        if r["mode"] == "loongforge" and SHAPES[r["shape"]]["goal"]:
+            r["goal_tokens_per_s"] = SHAPES[r["shape"]]["goal"]
+            r["goal_met"] = bool(tps and tps >= r["goal_tokens_per_s"])
+
     # ---- table ----
     lines = [f"GPU training, {a.steps} timed steps after {a.warmup} warm-up; MFU vs {a.peak_tflops:.0f} TFLOP/s "
-             f"dense bf16 ({'H200 spec' if a.peak_tflops == 989 else 'given'}); flops/token = 6N + 12 L H hd T", "",
+             f"dense bf16 ({'H200 spec' if a.peak_tflops == 989 else 'given'}); flops/token = 6N + 12 L H hd T "
+             f"(MoE: N = active parameters)", "",
              "| shape | run | tok/s | MFU | peak GiB | vs eager | vs compile | status |",
              "|---|---|---|---|---|---|---|---|"]
     for sh in dict.fromkeys(r["shape"] for r in results):
@@ -292,7 +407,15 @@ def main():
                          if tps else f"| {r['name']} | {r['mode']} | - | - | - | - | - | {r['status']} |")
         goal = SHAPES[sh]["goal"]
         if goal and ref.get("loongforge"):
-            lines.append(f"| | goal >= {goal / 1e3:.0f}k tok/s | {'met' if ref['loongforge'] >= goal else 'not met'} | | | | | |")
+            note = f" ({SHAPES[sh]['goal_note']})" if SHAPES[sh].get("goal_note") else ""
+            lines.append(f"| | goal >= {goal / 1e3:.1f}k tok/s{note} | {'met' if ref['loongforge'] >= goal else 'not met'}"
+                         f" | | | | | |")
+    lines.append("")
+    for sh, v in params.items():
+        lines.append(f"{sh}: " + (f"N = {v[0] / 1e6:.2f} M {'active ' if is_moe(SHAPES[sh]) else ''}parameters "
+                                  f"(loongforge info: {v[1] / 1e6:.2f} M active of {v[2] / 1e6:.2f} M: "
+                                  f"{'match' if v[0] == v[1] else 'MISMATCH'}), {flops_per_token(SHAPES[sh]) / 1e9:.2f}"
+                                  f" GFLOP/token" if isinstance(v, tuple) else f"parameter check failed: {v}"))
     for r in results:
         if r["mode"] == "curves":
             lines.append("")
@@ -305,9 +428,11 @@ def main():
     if a.out:
         out = pathlib.Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "gpu_train.json").write_text(json.dumps({"args": vars(a), "results": results}, indent=1))
+        (out / "gpu_train.json").write_text(json.dumps({"args": vars(a), "results": results, "params": {
+            sh: dict(zip(("script_active", "info_active", "info_total"), v)) if isinstance(v, tuple) else {"error": v}
+            for sh, v in params.items()}}, indent=1))
         (out / "gpu_train.md").write_text(table + "\n")
-    ok = all(r["status"] in ("ok",) or r["status"].startswith("skipped") for r in results)
+    ok = all(r["status"].startswith(("ok", "skipped")) for r in results)
     return 0 if ok else 1
 
 

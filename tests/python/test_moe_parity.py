@@ -168,6 +168,13 @@ def test_moe_info_parameter_count(case, tmp_path):
     model.save_pretrained(tmp_path)
     info = json.loads(run_lf("info", tmp_path).stdout)
     assert info["parameters"] == sum(p.numel() for p in model.parameters())
+    # a token goes through top_k of the routed experts: the stacked expert tensors count k / E of their size
+    cfg = model.config
+    e = getattr(cfg, "num_experts", None) or cfg.num_local_experts
+    k = cfg.num_experts_per_tok
+    routed = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    assert routed > 0 and info["active_parameters"] == info["parameters"] - routed * (e - k) // e
+    assert info["train_flops_per_token_excl_attention"] == 6 * info["active_parameters"]
 
 
 def test_stacked_expert_names_also_load(tmp_path):

@@ -1,4 +1,5 @@
-// loongforge info: what a model config describes (family, shapes, parameter count, training FLOPs per token).
+// loongforge info: what a model config describes (family, shapes, parameter count, parameters a token goes through
+// (MoE: top_k of the routed experts), training FLOPs per token).
 #include <cstdio>
 #include <filesystem>
 
@@ -20,7 +21,8 @@ void add_info(CLI::App& app) {
                         {"layers", c.num_hidden_layers}, {"hidden_size", c.hidden_size},
                         {"heads", c.num_attention_heads}, {"kv_heads", c.num_key_value_heads}, {"head_dim", c.head_dim},
                         {"vocab_size", c.vocab_size}, {"tied_embeddings", c.tie_word_embeddings},
-                        {"rope", c.rope.type}, {"train_flops_per_token_excl_attention", 6 * c.num_parameters()}};
+                        {"rope", c.rope.type}, {"active_parameters", c.num_active_parameters()},
+                        {"train_flops_per_token_excl_attention", 6 * c.num_active_parameters()}};
     std::printf("%s\n", j.dump(2).c_str());
   });
 }

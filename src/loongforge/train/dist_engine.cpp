@@ -25,8 +25,8 @@
 // they equal one process's on the whole micro-batch. Under pp they are added per chunk (Pipeline's chunk_loss_fn);
 // the pooled load-balancing loss is then refused (it needs every layer's statistics). Two DDP optimizers: the non-expert parameters' gradients are summed over all
 // dp ranks, the expert slices' over the dp / E ranks holding the same experts (never over ep); the grad norm sums
-// the expert squares over ep once. Checkpoints hold whole expert tensors (all-gathered over ep) and optimizer
-// moments, so they load in any layout.
+// the expert squares over ep once. Checkpoints hold every expert (all-gathered over ep) under the per-expert names a
+// single-process run writes, and whole optimizer moments, so they load in any layout.
 //
 // Validation (eval_loss) with pp > 1 runs Pipeline::forward_only. With FSDP and precision bf16 the gathered matmul
 // weights are bf16 copies (parallel/fsdp.h); evaluation switches them back to fp32, as evaluation runs without
@@ -92,6 +92,52 @@ std::set<std::string> saved_buffers(const models::llama::CausalLMImpl& model) {
   for (const auto& e : models::llama::checkpoint_tensors(model))
     if (e.buffer) out.insert(e.param);
   return out;
+}
+
+// Whole tensors by parameter name -> by checkpoint name: stacked expert parameters become the per-expert tensors
+// a single-process run and transformers' Hub checkpoints use (models::llama::checkpoint_tensors).
+std::map<std::string, at::Tensor> to_checkpoint_names(const models::llama::CausalLMImpl& model,
+                                                      const std::map<std::string, at::Tensor>& by_param) {
+  std::map<std::string, at::Tensor> out;
+  std::set<std::string> mapped;
+  for (const auto& e : models::llama::checkpoint_tensors(model)) {
+    auto it = by_param.find(e.param);
+    if (e.index < 0 || it == by_param.end()) continue;
+    out[e.name] = models::llama::checkpoint_slice(it->second, e);
+    mapped.insert(e.param);
+  }
+  for (const auto& [n, t] : by_param)
+    if (!mapped.count(n)) out[n] = t;
+  return out;
+}
+
+// The whole parameter `name` from a checkpoint: stored under its own name, or assembled from its per-expert
+// checkpoint tensors.
+at::Tensor read_whole(const io::SafetensorsCheckpoint& ckpt, const models::llama::CausalLMImpl& model,
+                      const std::string& name, const std::string& dir) {
+  if (ckpt.contains(name)) return ckpt.tensor(name);
+  std::vector<models::llama::CheckpointTensor> parts;
+  for (const auto& e : models::llama::checkpoint_tensors(model))
+    if (e.param == name && e.index >= 0) parts.push_back(e);
+  if (parts.empty()) throw Error(dir + ": tensor '" + name + "' missing from the checkpoint");
+  int64_t n = 0, rows = 0;
+  for (const auto& e : parts) {
+    if (!ckpt.contains(e.name)) throw Error(dir + ": tensor '" + e.name + "' missing from the checkpoint");
+    n = std::max(n, e.index + 1);
+    rows = std::max(rows, e.end);
+  }
+  std::vector<int64_t> shape = ckpt.shape(parts.front().name);
+  shape.insert(shape.begin(), n);
+  shape[1] = rows;
+  at::Tensor whole = at::zeros(shape, at::kFloat);
+  for (const auto& e : parts) {
+    at::Tensor t = ckpt.tensor(e.name);
+    if (t.size(0) != e.end - e.begin)
+      throw Error(dir + ": tensor '" + e.name + "': " + std::to_string(t.size(0)) + " rows, the config needs " +
+                  std::to_string(e.end - e.begin));
+    models::llama::checkpoint_slice(whole, e).copy_(t);
+  }
+  return whole;
 }
 
 std::string fmt_double(double v) {
@@ -452,6 +498,7 @@ class DistEngine : public Engine {
         for (auto& [n, t] : weights)
           if (ep_plan_.is_expert_param(n)) t = ep_->all_gather(t.contiguous(), 0);
     }
+    if (!b_.trainable.lora) weights = to_checkpoint_names(*b_.model, weights);
     // Persistent buffers that are checkpoint tensors (the MoE routers' correction biases), the same on every rank.
     if (!b_.trainable.lora) {
       const auto saved = saved_buffers(*b_.model);
@@ -466,7 +513,7 @@ class DistEngine : public Engine {
     barrier();
     tmp = (fs::path(root) / (".tmp-" + checkpoint_name(step))).string();
     io::NamedTensors wt, ot;
-    json mine = json::object();
+    json mine = json::object(), mine_opt = json::object();  // checkpoint name -> weight file; parameter -> moments file
     size_t i = 0;
     const std::string weight_stem = b_.trainable.lora ? "adapter" : "model";
     for (const auto& [n, t] : weights) {
@@ -474,15 +521,19 @@ class DistEngine : public Engine {
       wt.emplace_back(n, t.to(at::kFloat).contiguous());
       mine[n] = rank_file(weight_stem, comm_->rank());
     }
-    for (const auto& [n, t] : m)
-      if (mine.contains(n)) ot.emplace_back("exp_avg." + n, t.contiguous());
-    for (const auto& [n, t] : v)
-      if (mine.contains(n)) ot.emplace_back("exp_avg_sq." + n, t.contiguous());
+    i = 0;
+    for (const auto& [n, t] : m) {
+      if (static_cast<int>(i++ % static_cast<size_t>(stage.size())) != stage.rank()) continue;
+      ot.emplace_back("exp_avg." + n, t.contiguous());
+      ot.emplace_back("exp_avg_sq." + n, v.at(n).contiguous());
+      mine_opt[n] = rank_file("optimizer", comm_->rank());
+    }
     ot.emplace_back("rng.cpu", cpu_rng_state());
     if (!wt.empty()) io::save_file((fs::path(tmp) / rank_file(weight_stem, comm_->rank())).string(), wt, {{"format", "pt"}});
     io::save_file((fs::path(tmp) / rank_file("optimizer", comm_->rank())).string(), ot,
                   {{"optimizer_steps", std::to_string(opt_->steps())}});
-    write_file_atomic((fs::path(tmp) / ("index-rank-" + std::to_string(comm_->rank()) + ".json")).string(), mine.dump());
+    write_file_atomic((fs::path(tmp) / ("index-rank-" + std::to_string(comm_->rank()) + ".json")).string(),
+                      json{{"weights", mine}, {"optimizer", mine_opt}}.dump());
     checkpoint_test_delay();
     barrier();
     std::string final_dir = (fs::path(root) / checkpoint_name(step)).string();
@@ -492,10 +543,8 @@ class DistEngine : public Engine {
       for (int rk = 0; rk < comm_->world(); ++rk) {
         fs::path f = fs::path(tmp) / ("index-rank-" + std::to_string(rk) + ".json");
         json part = read_json_file(f.string());
-        for (auto it = part.begin(); it != part.end(); ++it) {
-          weight_map[it.key()] = it.value();
-          opt_map[it.key()] = rank_file("optimizer", rk);
-        }
+        for (auto it = part["weights"].begin(); it != part["weights"].end(); ++it) weight_map[it.key()] = it.value();
+        for (auto it = part["optimizer"].begin(); it != part["optimizer"].end(); ++it) opt_map[it.key()] = it.value();
         fs::remove(f);
       }
       if (b_.trainable.lora) {
@@ -558,8 +607,7 @@ class DistEngine : public Engine {
         if (!adapter->contains(io::peft_name(n))) throw file_error(adapter->path(), io::peft_name(n), "missing");
         w = adapter->tensor(io::peft_name(n));
       } else {
-        if (!ckpt->contains(n)) throw Error(dir + ": tensor '" + n + "' missing from the checkpoint");
-        w = ckpt->tensor(n);
+        w = read_whole(*ckpt, *b_.model, n, dir);
       }
       p[n] = local_of(n, w.to(at::kFloat));
       m[n] = local_of(n, st.tensor("exp_avg." + n));
@@ -576,8 +624,12 @@ class DistEngine : public Engine {
     std::set<std::string> trained(all_names.begin(), all_names.end());
     for (auto& item : b_.model->named_parameters()) {
       const std::string& n = item.key();
-      if (lora || trained.count(n) || item.value().numel() == 0 || !ckpt->contains(n)) continue;
-      item.value().copy_(local_of(n, ckpt->tensor(n).to(at::kFloat)));
+      if (lora || trained.count(n) || item.value().numel() == 0) continue;
+      bool stored = ckpt->contains(n);
+      for (const auto& e : models::llama::checkpoint_tensors(*b_.model))
+        stored = stored || (e.param == n && e.index >= 0 && ckpt->contains(e.name));
+      if (!stored) continue;
+      item.value().copy_(local_of(n, read_whole(*ckpt, *b_.model, n, dir).to(at::kFloat)));
     }
     if (!lora) {
       const auto saved = saved_buffers(*b_.model);

@@ -442,7 +442,7 @@ TrainOutcome train(const json& r, bool resume) {
   const int64_t log_every = std::max<int64_t>(1, r["log"]["every"].get<int64_t>());
   const int64_t ckpt_every = r["checkpoint"]["every"];
   const int keep = static_cast<int>(r["checkpoint"]["keep"].get<int64_t>());
-  const double n_params = static_cast<double>(cfg.num_parameters());
+  const double n_params = static_cast<double>(cfg.num_active_parameters());  // MoE: the experts a token uses
   const double seq = static_cast<double>(r["data"]["seq_len"].get<int64_t>());
   const double flops_per_token = 6.0 * n_params + 12.0 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * seq;
   const double peak = peak_flops(r, device);

@@ -346,4 +346,12 @@ int64_t DecoderConfig::num_parameters() const {
   return total;
 }
 
+int64_t DecoderConfig::num_active_parameters() const {
+  int64_t total = num_parameters();
+  const int64_t idle = (num_experts - num_experts_per_tok) * 3 * hidden_size * moe_intermediate_size;
+  for (int64_t i = 0; i < num_hidden_layers; ++i)
+    if (is_moe_layer(i)) total -= idle;
+  return total;
+}
+
 }  // namespace lf::models::llama

@@ -65,6 +65,9 @@ struct DecoderConfig {
   static DecoderConfig from_json(const nlohmann::json& j, const std::string& file = "config.json");
   static DecoderConfig from_file(const std::string& path);
   int64_t num_parameters() const;
+  // Parameters one token goes through: num_parameters() with each MoE layer's routed experts counted top_k times
+  // instead of num_experts times (the basis of training FLOPs per token, 6 x this, and MFU).
+  int64_t num_active_parameters() const;
 };
 
 }  // namespace lf::models::llama

@@ -290,13 +290,15 @@ std::vector<CheckpointTensor> checkpoint_tensors(const CausalLMImpl& m) {
       continue;
     }
     const std::string prefix = ck.substr(0, ck.size() - (is_gu ? stem.size() : down.size())) + ".experts.";
-    for (int64_t e = 0; e < item.value().size(0); ++e) {
+    // every expert of the config (a rank's expert-parallel slice of the parameter holds only some of them)
+    const int64_t experts = c.num_experts > 0 ? c.num_experts : item.value().size(0);
+    for (int64_t e = 0; e < experts; ++e) {
       const std::string p = prefix + std::to_string(e) + ".";
       if (is_gu) {
         out.push_back({p + (mixtral ? "w1" : "gate_proj") + ".weight", name, e, 0, f});
         out.push_back({p + (mixtral ? "w3" : "up_proj") + ".weight", name, e, f, 2 * f});
       } else {
-        out.push_back({p + (mixtral ? "w2" : "down_proj") + ".weight", name, e, 0, item.value().size(1)});
+        out.push_back({p + (mixtral ? "w2" : "down_proj") + ".weight", name, e, 0, c.hidden_size});
       }
     }
   }
