@@ -1,6 +1,7 @@
 // The mixture-of-experts block (nn/moe.h): the grouped expert path against a naive per-expert loop, gradients
 // against float64 finite differences, capacity dropping, router losses against their formulas, the bias update.
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -56,6 +57,45 @@ TEST(MoE, GroupedExpertsMatchPerExpertLoop) {
   EXPECT_LE(max_rel(y, yr), 1e-5);
   for (size_t i = 0; i < g1.size(); ++i) EXPECT_LE(max_rel(g1[i], g2[i]), 1e-5) << i << " f=" << f;
   }
+}
+
+// Under CPU bf16 autocast (precision bf16) the grouped experts compute in bf16 from the fp32 master weights, like
+// autocast's Linear: output bf16, equal (bf16 rounding) to the per-expert loop run under the same autocast, and the
+// fp32 weights receive fp32 gradients close to the fp32 run's.
+TEST(MoE, GroupedExpertsFollowAutocast) {
+  at::manual_seed(1);
+  const int64_t n = 48, d = 32, e = 4, k = 2, f = 16;
+  MoEOptions o;
+  o.num_experts = e, o.top_k = k, o.hidden = d, o.expert_ffn = f;
+  auto r = lf::nn::route(at::randn({n, e}), o);
+  at::Tensor x = at::randn({n, d});
+  at::Tensor gu = (at::randn({e, 2 * f, d}) * 0.3).requires_grad_();
+  at::Tensor dn = (at::randn({e, d, f}) * 0.3).requires_grad_();
+  at::Tensor dy = at::randn({n, d});
+  auto run = [&](bool autocast, bool reference) {
+    gu.mutable_grad() = at::Tensor();
+    dn.mutable_grad() = at::Tensor();
+    at::autocast::set_autocast_enabled(at::kCPU, autocast);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::Tensor y;
+    if (reference) {
+      y = lf::nn::experts_reference(x, r.expert_ids, r.weights, gu, dn);
+    } else {
+      auto p = lf::nn::permute(x, r.expert_ids, e);
+      y = lf::nn::unpermute(lf::nn::grouped_expert_ffn(p.x, gu, dn, p.offsets), p, r.weights);
+    }
+    (y.to(at::kFloat) * dy).sum().backward();
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+    return std::vector<at::Tensor>{y.detach(), gu.grad().clone(), dn.grad().clone()};
+  };
+  auto bf = run(true, false), ref = run(true, true), fp = run(false, false);
+  EXPECT_EQ(bf[0].scalar_type(), at::kBFloat16);
+  EXPECT_EQ(bf[1].scalar_type(), at::kFloat);
+  EXPECT_LE(max_rel(bf[0], ref[0]), 2e-2);
+  EXPECT_LE(max_rel(bf[0], fp[0]), 3e-2);
+  EXPECT_GT(max_rel(bf[0], fp[0]), 1e-6);  // really computed in bf16
+  for (size_t i = 1; i < 3; ++i) EXPECT_LE(max_rel(bf[i], fp[i]), 3e-2) << i;
 }
 
 // The whole block (router with top-k renormalization, experts, combine) in float64 against central differences:

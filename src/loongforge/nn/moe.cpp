@@ -1,6 +1,7 @@
 #include "loongforge/nn/moe.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 
 #include <cmath>
 #include <limits>
@@ -122,8 +123,18 @@ Permutation permute(const at::Tensor& x, const at::Tensor& expert_ids, int64_t n
   return p;
 }
 
-at::Tensor grouped_expert_ffn(const at::Tensor& x, const at::Tensor& gate_up, const at::Tensor& down,
+at::Tensor grouped_expert_ffn(const at::Tensor& x_in, const at::Tensor& gate_up_in, const at::Tensor& down_in,
                               const at::Tensor& offsets, const std::string& act) {
+  // Under autocast (bf16 training) the experts' GEMMs run in the autocast dtype like every Linear: x and the fp32
+  // master weights are cast (differentiably) here, since at::_grouped_mm has no autocast rule of its own.
+  at::Tensor x = x_in, gate_up = gate_up_in, down = down_in;
+  const auto dev = x.device().type();
+  if (at::autocast::is_autocast_enabled(dev) && at::isFloatingType(x.scalar_type()) && x.scalar_type() != at::kDouble) {
+    const auto dt = at::autocast::get_autocast_dtype(dev);
+    if (x.scalar_type() != dt) x = x.to(dt);
+    if (gate_up.scalar_type() != dt) gate_up = gate_up.to(dt);
+    if (down.scalar_type() != dt) down = down.to(dt);
+  }
   const int64_t e = gate_up.size(0), ffn = gate_up.size(1) / 2, d = gate_up.size(2);
   if (grouped_mm_ok(x, d, ffn) && gate_up.scalar_type() == x.scalar_type() && down.scalar_type() == x.scalar_type()) {
     at::Tensor xin = x.contiguous();

@@ -86,7 +86,8 @@ struct Permutation {
 };
 Permutation permute(const at::Tensor& x, const at::Tensor& expert_ids, int64_t num_experts);
 // Expert FFN over grouped rows: act(x Wg^T) * (x Wu^T) then Wd, each group with its expert's weights.
-// gate_up [E, 2*ffn, d], down [E, d, ffn], offsets as in Permutation. Returns [M, d].
+// gate_up [E, 2*ffn, d], down [E, d, ffn], offsets as in Permutation. Returns [M, d]. Under autocast the GEMMs run in
+// the autocast dtype (x and weights cast, the result in that dtype), as autocast does for a Linear.
 at::Tensor grouped_expert_ffn(const at::Tensor& x, const at::Tensor& gate_up, const at::Tensor& down,
                               const at::Tensor& offsets, const std::string& act = "silu");
 // Weighted combine: out[n] = sum over kept slots j of weights[n,j] * y[row of (n,j)]. Returns [N, d].
