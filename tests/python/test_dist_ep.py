@@ -117,6 +117,7 @@ R = ROUTER_LOSSES
 @pytest.mark.parametrize("dp,ep,tp,extra", [
     (2, 2, 1, R), (4, 4, 1, R), (4, 2, 1, R),
     (2, 1, 1, R),                           # plain data parallel: the same router losses as one process
+    (4, 2, 1, R + ["parallel.zero=1"]),     # ep2 x dp2 with ZeRO-1 (optimizer state split over the dp / ep ranks)
     (2, 2, 2, R),                           # ep2 x tp2: each ep rank's experts split along their ffn over tp
     (1, 1, 2, R),                           # tp2 of an MoE model
     (1, 1, 2, R + ["parallel.sp=true"]),    # ... with sequence parallelism (parallel.* sets: tp run only)
@@ -191,7 +192,7 @@ def test_train_ep_matches_one_process(tmp_path, moe_dir, dp, ep, tp, extra):
 
 @pytest.mark.parametrize("sets,needle", [
     (["parallel.dp=2", "parallel.ep=3"], "'parallel.ep': 3 does not divide parallel.dp 2"),
-    (["parallel.dp=2", "parallel.ep=2", "parallel.zero=1"], "'parallel.ep': 2: expert parallelism runs with parallel.zero 0"),
+    (["parallel.dp=2", "parallel.ep=2", "parallel.zero=3"], "'parallel.ep': 2: expert parallelism runs with parallel.zero 0"),
     (["parallel.dp=2", "parallel.ep=2", "parallel.tp=3"], "'parallel.tp': 3 does not divide num_attention_heads"),
     (["parallel.pp=2", "moe.aux_loss_coef=0.01"], "'moe.aux_loss_coef': 0.01"),
     (["moe.guest_slots=1"], "'moe.guest_slots': 1: hot-expert replication"),

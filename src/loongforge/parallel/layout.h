@@ -27,7 +27,9 @@ struct Layout {
 
   int world() const { return dp * tp * pp * cp; }
   bool trivial() const { return world() == 1 && zero == 0 && !sp; }
-  int dp_shard() const { return zero == 0 ? 1 : (hsdp_shard > 0 ? hsdp_shard : dp); }
+  // ZeRO-1 with expert parallelism: the optimizer state is split over the dp / ep ranks of each ep rank's data
+  // replicas (non-expert parameters are then also replicated over ep).
+  int dp_shard() const { return zero == 0 ? 1 : (hsdp_shard > 0 ? hsdp_shard : dp / ep); }
   int dp_rep() const { return dp / dp_shard() / ep; }
   std::vector<std::pair<std::string, int>> mesh_dims() const {
     return {{"pp", pp}, {"dp_rep", dp_rep()}, {"ep", ep}, {"dp_shard", dp_shard()}, {"cp", cp}, {"tp", tp}};
