@@ -176,6 +176,16 @@ class DistEngine : public Engine {
         throw Error("recipe: field 'moe.ranks_per_node': " + std::to_string(rpn) + " does not divide parallel.ep " +
                     std::to_string(layout_.ep) + " (the expert-parallel ranks of a group, node by node)");
     }
+    if (layout_.zero == 3)  // FSDP runs each layer without a graph and recomputes it in backward
+      for (auto* blk : model.moe_blocks()) {
+        const auto& o = blk->options;
+        for (auto [key, v] : {std::pair{"aux_loss_coef", o.aux_loss_coef}, {"seq_aux_loss_coef", o.seq_aux_loss_coef},
+                              {"z_loss_coef", o.z_loss_coef}, {"bias_update_rate", o.bias_update_rate}})
+          if (v > 0)
+            throw Error(std::string("recipe: field 'moe.") + key + "': " + fmt_double(v) +
+                        ": FSDP (parallel.zero 3) recomputes every layer in backward and does not train MoE router "
+                        "losses or bias updates yet; set it to 0 or use parallel.zero 0 / 1");
+      }
     if (layout_.pp > 1)
       for (auto* blk : model.moe_blocks())
         if (blk->options.aux_loss_coef > 0)
