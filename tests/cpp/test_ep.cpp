@@ -117,7 +117,7 @@ TEST(EP, GroupOfOneMatchesPlainModel) {
   check_ep(one, 0.0);
 }
 
-// The trainer's layout (parallel/layout.h): ep ranks are neighbouring data-parallel ranks, ep divides dp, DDP only.
+// The trainer's layout (parallel/layout.h): ep ranks are data-parallel ranks, ep divides dp, DDP or ZeRO-1.
 TEST(EP, LayoutPutsEpRanksInsideDataParallel) {
   DecoderConfig c = DecoderConfig::from_json(moe_json());
   par::Layout l;
@@ -154,7 +154,9 @@ TEST(EP, LayoutPutsEpRanksInsideDataParallel) {
   b.tp = 3;
   EXPECT_NE(error_of(b).find("'parallel.tp': 3 does not divide"), std::string::npos);
   b = l;
-  b.cp = 2;
+  b.cp = 2;  // ep x cp: the ep ranks of one cp coordinate exchange their sequence chunks' tokens
+  EXPECT_EQ(error_of(b), "no error");
+  b.cp = 3;
   EXPECT_NE(error_of(b).find("'parallel.cp'"), std::string::npos);
 }
 

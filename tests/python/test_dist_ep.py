@@ -111,6 +111,8 @@ def whole_tensors(ckpt, prefix):
 # process. Under pp the pooled load-balancing loss is refused, the per-layer ones remain.
 ROUTER_LOSSES = ["moe.aux_loss_coef=0.02", "moe.seq_aux_loss_coef=0.01", "moe.z_loss_coef=0.001"]
 PER_LAYER_LOSSES = ["moe.seq_aux_loss_coef=0.02", "moe.z_loss_coef=0.001"]
+# Under cp every sequence is split over ranks: the sequence-level loss is refused, the others remain.
+CP_LOSSES = ["moe.aux_loss_coef=0.02", "moe.z_loss_coef=0.001"]
 R = ROUTER_LOSSES
 
 
@@ -124,6 +126,8 @@ R = ROUTER_LOSSES
     (1, 1, 2, R + ["parallel.sp=true"]),    # ... with sequence parallelism (parallel.* sets: tp run only)
     (1, 1, 1, PER_LAYER_LOSSES + ["parallel.pp=2"]),  # pp2: router losses added per pipeline chunk
     (2, 2, 1, PER_LAYER_LOSSES + ["parallel.pp=2"]),  # ep2 x pp2: each stage's experts over its ep group
+    (1, 1, 1, CP_LOSSES + ["parallel.cp=2"]),         # cp2 (ring attention): tokens of sequence chunks
+    (2, 2, 1, CP_LOSSES + ["parallel.cp=2", "parallel.cp_mode=a2a"]),  # ep2 x cp2
     # hot-expert replication (guest slots): routing unchanged, so the same losses as one process (and as no guests)
     (2, 2, 1, R + ["moe.guest_slots=2"]),
     (4, 4, 1, R + ["moe.guest_slots=1", "moe.ranks_per_node=2"]),  # 2 "nodes" of 2 ranks
@@ -131,7 +135,7 @@ R = ROUTER_LOSSES
 ])
 def test_train_ep_matches_one_process(tmp_path, moe_dir, dp, ep, tp, extra):
     """ep2, ep4, ep2 x dp2 (4 data ranks, 2 per expert group), dp2, ep2 x tp2, tp2 (+sp), pp2, ep2 x pp2 and
-    replication, all with router losses: per-step losses and grad norms of one process (fp32, 1e-5, 4 steps of 2 micro-batches, clipping on) and the validation
+    replication, cp2 (ring), ep2 x cp2 (a2a), all with router losses: per-step losses and grad norms of one process (fp32, 1e-5, 4 steps of 2 micro-batches, clipping on) and the validation
     losses; the checkpoint holds the one-process run's tensors (per-expert names), with the optimizer moments,
     resumes in one process with the same next-step loss (1e-6) and loads in transformers."""
     steps = 4
@@ -140,7 +144,8 @@ def test_train_ep_matches_one_process(tmp_path, moe_dir, dp, ep, tp, extra):
     layout = sum((["--set", x] for x in extra if x.startswith(dist_only)), [])
     run_lf("train", ep_recipe(tmp_path, moe_dir, "one", steps + 1), "--set", f"train.micro_batch_size={dp}", *sets)
     pp = int(next((x.split("=")[1] for x in extra if x.startswith("parallel.pp=")), 1))
-    res = launch_ranks(dp * tp * pp, [LF_BIN, "train", ep_recipe(tmp_path, moe_dir, "ep", steps), "--set", f"parallel.dp={dp}",
+    cp = int(next((x.split("=")[1] for x in extra if x.startswith("parallel.cp=")), 1))
+    res = launch_ranks(dp * tp * pp * cp, [LF_BIN, "train", ep_recipe(tmp_path, moe_dir, "ep", steps), "--set", f"parallel.dp={dp}",
                                  "--set", f"parallel.ep={ep}", "--set", f"parallel.tp={tp}", *sets, *layout], threads=1)
     for r in res:
         assert r.returncode == 0, r.stderr[-3000:]
@@ -198,6 +203,7 @@ def test_train_ep_matches_one_process(tmp_path, moe_dir, dp, ep, tp, extra):
     (["parallel.pp=2", "moe.aux_loss_coef=0.01"], "'moe.aux_loss_coef': 0.01"),
     (["moe.guest_slots=1"], "'moe.guest_slots': 1: hot-expert replication"),
     (["parallel.dp=2", "parallel.zero=3", "moe.z_loss_coef=0.001"], "'moe.z_loss_coef': 0.001: FSDP"),
+    (["parallel.cp=2", "moe.seq_aux_loss_coef=0.01"], "'moe.seq_aux_loss_coef': 0.01: context parallelism"),
     (["parallel.dp=4", "parallel.ep=4", "moe.guest_slots=1", "moe.ranks_per_node=3"], "'moe.ranks_per_node': 3"),
 ])
 def test_bad_ep_layouts_one_line(tmp_path, moe_dir, sets, needle):

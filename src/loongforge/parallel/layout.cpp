@@ -33,15 +33,13 @@ void validate(const Layout& l, const models::llama::DecoderConfig& c, int64_t se
   for (size_t i = 0; i < c.layer_moe.size(); ++i) moe = moe || c.is_moe_layer(static_cast<int64_t>(i));
   if (l.ep != 1 && !moe) bad("ep", s(l.ep) + ": expert parallelism needs a mixture-of-experts model; this one is dense");
   // MoE models: data parallelism (DDP, ZeRO-1, FSDP), tensor (+sequence) parallelism (experts split along their
-  // ffn) and expert parallelism over data-parallel ranks (DDP, ZeRO-1), pipeline parallelism in the trainer; context
-  // parallelism does not handle the MoE blocks yet.
+  // ffn) expert parallelism over data-parallel ranks (DDP, ZeRO-1), pipeline and context parallelism in the trainer.
   if (l.ep > 1) {
     if (l.dp % l.ep)
       bad("ep", s(l.ep) + " does not divide parallel.dp " + s(l.dp) + " (the expert-parallel ranks are data-parallel ranks)");
     if (l.zero > 1) bad("ep", s(l.ep) + ": expert parallelism runs with parallel.zero 0 (DDP) or 1 (ZeRO-1), got zero " + s(l.zero));
     if (lora) bad("ep", s(l.ep) + ": expert parallelism does not train LoRA adapters");
   }
-  if (moe && l.cp > 1) bad("cp", s(l.cp) + ": context parallelism of mixture-of-experts models is not supported yet");
   if (l.timeout_s < 1) bad("timeout_s", s(l.timeout_s) + " is not a positive number of seconds");
   if (c.mla && l.tp > 1) bad("tp", s(l.tp) + ": tensor parallelism does not support multi-head latent attention (deepseek_v3)");
   if (c.mla && l.cp > 1) bad("cp", s(l.cp) + ": context parallelism does not support multi-head latent attention (deepseek_v3)");

@@ -19,7 +19,7 @@
 // pp, dp_rep, ep, dp_shard, cp, tp; ep divides dp), each with its own rows and 1/E of every MoE block's experts
 // (parallel/expert_parallel.h; optional guest slots for hot-expert replicas, moe.guest_slots); with tp each expert is
 // further split along its ffn (tensor_parallel.h), with pp each stage's blocks are expert-parallel over the stage's
-// ep group. Two optimizers: the non-expert parameters' gradients are summed over all dp ranks, the expert slices'
+// ep group, with cp the ep ranks of each cp coordinate exchange the tokens of their sequence chunks. Two optimizers: the non-expert parameters' gradients are summed over all dp ranks, the expert slices'
 // over the dp / E ranks holding the same experts (never over ep); ZeRO-1 splits both optimizers' state over those
 // dp / E ranks. The grad norm sums the expert squares over ep (and tp, pp) once. Checkpoints hold every expert
 // (all-gathered over ep) under the per-expert names a single-process run writes, and whole optimizer moments, so
@@ -186,6 +186,12 @@ class DistEngine : public Engine {
                         ": FSDP (parallel.zero 3) recomputes every layer in backward and does not train MoE router "
                         "losses or bias updates yet; set it to 0 or use parallel.zero 0 / 1");
       }
+    if (layout_.cp > 1)  // the sequence-level loss needs each whole sequence's statistics on one rank
+      for (auto* blk : model.moe_blocks())
+        if (blk->options.seq_aux_loss_coef > 0)
+          throw Error("recipe: field 'moe.seq_aux_loss_coef': " + fmt_double(blk->options.seq_aux_loss_coef) +
+                      ": context parallelism splits every sequence over parallel.cp ranks; the sequence-level loss "
+                      "is not split yet (set it to 0; the load-balancing and z-losses work)");
     if (layout_.pp > 1)
       for (auto* blk : model.moe_blocks())
         if (blk->options.aux_loss_coef > 0)
