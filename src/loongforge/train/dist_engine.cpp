@@ -19,16 +19,18 @@
 // pp, dp_rep, ep, dp_shard, cp, tp; ep divides dp), each with its own rows and 1/E of every MoE block's experts
 // (parallel/expert_parallel.h; optional guest slots for hot-expert replicas, moe.guest_slots); with tp each expert is
 // further split along its ffn (tensor_parallel.h), with pp each stage's blocks are expert-parallel over the stage's
-// ep group, with cp the ep ranks of each cp coordinate exchange the tokens of their sequence chunks. Two optimizers: the non-expert parameters' gradients are summed over all dp ranks, the expert slices'
-// over the dp / E ranks holding the same experts (never over ep); ZeRO-1 splits both optimizers' state over those
-// dp / E ranks. The grad norm sums the expert squares over ep (and tp, pp) once. Checkpoints hold every expert
+// ep group, with cp the ep ranks of each cp coordinate exchange the tokens of their sequence chunks. Two optimizers:
+// the non-expert parameters' gradients are summed over all dp ranks, the expert slices' over the dp / E ranks
+// holding the same experts (never over ep; over cp too); ZeRO-1 splits both optimizers' state over those dp / E
+// ranks. The grad norm sums the expert squares over ep (and tp, pp) once. Checkpoints hold every expert
 // (all-gathered over ep) under the per-expert names a single-process run writes, and whole optimizer moments, so
 // they load in any layout.
 //
 // MoE router losses (every data-parallel layout): each rank adds its share of the losses of the whole global
-// micro-batch (CausalLM::aux_loss_share: expert counts, rows, tokens and sequences summed over the data ranks), so
-// they equal one process's on the whole micro-batch. Under pp they are added per chunk (Pipeline's chunk_loss_fn);
-// the pooled load-balancing loss is then refused (it needs every layer's statistics).
+// micro-batch (CausalLM::aux_loss_share: expert counts, rows, tokens and sequences summed over the data and context
+// ranks), so they equal one process's on the whole micro-batch. Under pp they are added per chunk (Pipeline's
+// chunk_loss_fn); the pooled load-balancing loss is then refused (it needs every layer's statistics). Under cp the
+// sequence-level loss is refused (a sequence's statistics are split over the cp ranks); under FSDP all of them.
 //
 // Validation (eval_loss) with pp > 1 runs Pipeline::forward_only. With FSDP and precision bf16 the gathered matmul
 // weights are bf16 copies (parallel/fsdp.h); evaluation switches them back to fp32, as evaluation runs without
