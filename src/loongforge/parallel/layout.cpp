@@ -38,7 +38,6 @@ void validate(const Layout& l, const models::llama::DecoderConfig& c, int64_t se
     if (l.dp % l.ep)
       bad("ep", s(l.ep) + " does not divide parallel.dp " + s(l.dp) + " (the expert-parallel ranks are data-parallel ranks)");
     if (l.zero > 1) bad("ep", s(l.ep) + ": expert parallelism runs with parallel.zero 0 (DDP) or 1 (ZeRO-1), got zero " + s(l.zero));
-    if (lora) bad("ep", s(l.ep) + ": expert parallelism does not train LoRA adapters");
   }
   if (l.timeout_s < 1) bad("timeout_s", s(l.timeout_s) + " is not a positive number of seconds");
   if (c.mla && l.tp > 1) bad("tp", s(l.tp) + ": tensor parallelism does not support multi-head latent attention (deepseek_v3)");
