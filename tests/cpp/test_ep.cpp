@@ -75,14 +75,16 @@ double reference(CausalLM& ref, const at::Tensor& ids, int64_t per_rank_rows) {
 
 // EP run of this rank's rows vs the reference: loss sums over ranks, every gradient (non-expert ones summed over
 // ranks, expert ones as the local slice of the reference's), and the gathered expert weights.
-void check_ep(const Group& g, double capacity_factor) {
+void check_ep(const Group& g, double capacity_factor, int guest_slots = 0) {
   const int64_t rows = 2, P = g.size();
   at::Tensor ids = batch(rows * P);
   CausalLM ref = tiny_moe(capacity_factor);
   const double want = reference(ref, ids, capacity_factor > 0 ? rows : 0);
 
   CausalLM m = tiny_moe(capacity_factor);
-  par::ExpertParallelPlan plan = par::apply_expert_parallel(*m, g);
+  par::moe::GuestOptions guests = par::guest_free();
+  guests.guest_slots = guest_slots;
+  par::ExpertParallelPlan plan = par::apply_expert_parallel(*m, g, guests);
   EXPECT_EQ(plan.local_experts, 8 / P);
   EXPECT_EQ(plan.expert_params.size(), 4u);  // 2 layers x {gate_up_proj, down_proj}
   at::Tensor l = loss_sum(m, ids.narrow(0, rows * g.rank(), rows));
@@ -90,6 +92,15 @@ void check_ep(const Group& g, double capacity_factor) {
   at::Tensor got = l.detach().clone();
   g.all_reduce(got);
   EXPECT_NEAR(got.item<double>(), want, 1e-5 * std::abs(want)) << "loss, capacity " << capacity_factor;
+  if (guest_slots > 0 && P > 1) {
+    EXPECT_EQ(plan.stats->plans, 2);
+    EXPECT_LE(plan.stats->overload, plan.stats->home_overload + 1e-12);
+    // dropless, this batch's loads are unbalanced (1.06 / 1.23 at ep2): the replicas must compute tokens, or the
+    // test would not check replica gradients (with capacity the loads can already be as even as integers allow)
+    if (capacity_factor == 0)
+      EXPECT_GT(plan.stats->replica_tokens, 0) << "overload " << plan.stats->overload << " home "
+                                               << plan.stats->home_overload;
+  }
 
   par::sync_non_expert_grads(*m, plan, g);
   auto rp = ref->named_parameters(true);
@@ -101,7 +112,8 @@ void check_ep(const Group& g, double capacity_factor) {
       EXPECT_EQ(item.value().size(0), plan.local_experts) << name;
       rg = rg.narrow(0, plan.first_expert, plan.local_experts);
     }
-    EXPECT_LT(rel_diff(item.value().grad(), rg), 1e-5) << name << ", capacity " << capacity_factor;
+    EXPECT_LT(rel_diff(item.value().grad(), rg), 1e-5) << name << ", capacity " << capacity_factor << ", guest slots "
+                                                       << guest_slots;
   }
   auto full = par::gather_expert_params(*m, plan, g);
   for (const auto& [name, t] : full) {
@@ -197,6 +209,10 @@ TEST(EPHook, LossAndGradientsMatchOneProcess) {
     EXPECT_GT(std::abs(loss_sum(a, rows).item<double>() - loss_sum(b, rows).item<double>()), 1e-4);
   }
   check_ep(g, 0.5);
+  // hot-expert replication: replicas (weights copied from the home rank) compute some tokens, their gradients are
+  // summed into the home expert's: the same loss and gradients
+  check_ep(g, 0.0, 2);
+  check_ep(g, 0.5, 1);
 }
 
 }  // namespace
