@@ -120,7 +120,7 @@ R = ROUTER_LOSSES
     (2, 2, 1, R), (4, 4, 1, R), (4, 2, 1, R),
     (2, 1, 1, R),                           # plain data parallel: the same router losses as one process
     (4, 2, 1, R + ["parallel.zero=1"]),     # ep2 x dp2 with ZeRO-1 (optimizer state split over the dp / ep ranks)
-    (2, 1, 1, ["parallel.zero=3"]),         # FSDP of an MoE model (no ep; router losses are refused, below)
+    (2, 1, 1, R + ["parallel.zero=3"]),     # FSDP: router losses backpropagated in each layer's recomputation
     (2, 2, 2, R),                           # ep2 x tp2: each ep rank's experts split along their ffn over tp
     (1, 1, 2, R),                           # tp2 of an MoE model
     (1, 1, 2, R + ["parallel.sp=true"]),    # ... with sequence parallelism (parallel.* sets: tp run only)
@@ -202,7 +202,6 @@ def test_train_ep_matches_one_process(tmp_path, moe_dir, dp, ep, tp, extra):
     (["parallel.dp=2", "parallel.ep=2", "parallel.tp=3"], "'parallel.tp': 3 does not divide num_attention_heads"),
     (["parallel.pp=2", "moe.aux_loss_coef=0.01"], "'moe.aux_loss_coef': 0.01"),
     (["moe.guest_slots=1"], "'moe.guest_slots': 1: hot-expert replication"),
-    (["parallel.dp=2", "parallel.zero=3", "moe.z_loss_coef=0.001"], "'moe.z_loss_coef': 0.001: FSDP"),
     (["parallel.cp=2", "moe.seq_aux_loss_coef=0.01"], "'moe.seq_aux_loss_coef': 0.01: context parallelism"),
     (["parallel.dp=4", "parallel.ep=4", "moe.guest_slots=1", "moe.ranks_per_node=3"], "'moe.ranks_per_node': 3"),
 ])

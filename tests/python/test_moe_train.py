@@ -1,9 +1,10 @@
 """Training mixture-of-experts models through `loongforge train`: the recipe's `moe.*` router options reach the
-blocks, aux-loss-free bias updates use the loads of the whole step (all data-parallel ranks), so dp2 follows one
-process; `moe.*` keys on a dense model are errors naming the key."""
+blocks, aux-loss-free bias updates use the loads of the whole step (all data-parallel ranks), so dp2 (DDP and FSDP)
+follows one process; `moe.*` keys on a dense model are errors naming the key."""
 import json
 import pathlib
 
+import pytest
 import torch
 import transformers
 from safetensors import safe_open
@@ -64,7 +65,8 @@ def losses(run):
     return [json.loads(l)["loss"] for l in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_bias_updates_follow_global_loads_under_dp(tmp_path):
+@pytest.mark.parametrize("zero", [0, 3])  # DDP; FSDP (layers run without a graph, recomputed in backward)
+def test_bias_updates_follow_global_loads_under_dp(tmp_path, zero):
     torch.manual_seed(0)
     cfg = transformers.DeepseekV3Config(**CFG)
     model = transformers.DeepseekV3ForCausalLM(cfg)
@@ -78,7 +80,7 @@ def test_bias_updates_follow_global_loads_under_dp(tmp_path):
 
     run_lf("train", write_recipe(tmp_path, tmp_path / "model", "one"))
     res = launch_ranks(2, [LF_BIN, "train", write_recipe(tmp_path, tmp_path / "model", "dp2", "parallel:\n  dp: 2"),
-                           "--set", "train.micro_batch_size=1"], threads=1)
+                           "--set", "train.micro_batch_size=1", "--set", f"parallel.zero={zero}"], threads=1)
     for r in res:
         assert r.returncode == 0, r.stderr
     one = biases(tmp_path / "one" / "checkpoints" / "step_00000003")

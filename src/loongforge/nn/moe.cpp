@@ -242,11 +242,16 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
   lb_counts = at::Tensor();
   lb_prob_sum = at::Tensor();
   lb_rows = 0;
-  const bool grad = at::GradMode::is_enabled();
+  // Statistics and losses are made in training forwards (grad mode), or in every forward with force_stats (a
+  // forward without a graph that is recomputed with one in backward, as FSDP does): the expert loads for bias
+  // updates are then counted in the first forward only.
+  const bool forced = force_stats && is_training();  // not in evaluation
+  const bool grad = at::GradMode::is_enabled() || forced;
+  const bool count_load = forced ? !at::GradMode::is_enabled() : at::GradMode::is_enabled();
   if (grad && (o.aux_loss_coef > 0 || o.bias_update_rate > 0 || o.seq_aux_loss_coef > 0)) {
     at::NoGradGuard ng;
     lb_counts = at::bincount(r.expert_ids.reshape({-1}), {}, e).to(at::kFloat);
-    if (o.bias_update_rate > 0)
+    if (o.bias_update_rate > 0 && count_load)
       load_since_update = load_since_update.defined() ? load_since_update + lb_counts : lb_counts.clone();
   }
   if (grad) {

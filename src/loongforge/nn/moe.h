@@ -142,6 +142,10 @@ class MoEImpl : public torch::nn::Module {
   // forward / all-reduce backward, or the sequence all-gather under sp); output_fn maps the block's output (routed +
   // shared experts, a partial sum on each tp rank) to the whole result (all-reduce, or reduce-scatter under sp).
   std::function<at::Tensor(const at::Tensor&)> input_fn, output_fn;
+  // Make the router statistics and losses in forwards without gradients too (FSDP runs each layer without a graph
+  // and recomputes it with one in backward); bias-update loads are then counted in the forward without gradients.
+  // Training mode only (evaluation forwards make none).
+  bool force_stats = false;
 
   // State of the last forward:
   at::Tensor aux_loss;    // scalar: coef-weighted sum of this layer's terms (undefined when none apply)

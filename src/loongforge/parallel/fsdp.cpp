@@ -35,8 +35,18 @@ struct LayerNode : torch::autograd::Node {
     std::vector<at::Tensor> inputs;
     if (input_requires_grad) inputs.push_back(x);
     for (const auto& p : params) inputs.push_back(p);
+    at::Tensor extra;
+    if (fsdp->layer_loss_fn) {
+      at::AutoGradMode enable(true);
+      extra = fsdp->layer_loss_fn(unit);
+    }
     std::vector<at::Tensor> g;
-    if (!inputs.empty()) g = torch::autograd::grad({y}, inputs, {grads[0]}, false, false, /*allow_unused=*/true);
+    if (!inputs.empty()) {
+      if (extra.defined() && extra.requires_grad())
+        g = torch::autograd::grad({y, extra}, inputs, {grads[0], at::ones_like(extra)}, false, false, true);
+      else
+        g = torch::autograd::grad({y}, inputs, {grads[0]}, false, false, /*allow_unused=*/true);
+    }
     y = at::Tensor();
     fsdp->free_unit(unit);
     at::Tensor gx = input_requires_grad ? g[0] : at::Tensor();

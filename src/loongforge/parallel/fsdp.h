@@ -66,6 +66,11 @@ class FullyShardedModel : public GradSync, public std::enable_shared_from_this<F
   size_t num_units() const { return units_.size(); }
   models::llama::CausalLMImpl& model() { return *model_; }
 
+  // Losses made inside a layer (MoE router losses): called in the layer's backward, right after its forward is
+  // recomputed with gradients, with the layer index; a defined scalar is backpropagated with the layer's output
+  // (already scaled as the caller's loss is). Unset: none.
+  std::function<at::Tensor(size_t layer)> layer_loss_fn;
+
   // internal (the per-layer autograd node)
   void unit_backward_begin(size_t u);
   void unit_grads(size_t u, const std::vector<at::Tensor>& grads);

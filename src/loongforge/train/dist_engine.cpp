@@ -30,7 +30,9 @@
 // micro-batch (CausalLM::aux_loss_share: expert counts, rows, tokens and sequences summed over the data and context
 // ranks), so they equal one process's on the whole micro-batch. Under pp they are added per chunk (Pipeline's
 // chunk_loss_fn); the pooled load-balancing loss is then refused (it needs every layer's statistics). Under cp the
-// sequence-level loss is refused (a sequence's statistics are split over the cp ranks); under FSDP all of them.
+// sequence-level loss is refused (a sequence's statistics are split over the cp ranks). Under FSDP the layers run
+// without a graph: the statistics are made anyway and each layer's share is backpropagated in its recomputation
+// (FullyShardedModel::layer_loss_fn).
 //
 // Validation (eval_loss) with pp > 1 runs Pipeline::forward_only. With FSDP and precision bf16 the gathered matmul
 // weights are bf16 copies (parallel/fsdp.h); evaluation switches them back to fp32, as evaluation runs without
@@ -178,16 +180,8 @@ class DistEngine : public Engine {
         throw Error("recipe: field 'moe.ranks_per_node': " + std::to_string(rpn) + " does not divide parallel.ep " +
                     std::to_string(layout_.ep) + " (the expert-parallel ranks of a group, node by node)");
     }
-    if (layout_.zero == 3)  // FSDP runs each layer without a graph and recomputes it in backward
-      for (auto* blk : model.moe_blocks()) {
-        const auto& o = blk->options;
-        for (auto [key, v] : {std::pair{"aux_loss_coef", o.aux_loss_coef}, {"seq_aux_loss_coef", o.seq_aux_loss_coef},
-                              {"z_loss_coef", o.z_loss_coef}, {"bias_update_rate", o.bias_update_rate}})
-          if (v > 0)
-            throw Error(std::string("recipe: field 'moe.") + key + "': " + fmt_double(v) +
-                        ": FSDP (parallel.zero 3) recomputes every layer in backward and does not train MoE router "
-                        "losses or bias updates yet; set it to 0 or use parallel.zero 0 / 1");
-      }
+    if (layout_.zero == 3)  // FSDP runs each layer without a graph: router statistics made there too (nn/moe.h)
+      for (auto* blk : model.moe_blocks()) blk->force_stats = true;
     if (layout_.cp > 1)  // the sequence-level loss needs each whole sequence's statistics on one rank
       for (auto* blk : model.moe_blocks())
         if (blk->options.seq_aux_loss_coef > 0)
@@ -404,11 +398,23 @@ class DistEngine : public Engine {
           double value = l.item<double>();
           // MoE router losses: this rank's share. Every tp rank computes the same share on the same (whole) tokens:
           // each backpropagates 1/tp of it (tensor_parallel.h).
-          if (at::Tensor a = router ? b_.model->aux_loss_share(reduce) : at::Tensor(); a.defined()) {
+          if (router && fsdp_) {
+            // FSDP: the layers ran without a graph; each layer's share is backpropagated in its recomputation.
+            auto st = b_.model->aux_stats(reduce);
+            if (st.any) {
+              value += b_.model->aux_share(st).item<double>() * weight[i];
+              const double w = weight[i] / scale;
+              fsdp_->layer_loss_fn = [this, st, w](size_t layer) {
+                at::Tensor a = b_.model->aux_share(st, static_cast<int64_t>(layer), static_cast<int64_t>(layer) + 1);
+                return a.defined() ? a * w : a;
+              };
+            }
+          } else if (at::Tensor a = router ? b_.model->aux_loss_share(reduce) : at::Tensor(); a.defined()) {
             value += a.item<double>() * weight[i];
             l = l + a * (weight[i] / layout_.tp);
           }
           (l / scale).backward();
+          if (fsdp_) fsdp_->layer_loss_fn = nullptr;
           finish_backward();
           local_sum += value;
         }

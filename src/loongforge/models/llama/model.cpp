@@ -210,48 +210,69 @@ at::Tensor CausalLMImpl::aux_loss() const {
   return total;
 }
 
-at::Tensor CausalLMImpl::aux_loss_share(const std::function<void(at::Tensor&)>& reduce, int64_t begin, int64_t end) const {
-  const int64_t layers = static_cast<int64_t>(model->layers->size());
-  if (end < 0) end = layers;
+namespace {
+std::vector<const nn::MoEImpl*> loss_blocks(const DecoderModelImpl& model, int64_t begin, int64_t end) {
   std::vector<const nn::MoEImpl*> blocks;
   for (int64_t i = begin; i < end; ++i) {
-    auto* l = model->layers->ptr(static_cast<size_t>(i))->as<DecoderLayerImpl>();
+    auto* l = model.layers->ptr(static_cast<size_t>(i))->as<DecoderLayerImpl>();
     if (l && l->moe && (l->moe->lb_prob_sum.defined() || l->moe->extra_loss.defined())) blocks.push_back(l->moe.get());
   }
-  if (blocks.empty()) return {};
-  // Pooled load-balancing statistics (as load_balancing_loss) and the forward's token / sequence counts.
-  at::Tensor counts, probs;
-  int64_t rows = 0;
-  for (const auto* b : blocks) {
-    if (!b->lb_prob_sum.defined()) continue;
-    counts = counts.defined() ? counts + b->lb_counts : b->lb_counts;
-    probs = probs.defined() ? probs + b->lb_prob_sum : b->lb_prob_sum;
-    rows += b->lb_rows;
-  }
-  if (probs.defined() && (begin != 0 || end != layers))
-    throw Error("recipe: field 'moe.aux_loss_coef': the load-balancing loss pools every layer's statistics; it cannot "
-                "be split over pipeline stages (set it to 0)");
+  return blocks;
+}
+}  // namespace
+
+CausalLMImpl::AuxStats CausalLMImpl::aux_stats(const std::function<void(at::Tensor&)>& reduce, int64_t begin,
+                                               int64_t end) const {
+  if (end < 0) end = static_cast<int64_t>(model->layers->size());
+  AuxStats st;
+  auto blocks = loss_blocks(*model, begin, end);
+  if (blocks.empty()) return st;
   const int64_t e = blocks.front()->options.num_experts;
   at::Tensor stats = at::zeros({e + 3}, at::kDouble);
-  if (counts.defined()) stats.slice(0, 0, e).copy_(counts.to(at::kDouble));
-  stats[e] = static_cast<double>(rows);
+  double rows = 0;
+  for (const auto* b : blocks) {
+    if (!b->lb_prob_sum.defined()) continue;
+    stats.slice(0, 0, e).add_(b->lb_counts.to(at::kDouble));
+    rows += static_cast<double>(b->lb_rows);
+  }
+  stats[e] = rows;
   stats[e + 1] = static_cast<double>(blocks.front()->tokens_seen);
   stats[e + 2] = static_cast<double>(blocks.front()->sequences_seen);
   reduce(stats);
+  st.any = true;
+  st.counts = stats.slice(0, 0, e).clone();
+  st.rows = stats[e].item<double>();
+  st.tokens = stats[e + 1].item<double>();
+  st.sequences = stats[e + 2].item<double>();
+  return st;
+}
+
+at::Tensor CausalLMImpl::aux_share(const AuxStats& st, int64_t lo, int64_t hi) const {
+  if (hi < 0) hi = static_cast<int64_t>(model->layers->size());
+  if (!st.any) return {};
   at::Tensor total;
   auto add = [&total](const at::Tensor& t) { total = total.defined() ? total + t : t; };
-  if (probs.defined()) {
-    const double r = stats[e].item<double>();
-    at::Tensor c = stats.slice(0, 0, e).to(probs.scalar_type());
-    add(config_.router_aux_loss_coef * static_cast<double>(e) * (c / r * (probs / r)).sum());
-  }
-  const double tok = static_cast<double>(blocks.front()->tokens_seen) / stats[e + 1].item<double>();
-  const double seq = static_cast<double>(blocks.front()->sequences_seen) / stats[e + 2].item<double>();
-  for (const auto* b : blocks) {
-    if (b->seq_loss.defined()) add(b->seq_loss * seq);
-    if (b->z_loss.defined()) add(b->z_loss * tok);
+  for (const auto* b : loss_blocks(*model, lo, hi)) {
+    if (b->lb_prob_sum.defined()) {
+      at::Tensor c = st.counts.to(b->lb_prob_sum.scalar_type());
+      add(config_.router_aux_loss_coef * static_cast<double>(b->options.num_experts) *
+          (c / st.rows * (b->lb_prob_sum / st.rows)).sum());
+    }
+    if (b->seq_loss.defined()) add(b->seq_loss * (static_cast<double>(b->sequences_seen) / st.sequences));
+    if (b->z_loss.defined()) add(b->z_loss * (static_cast<double>(b->tokens_seen) / st.tokens));
   }
   return total;
+}
+
+at::Tensor CausalLMImpl::aux_loss_share(const std::function<void(at::Tensor&)>& reduce, int64_t begin, int64_t end) const {
+  const int64_t layers = static_cast<int64_t>(model->layers->size());
+  if (end < 0) end = layers;
+  if (begin != 0 || end != layers)
+    for (const auto* b : loss_blocks(*model, begin, end))
+      if (b->lb_prob_sum.defined())
+        throw Error("recipe: field 'moe.aux_loss_coef': the load-balancing loss pools every layer's statistics; it "
+                    "cannot be split over pipeline stages (set it to 0)");
+  return aux_share(aux_stats(reduce, begin, end), begin, end);
 }
 
 void CausalLMImpl::update_moe_bias() {

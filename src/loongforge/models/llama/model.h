@@ -117,6 +117,18 @@ class CausalLMImpl : public torch::nn::Module {
   // load-balancing loss needs every layer: lf::Error when it is on and the range is not all layers). Collective
   // (calls reduce once) whenever any block of the range has router losses; undefined when none.
   at::Tensor aux_loss_share(const std::function<void(at::Tensor&)>& reduce, int64_t begin = 0, int64_t end = -1) const;
+  // The two halves of aux_loss_share: the statistics of the layers [begin, end) summed over the data ranks
+  // (collective; undefined `counts` and zero sizes when no block of the range has router losses), and the share of
+  // the layers [lo, hi) (a sub-range) from them and the blocks' current tensors (FSDP: each layer in its backward
+  // recomputation). The pooled load-balancing loss is linear in each layer's probability sums, so the shares of the
+  // layers add up to the share of the range.
+  struct AuxStats {
+    at::Tensor counts;  // [E] float64: expert assignments pooled over layers and ranks
+    double rows = 0, tokens = 0, sequences = 0;  // summed over ranks (rows: pooled over layers)
+    bool any = false;
+  };
+  AuxStats aux_stats(const std::function<void(at::Tensor&)>& reduce, int64_t begin = 0, int64_t end = -1) const;
+  at::Tensor aux_share(const AuxStats& st, int64_t lo = 0, int64_t hi = -1) const;
   // Aux-loss-free bias updates of every block (nn::MoEImpl::update_bias); call after the optimizer step.
   void update_moe_bias();
   // Training options of every MoE block (recipe `moe.*`): the load-balancing coefficient (replaces config.json's
