@@ -97,9 +97,10 @@ void check_ep(const Group& g, double capacity_factor, int guest_slots = 0) {
     EXPECT_LE(plan.stats->overload, plan.stats->home_overload + 1e-12);
     // dropless, this batch's loads are unbalanced (1.06 / 1.23 at ep2): the replicas must compute tokens, or the
     // test would not check replica gradients (with capacity the loads can already be as even as integers allow)
-    if (capacity_factor == 0)
+    if (capacity_factor == 0) {
       EXPECT_GT(plan.stats->replica_tokens, 0) << "overload " << plan.stats->overload << " home "
                                                << plan.stats->home_overload;
+    }
   }
 
   par::sync_non_expert_grads(*m, plan, g);
