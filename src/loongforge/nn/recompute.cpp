@@ -11,6 +11,7 @@ namespace {
 
 struct RecomputeNode : torch::autograd::Node {
   std::function<at::Tensor(const at::Tensor&)> fn;
+  std::function<at::Tensor()> extra;
   at::Tensor input;
   at::Tensor rng_state;  // the CPU generator before the first run: dropout masks repeat exactly
   bool input_requires_grad = false;
@@ -25,15 +26,20 @@ struct RecomputeNode : torch::autograd::Node {
       now = gen.get_state();
       gen.set_state(rng_state);
     }
+    at::Tensor e;
     {
       at::AutoGradMode enable(true);
       y = fn(x);
+      if (extra) e = extra();
     }
     {
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_state(now);
     }
-    torch::autograd::backward({y}, {grads[0]});
+    if (e.defined() && e.requires_grad())
+      torch::autograd::backward({y, e}, {grads[0], at::ones_like(e)});
+    else
+      torch::autograd::backward({y}, {grads[0]});
     at::Tensor gx = input_requires_grad ? x.grad() : at::Tensor();
     input = at::Tensor();  // free the saved input once used
     return {gx};
@@ -44,7 +50,7 @@ struct RecomputeNode : torch::autograd::Node {
 }  // namespace
 
 at::Tensor recompute(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& x,
-                     const std::vector<at::Tensor>& params) {
+                     const std::vector<at::Tensor>& params, std::function<at::Tensor()> extra) {
   bool any = x.requires_grad();
   for (const auto& p : params) any = any || p.requires_grad();
   if (!any || !at::GradMode::is_enabled()) return fn(x);
@@ -61,6 +67,7 @@ at::Tensor recompute(std::function<at::Tensor(const at::Tensor&)> fn, const at::
   }
   auto node = std::shared_ptr<RecomputeNode>(new RecomputeNode(), torch::autograd::deleteNode);
   node->fn = std::move(fn);
+  node->extra = std::move(extra);
   node->input = x.detach();
   node->rng_state = rng;
   node->input_requires_grad = x.requires_grad();

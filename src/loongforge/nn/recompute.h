@@ -8,7 +8,10 @@
 
 namespace lf::nn {
 
+// extra (optional): called in backward right after fn's recomputation (gradients on); a defined scalar it returns
+// (a loss made inside fn, e.g. MoE router losses, already scaled as the caller's loss) is backpropagated with fn's
+// output.
 at::Tensor recompute(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& x,
-                     const std::vector<at::Tensor>& params);
+                     const std::vector<at::Tensor>& params, std::function<at::Tensor()> extra = nullptr);
 
 }  // namespace lf::nn

@@ -188,6 +188,13 @@ class DistEngine : public Engine {
           throw Error("recipe: field 'moe.seq_aux_loss_coef': " + fmt_double(blk->options.seq_aux_loss_coef) +
                       ": context parallelism splits every sequence over parallel.cp ranks; the sequence-level loss "
                       "is not split yet (set it to 0; the load-balancing and z-losses work)");
+    if (layout_.pp > 1 && model.recomputed(0))
+      for (auto* blk : model.moe_blocks())
+        for (double v : {blk->options.aux_loss_coef, blk->options.seq_aux_loss_coef, blk->options.z_loss_coef})
+          if (v > 0)
+            throw Error("recipe: field 'model.recompute': recomputation of MoE layers with router losses under "
+                        "parallel.pp > 1 is not supported yet (set model.recompute to none, or the moe.* loss "
+                        "coefficients to 0)");
     if (layout_.pp > 1)
       for (auto* blk : model.moe_blocks())
         if (blk->options.aux_loss_coef > 0)
@@ -409,9 +416,19 @@ class DistEngine : public Engine {
                 return a.defined() ? a * w : a;
               };
             }
-          } else if (at::Tensor a = router ? b_.model->aux_loss_share(reduce) : at::Tensor(); a.defined()) {
-            value += a.item<double>() * weight[i];
-            l = l + a * (weight[i] / layout_.tp);
+          } else if (router) {
+            auto st = b_.model->aux_stats(reduce);
+            if (at::Tensor a = b_.model->aux_share(st); a.defined()) {
+              value += a.item<double>() * weight[i];
+              l = l + a * (weight[i] / layout_.tp);
+              if (b_.model->recomputed(0)) {  // recomputed layers: their shares go back in their recomputation
+                const double w = weight[i] / layout_.tp / scale;
+                b_.model->layer_loss_fn = [this, st, w](int64_t k) {
+                  at::Tensor s = b_.model->aux_share(st, k, k + 1);
+                  return s.defined() ? s * w : s;
+                };
+              }
+            }
           }
           (l / scale).backward();
           if (fsdp_) fsdp_->layer_loss_fn = nullptr;

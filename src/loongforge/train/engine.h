@@ -22,7 +22,9 @@ struct ModelBundle {
 };
 
 // Sum of token losses of one micro-batch and its counted tokens (the plain model, no layout).
-std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b);
+// backward_scale: the factor the caller multiplies the loss by before backward (1 / the step's counted tokens); the
+// router losses of recomputed MoE layers are backpropagated in their recomputation with it (0: not set up).
+std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b, double backward_scale = 0);
 
 class Engine {
  public:

@@ -220,11 +220,11 @@ class SingleEngine : public Engine {
       if (bf16) {
         at::autocast::set_autocast_enabled(at::kCPU, true);
         at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-        l = micro_loss(model, mbatch).first;
+        l = micro_loss(model, mbatch, 1.0 / static_cast<double>(std::max<int64_t>(1, counted))).first;
         at::autocast::set_autocast_enabled(at::kCPU, false);
         at::autocast::clear_cache();
       } else {
-        l = micro_loss(model, mbatch).first;
+        l = micro_loss(model, mbatch, 1.0 / static_cast<double>(std::max<int64_t>(1, counted))).first;
       }
       (l / static_cast<double>(std::max<int64_t>(1, counted))).backward();
       loss_sum += l.item<double>();
@@ -278,11 +278,11 @@ class SingleEngine : public Engine {
       if (bf16) {  // bf16 (fp8: the Linear layers' matmul_fn) with fp32 master weights
         at::autocast::set_autocast_enabled(at::kCUDA, true);
         at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-        l = micro_loss(model, mbatch).first;
+        l = micro_loss(model, mbatch, 1.0 / static_cast<double>(std::max<int64_t>(1, counted))).first;
         at::autocast::set_autocast_enabled(at::kCUDA, false);
         at::autocast::clear_cache();
       } else {
-        l = micro_loss(model, mbatch).first;
+        l = micro_loss(model, mbatch, 1.0 / static_cast<double>(std::max<int64_t>(1, counted))).first;
       }
       (l / static_cast<double>(std::max<int64_t>(1, counted))).backward();
       loss_sum += l.detach().to(at::kDouble);
@@ -346,15 +346,24 @@ class Progress {
 
 }  // namespace
 
-std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b) {
+std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b, double backward_scale) {
   at::Tensor h = model.hidden_states(b.input_ids, b.position_ids, nullptr, b.segment_ids);
   // MoE router losses of this forward (CausalLM::aux_loss; undefined for dense models and without gradients, so
   // eval losses are pure token losses). Transformers adds coef * aux to each micro-batch's mean token loss; here the
   // sum is returned and the engine divides by the step's counted tokens, so aux is added times this micro-batch's
   // counted tokens: one micro-batch gives exactly mean token loss + coef * aux, several weight each micro-batch's
   // aux by its share of the step's tokens.
-  auto with_aux = [&model, &b](at::Tensor l) {
+  auto with_aux = [&model, &b, backward_scale](at::Tensor l) {
     at::Tensor a = model.aux_loss();
+    if (a.defined() && backward_scale > 0 && model.recomputed(0)) {
+      // Recomputed layers ran without a graph: each one's share goes back in its recomputation (nn/recompute.h).
+      auto st = model.aux_stats([](at::Tensor&) {});
+      const double w = static_cast<double>(b.counted()) * backward_scale;
+      model.layer_loss_fn = [&model, st, w](int64_t i) {
+        at::Tensor s = model.aux_share(st, i, i + 1);
+        return s.defined() ? s * w : s;
+      };
+    }
     return a.defined() ? l + a.to(l.scalar_type()) * static_cast<double>(b.counted()) : l;
   };
   // The fused linear + cross-entropy (no [N, V] logits kept) computes what model.logits + cross_entropy compute, as

@@ -171,19 +171,25 @@ at::Tensor CausalLMImpl::run_layers(at::Tensor h, const at::Tensor& cos, const a
                                     int64_t end, nn::KVCache* cache, const at::Tensor& segment_ids) {
   for (int64_t i = begin; i < end; ++i) {
     auto* l = (*model->layers)[static_cast<size_t>(i)]->as<DecoderLayerImpl>();
-    bool recompute = recompute_every_ > 0 && !cache && i % recompute_every_ == 0 && at::GradMode::is_enabled();
-    if (recompute && l->moe && (l->moe->options.aux_loss_coef > 0 || l->moe->options.seq_aux_loss_coef > 0 ||
-                                l->moe->options.z_loss_coef > 0 || l->moe->options.bias_update_rate > 0))
-      throw Error("recompute of MoE layers with router losses or bias updates is not supported yet (set train.recompute "
-                  "to none, or router_aux_loss_coef to 0 in config.json)");
+    bool recompute = recomputed(i) && !cache && at::GradMode::is_enabled();
     if (recompute) {
+      std::function<at::Tensor()> extra;
+      if (l->moe) extra = [this, i]() { return layer_loss_fn ? layer_loss_fn(i) : at::Tensor(); };
       h = nn::recompute([l, cos, sin, segment_ids](const at::Tensor& x) { return l->forward(x, cos, sin, nullptr, segment_ids); },
-                        h, l->parameters());
+                        h, l->parameters(), std::move(extra));
     } else {
       h = l->forward(h, cos, sin, cache, segment_ids);
     }
   }
   return h;
+}
+
+void CausalLMImpl::set_recompute(int64_t every_n_layers) {
+  recompute_every_ = every_n_layers;
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    auto* l = model->layers->ptr(i)->as<DecoderLayerImpl>();
+    if (l && l->moe && recomputed(static_cast<int64_t>(i))) l->moe->force_stats = true;
+  }
 }
 
 std::vector<nn::MoEImpl*> CausalLMImpl::moe_blocks() const {

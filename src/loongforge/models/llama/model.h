@@ -79,7 +79,15 @@ class CausalLMImpl : public torch::nn::Module {
   at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids = {},
                            nn::KVCache* cache = nullptr, const at::Tensor& segment_ids = {});
   // Activation recomputation: "none", "full" (every layer) or every n-th layer.
-  void set_recompute(int64_t every_n_layers) { recompute_every_ = every_n_layers; }
+  // Activation recomputation of every n-th layer (0: none). Recomputed MoE layers make their router statistics in
+  // the graph-free forward too (MoEImpl::force_stats); their router losses are backpropagated in the recomputation
+  // through layer_loss_fn.
+  void set_recompute(int64_t every_n_layers);
+  // Router losses of a recomputed layer (index), called in its backward recomputation; set by the trainer for each
+  // micro-batch (the layer's share times the loss weight), unset: none.
+  std::function<at::Tensor(int64_t layer)> layer_loss_fn;
+  // Whether layer i's activations are recomputed in training.
+  bool recomputed(int64_t layer) const { return recompute_every_ > 0 && layer % recompute_every_ == 0; }
   // Logits [B,T,V] from hidden states.
   at::Tensor logits(const at::Tensor& hidden);
 
