@@ -65,11 +65,10 @@ def losses(run):
     return [json.loads(l)["loss"] for l in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("zero", [0, 3])  # DDP; FSDP (layers run without a graph, recomputed in backward)
-def test_bias_updates_follow_global_loads_under_dp(tmp_path, zero):
+def write_model_and_data(tmp_path, **overrides):
+    """A tiny DeepSeek-V3 (routers with spread-out logits) in tmp_path/model and a token shard in tmp_path/train."""
     torch.manual_seed(0)
-    cfg = transformers.DeepseekV3Config(**CFG)
-    model = transformers.DeepseekV3ForCausalLM(cfg)
+    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**dict(CFG, **overrides)))
     with torch.no_grad():
         for n, p in model.named_parameters():
             if n.endswith("mlp.gate.weight"):
@@ -77,6 +76,11 @@ def test_bias_updates_follow_global_loads_under_dp(tmp_path, zero):
     model.save_pretrained(tmp_path / "model")
     g = torch.Generator().manual_seed(5)
     write_periodic_shard(tmp_path / "train", torch.randint(0, 128, (37,), generator=g).tolist(), 60)
+
+
+@pytest.mark.parametrize("zero", [0, 3])  # DDP; FSDP (layers run without a graph, recomputed in backward)
+def test_bias_updates_follow_global_loads_under_dp(tmp_path, zero):
+    write_model_and_data(tmp_path)
 
     run_lf("train", write_recipe(tmp_path, tmp_path / "model", "one"))
     res = launch_ranks(2, [LF_BIN, "train", write_recipe(tmp_path, tmp_path / "model", "dp2", "parallel:\n  dp: 2"),
@@ -112,16 +116,7 @@ def test_router_losses_with_recompute(tmp_path, recompute):
     aux-loss-free bias updates: the recomputed layers make their statistics in the graph-free forward and their loss
     shares go back in their recomputation, so losses, grad norms and the learned biases equal the run without
     recomputation (fp32, 1e-5); in one process and at dp2 (router losses of the global micro-batch)."""
-    torch.manual_seed(0)
-    cfg = transformers.DeepseekV3Config(**dict(CFG, first_k_dense_replace=0))
-    model = transformers.DeepseekV3ForCausalLM(cfg)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith("mlp.gate.weight"):
-                p.normal_(0.0, 0.5)
-    model.save_pretrained(tmp_path / "model")
-    g = torch.Generator().manual_seed(5)
-    write_periodic_shard(tmp_path / "train", torch.randint(0, 128, (37,), generator=g).tolist(), 60)
+    write_model_and_data(tmp_path, first_k_dense_replace=0)
     sets = ["--set", "moe.aux_loss_coef=0.02", "--set", "moe.seq_aux_loss_coef=0.01", "--set", "moe.z_loss_coef=0.001"]
 
     def metrics(run):
