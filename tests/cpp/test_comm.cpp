@@ -209,6 +209,9 @@ TEST(DistHook, HungPeerIsNamedAfterTheTimeout) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_LT(s, 9.0);  // the timeout (3 s) plus the diagnosis, well before the peer wakes up
   }
+  // Rank 0 hosts the rendezvous store the others read while diagnosing: it stays until they are done (otherwise
+  // a slower rank reports "rank 0 is gone" instead of naming the hung rank).
+  if (comm->rank() == 0) std::this_thread::sleep_for(std::chrono::seconds(3));
 }
 
 // The NCCL path at world size 1 (one GPU cannot host several NCCL ranks); bench/gpu_check.sh runs it.
