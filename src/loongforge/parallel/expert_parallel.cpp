@@ -51,6 +51,15 @@ void check_expert_parallel(int64_t num_experts, int ep) {
                 std::to_string(num_experts));
 }
 
+void check_guest_options(const moe::GuestOptions& guests, int ep) {
+  if (guests.guest_slots < 0)
+    throw Error("recipe: field 'moe.guest_slots': " + std::to_string(guests.guest_slots) + " is negative");
+  if (guests.ranks_per_node < 0 || (guests.ranks_per_node > 0 && ep % guests.ranks_per_node != 0))
+    throw Error("recipe: field 'moe.ranks_per_node': " + std::to_string(guests.ranks_per_node) +
+                " does not divide parallel.ep " + std::to_string(ep) +
+                " (the expert-parallel ranks of a group, node by node)");
+}
+
 at::Tensor all_to_all_v(const at::Tensor& x, const std::vector<int64_t>& send_counts,
                         const std::vector<int64_t>& recv_counts, const Group& g) {
   if (g.size() == 1) return x;
@@ -217,11 +226,7 @@ ExpertParallelPlan apply_expert_parallel(models::llama::CausalLMImpl& m, const G
   }
   for (const auto& item : m.named_parameters(true))
     if (impls.count(item.value().unsafeGetTensorImpl())) plan.expert_params.push_back(item.key());
-  if (guests.guest_slots < 0)
-    throw Error("recipe: field 'moe.guest_slots': " + std::to_string(guests.guest_slots) + " is negative");
-  if (guests.ranks_per_node < 0 || (guests.ranks_per_node > 0 && ep.size() % guests.ranks_per_node != 0))
-    throw Error("recipe: field 'moe.ranks_per_node': " + std::to_string(guests.ranks_per_node) +
-                " does not divide the " + std::to_string(ep.size()) + " expert-parallel ranks");
+  check_guest_options(guests, ep.size());
   for (auto* b : blocks) apply_expert_parallel(*b, ep, guests, plan.stats);
   return plan;
 }

@@ -80,6 +80,10 @@ struct ExpertParallelPlan {
 // number of experts.
 void check_expert_parallel(int64_t num_experts, int ep);
 
+// Throws lf::Error naming 'moe.guest_slots' / 'moe.ranks_per_node' unless guest_slots >= 0 and ranks_per_node is 0
+// or divides the ep size.
+void check_guest_options(const moe::GuestOptions& guests, int ep);
+
 // Guest options without guest slots (plain expert parallelism).
 inline moe::GuestOptions guest_free() {
   moe::GuestOptions o;

@@ -918,7 +918,17 @@ GuestPlan plan_guests(const std::vector<std::vector<int64_t>>& counts, int local
   p.rank_loads.assign(R, 0);
   std::vector<std::vector<int64_t>> guest_tokens(R);
   for (int r = 0; r < R; ++r) guest_tokens[r].assign(st.guests[r].size(), 0);
-  if (total > 0) {
+  bool any_guest = false;
+  for (const auto& g : st.guests) any_guest = any_guest || !g.empty();
+  if (total > 0 && !any_guest) {  // every expert has one holder (no guest slots, or none helped): tokens go home
+    for (int e = 0; e < E; ++e)
+      for (int j = 0; j < R; ++j)
+        if (counts[j][e] > 0) {
+          p.routes[e].push_back({j, st.home(e), counts[j][e]});
+          if (j / G != st.home(e) / G) p.inter_node_tokens += static_cast<double>(counts[j][e]);
+        }
+    p.rank_loads = p.home_loads;
+  } else if (total > 0) {
     struct RouteEdge {
       int e, j, r, id, phase;
       int64_t cap;

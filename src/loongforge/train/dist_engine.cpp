@@ -173,13 +173,17 @@ class DistEngine : public Engine {
         throw Error("recipe: field 'lora.dropout': must be 0 with parallel.tp > 1 (tensor-parallel ranks would draw "
                     "different dropout masks for the same activations)");
     }
-    {  // replication options (before the processes meet, so a bad recipe fails the same way everywhere)
-      const int64_t gs = r["moe"]["guest_slots"], rpn = r["moe"]["ranks_per_node"];
-      if (gs < 0) throw Error("recipe: field 'moe.guest_slots': " + std::to_string(gs) + " is negative");
-      if (rpn < 0 || (rpn > 0 && layout_.ep % rpn != 0))
-        throw Error("recipe: field 'moe.ranks_per_node': " + std::to_string(rpn) + " does not divide parallel.ep " +
-                    std::to_string(layout_.ep) + " (the expert-parallel ranks of a group, node by node)");
-    }
+    // Replication options, before the processes meet (a bad recipe fails the same way everywhere).
+    parallel::moe::GuestOptions guests;
+    guests.guest_slots = r["moe"]["guest_slots"].get<int>();
+    guests.ranks_per_node = r["moe"]["ranks_per_node"].get<int>();
+    guests.hidden_size = cfg.hidden_size;
+    guests.bytes_per_element = r["precision"] == "fp32" ? 4 : 2;
+    guests.expert_params = 3 * cfg.hidden_size * cfg.moe_intermediate_size;
+    parallel::check_guest_options(guests, layout_.ep);
+    for (auto* blk : model.moe_blocks())  // the router losses' collectives run only when some are on
+      for (double v : {blk->options.aux_loss_coef, blk->options.seq_aux_loss_coef, blk->options.z_loss_coef})
+        router_losses_ = router_losses_ || v > 0;
     if (layout_.zero == 3)  // FSDP runs each layer without a graph: router statistics made there too (nn/moe.h)
       for (auto* blk : model.moe_blocks()) blk->force_stats = true;
     if (layout_.cp > 1)  // the sequence-level loss needs each whole sequence's statistics on one rank
@@ -265,15 +269,7 @@ class DistEngine : public Engine {
       for (auto& item : model.named_parameters()) owned.push_back(item.key());
       counted = owned;
     }
-    if (layout_.ep > 1) {  // before the buckets take the params
-      parallel::moe::GuestOptions go;
-      go.guest_slots = r["moe"]["guest_slots"].get<int>();
-      go.ranks_per_node = r["moe"]["ranks_per_node"].get<int>();
-      go.hidden_size = cfg.hidden_size;
-      go.bytes_per_element = r["precision"] == "fp32" ? 4 : 2;
-      go.expert_params = 3 * cfg.hidden_size * cfg.moe_intermediate_size;
-      ep_plan_ = parallel::apply_expert_parallel(model, *ep_, go);
-    }
+    if (layout_.ep > 1) ep_plan_ = parallel::apply_expert_parallel(model, *ep_, guests);  // before the buckets
     std::set<std::string> counted_set(counted.begin(), counted.end());
     std::vector<std::string> names, enames;
     std::vector<at::Tensor> params, eparams;
@@ -371,7 +367,7 @@ class DistEngine : public Engine {
       // Router losses: each micro-batch's global share (as one process computes them on the whole micro-batch),
       // weighted by the micro-batch's global count of counted tokens (micro_loss's weighting).
       std::vector<double> weight;
-      const bool router = !b_.model->moe_blocks().empty();
+      const bool router = router_losses_;
       if (router) {
         at::Tensor c = at::zeros({static_cast<int64_t>(mine.size())}, at::kDouble);
         for (size_t i = 0; i < mine.size(); ++i) c[static_cast<int64_t>(i)] = static_cast<double>(mine[i].counted());
@@ -704,6 +700,7 @@ class DistEngine : public Engine {
   parallel::ExpertParallelPlan ep_plan_;
   const parallel::Group* ep_ = nullptr;
   std::vector<std::string> saved_names_;
+  bool router_losses_ = false;  // some MoE block has a router loss coefficient > 0
 };
 
 }  // namespace
