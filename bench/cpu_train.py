@@ -5,7 +5,8 @@ markdown too.
 The reference is a plain nn.Module Llama (RMSNorm, RoPE, SDPA attention with GQA, SwiGLU MLP, untied head) trained
 with torch.optim.AdamW, as a user would write it. Both sides see random token data.
 
-    [LOONGFORGE_BIN=build/loongforge] .venv/bin/python bench/cpu_train.py [--threads 2] [--steps 8] [--out bench/results/cpu_train.md]
+    [LOONGFORGE_BIN=build/loongforge] .venv/bin/python bench/cpu_train.py [--threads 2] [--steps 8] [--rounds 3]
+        [--out bench/results/cpu_train.md]
 
 The environment passes through to `loongforge train` (e.g. LOONGFORGE_SPLIT_GEMM=1: row-split GEMMs, kernels/linear.h).
 The table notes the load average before and after: on a shared machine other processes skew both sides.
@@ -145,25 +146,38 @@ checkpoint: {{every: 0}}
     return shape["batch"] * shape["seq"] / statistics.median(times)
 
 
+def cpu_model():
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternate LoongForge and PyTorch this many times per shape; the table shows the medians")
     ap.add_argument("--out")
     a = ap.parse_args()
     import torch
     rows = []
     load_before = os.getloadavg()[0]
     for shape in SHAPES:
-        with tempfile.TemporaryDirectory() as tmp:
-            ours = loongforge_run(shape, a.steps, a.warmup, a.threads, tmp)
-        ref = torch_reference(shape, a.steps, a.warmup, a.threads)
+        ours_r, ref_r = [], []
+        for _ in range(a.rounds):  # alternating runs: a slow spell of a noisy machine hits both sides alike
+            with tempfile.TemporaryDirectory() as tmp:
+                ours_r.append(loongforge_run(shape, a.steps, a.warmup, a.threads, tmp))
+            ref_r.append(torch_reference(shape, a.steps, a.warmup, a.threads))
+            print(f"{shape['name']}: loongforge {ours_r[-1]:,.0f} tok/s, pytorch eager {ref_r[-1]:,.0f} tok/s, "
+                  f"ratio {ours_r[-1] / ref_r[-1]:.2f}", file=sys.stderr)
+        ours, ref = statistics.median(ours_r), statistics.median(ref_r)
         rows.append((shape["name"], ours, ref, ours / ref))
-        print(f"{shape['name']}: loongforge {ours:,.0f} tok/s, pytorch eager {ref:,.0f} tok/s, ratio {ours / ref:.2f}",
-              file=sys.stderr)
-    lines = [f"CPU training, fp32, {a.threads} threads, median of {a.steps} steps after {a.warmup} warm-up "
-             f"(torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, 1-min load average "
+    lines = [f"CPU training, fp32, {a.threads} threads, median of {a.rounds} alternating rounds of {a.steps} steps after "
+             f"{a.warmup} warm-up each "
+             f"(torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs ({cpu_model()}), 1-min load average "
              f"{load_before:.1f} before / {os.getloadavg()[0]:.1f} after"
              + (", LOONGFORGE_SPLIT_GEMM=" + os.environ["LOONGFORGE_SPLIT_GEMM"] if "LOONGFORGE_SPLIT_GEMM" in os.environ else "")
              + ")", "",

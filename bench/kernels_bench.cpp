@@ -9,6 +9,8 @@
 #include "loongforge/kernels/rms_norm.h"
 #include "loongforge/kernels/rope.h"
 #include "loongforge/kernels/swiglu.h"
+#include "loongforge/models/llama/model.h"
+#include "loongforge/parallel/thread_split.h"
 
 namespace {
 
@@ -102,5 +104,33 @@ BENCHMARK_TEMPLATE(BM_Linear, 2) LF_LINEAR_SHAPES;
 BENCHMARK_TEMPLATE(BM_Linear, 0) LF_LINEAR_SHAPES;
 
 }  // namespace
+
+// Forward + backward of the small bench/cpu_train.py shape (d256 L4 h8 kv4 ffn688 V8192, 8 x 256 tokens), range(0):
+// the rows split over the threads (parallel/thread_split.h) or not. Interleave the runs, the machine is noisy:
+//   --benchmark_filter=TrainStep --benchmark_enable_random_interleaving=true --benchmark_repetitions=12
+void BM_TrainStep(benchmark::State& st) {
+  nlohmann::json j = {{"model_type", "llama"}, {"vocab_size", 8192}, {"hidden_size", 256}, {"intermediate_size", 688},
+                      {"num_hidden_layers", 4}, {"num_attention_heads", 8}, {"num_key_value_heads", 4},
+                      {"max_position_embeddings", 512}, {"rms_norm_eps", 1e-6}, {"tie_word_embeddings", false}};
+  lf::models::llama::CausalLM m(lf::models::llama::DecoderConfig::from_json(j));
+  const int64_t rows = 8, seq = 256;
+  at::Tensor ids = at::randint(0, 8192, {rows, seq}, at::kLong), tgt = at::randint(0, 8192, {rows, seq}, at::kLong);
+  std::vector<at::Tensor> params = m->parameters();
+  auto loss = [&](int64_t lo, int64_t hi) {
+    at::Tensor h = m->hidden_states(ids.slice(0, lo, hi));
+    return std::get<0>(lf::kernels::linear_cross_entropy(h, m->output_weight(), tgt.slice(0, lo, hi), -100)) /
+           static_cast<double>(rows * seq);
+  };
+  const int64_t parts = st.range(0) ? at::get_num_threads() : 1;
+  for (auto _ : st) {
+    for (auto& p : params) p.mutable_grad() = at::Tensor();
+    if (parts > 1)
+      lf::parallel::split_backward(parts, params, [&](int64_t i) { return loss(rows * i / parts, rows * (i + 1) / parts); });
+    else
+      loss(0, rows).backward();
+    benchmark::DoNotOptimize(params[0].grad().data_ptr());
+  }
+}
+BENCHMARK(BM_TrainStep)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK_MAIN();

@@ -40,3 +40,45 @@ TEST(ClipGradNorm, ScalesToMaxNorm) {
   EXPECT_NEAR(a.grad()[0].item<double>(), 3.0 / (5.0 + 1e-6), 1e-6);
   EXPECT_NEAR(b.grad()[0].item<double>(), 4.0 / (5.0 + 1e-6), 1e-6);
 }
+
+// The vectorised CPU update is bitwise the scalar loop (one-element tensors take only the scalar loop) on sizes
+// around the vector width; fusing the clipping coefficient into the step equals clipping in place first, bitwise; and
+// both follow the formula in ATen ops (torch's single-tensor AdamW) to float32 rounding.
+TEST(AdamW, VectorPathAndFusedClipMatch) {
+  at::manual_seed(11);
+  const auto opts = lf::optim::AdamWOptions::parse("lr=1e-2,beta1=0.9,beta2=0.95,eps=1e-8,weight_decay=0.1");
+  for (int64_t n : {1, 7, 8, 9, 2048 + 13, 20001}) {
+    at::Tensor p0 = at::randn({n}), g = at::randn({n}) * 3;
+    at::Tensor a = p0.clone(), b = p0.clone(), c = p0.clone();
+    std::vector<at::Tensor> singles;
+    for (int64_t i = 0; i < std::min<int64_t>(n, 64); ++i) singles.push_back(p0.narrow(0, i, 1).clone());
+    lf::optim::AdamW fused({a}, opts), clipped({b}, opts), scalar(singles, opts);
+    at::Tensor m = at::zeros({n}), v = at::zeros({n});
+    for (int step = 1; step <= 3; ++step) {
+      at::Tensor gs = g * step;
+      a.mutable_grad() = gs.clone();
+      b.mutable_grad() = gs.clone();
+      auto [norm, coef] = lf::optim::grad_norm_and_clip_coef({a}, 1.0);
+      EXPECT_EQ(norm, lf::optim::clip_grad_norm({b}, 1.0));  // b's gradient clipped in place
+      for (size_t i = 0; i < singles.size(); ++i)
+        singles[i].mutable_grad() = b.grad().narrow(0, static_cast<int64_t>(i), 1).clone();
+      ASSERT_LT(coef, 1.0);
+      EXPECT_TRUE(at::equal(a.grad(), gs));  // a's gradient untouched until the step
+      fused.step(1e-2, coef);
+      clipped.step(1e-2);
+      scalar.step(1e-2);
+      EXPECT_TRUE(at::equal(a, b)) << n << " step " << step;
+      for (size_t i = 0; i < singles.size(); ++i)
+        ASSERT_TRUE(at::equal(singles[i], b.narrow(0, static_cast<int64_t>(i), 1))) << n << " element " << i;
+      // torch's single-tensor AdamW in ATen ops on the clipped gradient
+      at::NoGradGuard ng;
+      const double bc1 = 1 - std::pow(0.9, step), bc2 = 1 - std::pow(0.95, step);
+      const at::Tensor& gc = b.grad();
+      c.mul_(1 - 1e-2 * 0.1);
+      m.lerp_(gc, 1 - 0.9);
+      v.mul_(0.95).addcmul_(gc, gc, 1 - 0.95);
+      c.addcdiv_(m, (v.sqrt() / std::sqrt(bc2)).add_(1e-8), -(1e-2 / bc1));
+      EXPECT_LE((a - c).abs().max().item<double>(), 1e-6 * c.abs().max().item<double>()) << n;
+    }
+  }
+}

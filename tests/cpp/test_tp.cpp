@@ -244,7 +244,8 @@ void check_training(const par::Group& tp, const std::string& variant, bool sp) {
   auto full = par::gather_full(*m, plan, tp);
   // Parameters after 10 steps: looser, as AdamW's normalised update amplifies rounding differences in elements
   // whose gradients are near zero (a wrong layout would differ by O(lr) relative to O(0.1) weights, i.e. ~1e-1).
-  for (auto& item : ref->named_parameters(true)) EXPECT_LT(rel_err(full[item.key()], item.value()), 2e-3) << item.key();
+  // Measured: up to 1.9e-3 with MKL's AVX2 kernels (Zen 3), 2.4e-3 with its AVX-512 ones (Sapphire Rapids).
+  for (auto& item : ref->named_parameters(true)) EXPECT_LT(rel_err(full[item.key()], item.value()), 5e-3) << item.key();
 }
 
 }  // namespace

@@ -15,7 +15,9 @@ COMMON = ["train.steps=4", "lora.enabled=true", "lora.r=4", "lora.alpha=8", f"lo
 # optim.eps: Adam's update lr * m / (sqrt(v) + eps) amplifies a gradient difference by lr / eps where the gradient
 # itself is ~eps. With eps 1e-8 a few adapter elements whose gradients cancel to ~1e-8 turned fp32 summation-order
 # differences (other row splits, other reduction order) into 1e-5..1e-4 relative weight differences (measured:
-# single elements, norm-relative 2e-6); eps 1e-5 keeps every step well-conditioned so the 1e-5 check is meaningful.
+# single elements, norm-relative 2e-6); eps 1e-5 keeps every step well-conditioned. The weights then agree to
+# 1e-6..1.6e-5 of their largest element depending on the CPU's GEMM kernels (1.6e-5 with MKL's AVX-512 ones, pp2),
+# hence 5e-5; a wrong layout is off by O(1) (the losses and grad norms are checked to 1e-5 besides).
 CKPT = "run/checkpoints/step_00000004"
 
 
@@ -26,7 +28,8 @@ def sets_args(sets):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data_dir):  # noqa: F811
     tmp = tmp_path_factory.mktemp("lora_ref")
-    run_lf("train", recipe(tmp, data_dir), *sets_args(COMMON + ["train.micro_batch_size=4"]))
+    # one process, one thread part (train.cpu_split=1): the reference sums its batch in one order
+    run_lf("train", recipe(tmp, data_dir), *sets_args(COMMON + ["train.micro_batch_size=4", "train.cpu_split=1"]))
     return metrics(tmp / "run"), tmp / CKPT
 
 
@@ -58,7 +61,7 @@ def test_lora_layout_matches_one_process(tmp_path, data_dir, reference, name):  
     for k, w in want.items():
         assert have[k].shape == w.shape, k
         err = (have[k] - w).abs().max().item() / max(w.abs().max().item(), 1e-12)
-        assert err <= 1e-5, (name, k, err)
+        assert err <= 5e-5, (name, k, err)
 
 
 @pytest.mark.parametrize("sets,needle", [

@@ -124,6 +124,29 @@ def test_grad_accumulation_equals_larger_batch(tmp_path, data_dir):
     assert metrics(a / "run")[0]["loss"] == pytest.approx(metrics(b / "run")[0]["loss"], rel=1e-6)
 
 
+def test_cpu_split_follows_one_piece(tmp_path, data_dir):
+    """The micro-batch's rows split over 2 and 3 threads (train.cpu_split) give the losses and gradient norms of the
+    unsplit run; a split run is deterministic; a negative value is a one-line error naming the field."""
+    runs = {}
+    for split in (1, 2, 3):
+        d = tmp_path / f"s{split}"
+        d.mkdir()
+        run_lf("train", recipe(d, data_dir), "--set", "eval.every=0", "--set", f"train.cpu_split={split}")
+        runs[split] = metrics(d / "run")
+    again = tmp_path / "again"
+    again.mkdir()
+    run_lf("train", recipe(again, data_dir), "--set", "eval.every=0", "--set", "train.cpu_split=3")
+    assert [m["loss"] for m in metrics(again / "run")] == [m["loss"] for m in runs[3]]
+    for split in (2, 3):
+        for x, y in zip(runs[split], runs[1]):
+            assert x["loss"] == pytest.approx(y["loss"], rel=1e-5), (split, x["step"])
+            assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-5), (split, x["step"])
+    bad = run_lf("train", recipe(tmp_path, data_dir), "--set", "train.cpu_split=-1", check=False)
+    assert bad.returncode != 0
+    lines = [l for l in bad.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "train.cpu_split" in lines[0], bad.stderr
+
+
 def test_kill_during_save_keeps_previous_checkpoint(tmp_path, data_dir):
     r = recipe(tmp_path, data_dir)
     env = {**os.environ, "LOONGFORGE_TEST_SAVE_DELAY_MS": "1500"}
@@ -229,7 +252,10 @@ def test_lora_run_resumes_and_loads_in_peft(tmp_path, data_dir):
 
 
 def test_train_matches_dump_steps_on_fixture(tmp_path):
-    """`dump --steps 10` on tests/fixtures/hf_llama equals a 10-step `train` on the same batch and settings."""
+    """`dump --steps 10` on tests/fixtures/hf_llama equals a 10-step `train` on the same batch and settings. Both take
+    the batch in one piece (train.cpu_split: 1): with eps 1e-8, AdamW turns the rounding of another summation order
+    into ~1e-6 weight differences in elements whose gradients nearly cancel; the split itself is checked against one
+    piece in tests/cpp/test_thread_split.cpp and test_cpu_split_follows_one_piece below."""
     from safetensors.torch import save_file
     from conftest import FIXTURES
     ref = load_file(str(FIXTURES / "hf_llama" / "reference.safetensors"))
@@ -243,7 +269,7 @@ def test_train_matches_dump_steps_on_fixture(tmp_path):
 output_dir: {tmp_path / 'run'}
 model: {{path: {FIXTURES / 'hf_llama'}}}
 data: {{format: batch, train: [{{path: {batch}}}], seq_len: 24}}
-train: {{steps: 10, micro_batch_size: 2}}
+train: {{steps: 10, micro_batch_size: 2, cpu_split: 1}}
 optim: {{lr: 1.0e-3, beta1: 0.9, beta2: 0.95, eps: 1.0e-8, weight_decay: 0.1, no_decay: [], clip: 1.0}}
 schedule: {{kind: constant}}
 log: {{progress: off, plot: false, tensorboard: false}}

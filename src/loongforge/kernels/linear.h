@@ -2,8 +2,10 @@
 //
 // Why it exists: the torch wheel's MKL was measured at ~96 GFLOP/s with two threads on x W^T (K=256) where OpenBLAS
 // reached ~176, so one single-threaded sgemm per thread on its own block of rows looked like a way to run each core at
-// its single-thread speed. Measured in `loongforge train` (small bench shape, 2 threads) it gives no gain (~2 %
-// slower, bench/results/cpu_train.md), so it is opt-in, kept for A/B runs on other CPUs. Forward splits the N rows of
+// its single-thread speed. Measured in `loongforge train` (small bench shape, 2 threads) it gave no gain (~2 %
+// slower, bench/results/cpu_train.md), so it is opt-in, kept for A/B runs on other CPUs. (That measurement predates
+// building the library with OpenMP, when at::parallel_for here ran serially; the trainer now splits whole micro-batch
+// rows over the threads instead, parallel/thread_split.h, and inside a part this split is off.) Forward splits the N rows of
 // y, the input gradient the N rows of dx, the weight gradient the out rows of dW; each block is one at::mm_out inside
 // at::parallel_for (MKL runs single-threaded inside a parallel region: no nested team). Only libgomp's threads run.
 #pragma once

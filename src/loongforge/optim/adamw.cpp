@@ -6,6 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <type_traits>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <sstream>
 
 #include "loongforge/core/error.h"
@@ -54,9 +58,59 @@ namespace {
 // torch's _single_tensor_adamw, element by element in the parameter's precision (float32 scalars for float32):
 //   p *= 1 - lr*wd;  m = lerp(m, g, 1-b1);  v = v*b2 + (1-b2)*g*g;
 //   p += -(lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)
+// One span [0, n); gscale != 1 scales each gradient first (fused gradient clipping: g * coef as g.mul_(coef)).
+template <typename T>
+void adamw_span(T* p, const T* g, T* m, T* v, int64_t n, T decay, T w, T b2t, T one_minus_b2, T neg_step_size,
+                T bc2_sqrt, T eps_t, T gscale) {
+  for (int64_t i = 0; i < n; ++i) {
+    T pi = p[i] * decay;
+    T gi = gscale != T(1) ? g[i] * gscale : g[i];
+    T mi = m[i];
+    mi = (w < T(0.5)) ? mi + w * (gi - mi) : gi - (gi - mi) * (T(1) - w);
+    T vi = v[i] * b2t + one_minus_b2 * gi * gi;
+    T denom = std::sqrt(vi) / bc2_sqrt + eps_t;
+    p[i] = pi + neg_step_size * (mi / denom);
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+#if defined(__x86_64__)
+// The same arithmetic, 8 floats at a time (AVX2 without FMA, so no product is fused into an addition: the results
+// are bitwise those of the scalar loop). std::sqrt in the scalar loop is not vectorised (errno).
+__attribute__((target("avx2"))) void adamw_span_avx2(float* p, const float* g, float* m, float* v, int64_t n,
+                                                     float decay, float w, float b2t, float one_minus_b2,
+                                                     float neg_step_size, float bc2_sqrt, float eps_t, float gscale) {
+  const __m256 vdecay = _mm256_set1_ps(decay), vw = _mm256_set1_ps(w), vomw = _mm256_set1_ps(1.0f - w);
+  const __m256 vb2 = _mm256_set1_ps(b2t), vomb2 = _mm256_set1_ps(one_minus_b2), vstep = _mm256_set1_ps(neg_step_size);
+  const __m256 vbc2 = _mm256_set1_ps(bc2_sqrt), veps = _mm256_set1_ps(eps_t), vgs = _mm256_set1_ps(gscale);
+  const bool small_w = w < 0.5f, scale = gscale != 1.0f;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), vdecay);
+    __m256 gi = _mm256_loadu_ps(g + i);
+    if (scale) gi = _mm256_mul_ps(gi, vgs);
+    __m256 mi = _mm256_loadu_ps(m + i);
+    mi = small_w ? _mm256_add_ps(mi, _mm256_mul_ps(vw, _mm256_sub_ps(gi, mi)))
+                 : _mm256_sub_ps(gi, _mm256_mul_ps(_mm256_sub_ps(gi, mi), vomw));
+    __m256 vi = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), vb2), _mm256_mul_ps(_mm256_mul_ps(vomb2, gi), gi));
+    __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), vbc2), veps);
+    _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_mul_ps(vstep, _mm256_div_ps(mi, denom))));
+    _mm256_storeu_ps(m + i, mi);
+    _mm256_storeu_ps(v + i, vi);
+  }
+  adamw_span<float>(p + i, g + i, m + i, v + i, n - i, decay, w, b2t, one_minus_b2, neg_step_size, bc2_sqrt, eps_t,
+                    gscale);
+}
+bool use_avx2() {
+  static const bool ok = __builtin_cpu_supports("avx2");
+  return ok;
+}
+#endif
+
 template <typename T>
 void adamw_kernel(T* p, const T* g, T* m, T* v, int64_t n, double lr, double b1, double b2, double eps, double wd,
-                  int64_t step) {
+                  int64_t step, double grad_scale) {
   const T decay = static_cast<T>(1 - lr * wd);
   const T w = static_cast<T>(1 - b1);
   const T b2t = static_cast<T>(b2), one_minus_b2 = static_cast<T>(1 - b2);
@@ -65,18 +119,17 @@ void adamw_kernel(T* p, const T* g, T* m, T* v, int64_t n, double lr, double b1,
   const T neg_step_size = static_cast<T>(-(lr / bc1));
   const T bc2_sqrt = static_cast<T>(std::sqrt(bc2));
   const T eps_t = static_cast<T>(eps);
+  const T gscale = static_cast<T>(grad_scale);
   at::parallel_for(0, n, 2048, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      T pi = p[i] * decay;
-      T gi = g[i];
-      T mi = m[i];
-      mi = (w < T(0.5)) ? mi + w * (gi - mi) : gi - (gi - mi) * (T(1) - w);
-      T vi = v[i] * b2t + one_minus_b2 * gi * gi;
-      T denom = std::sqrt(vi) / bc2_sqrt + eps_t;
-      p[i] = pi + neg_step_size * (mi / denom);
-      m[i] = mi;
-      v[i] = vi;
+#if defined(__x86_64__)
+    if constexpr (std::is_same_v<T, float>) {
+      if (use_avx2())
+        return adamw_span_avx2(p + begin, g + begin, m + begin, v + begin, end - begin, decay, w, b2t, one_minus_b2,
+                               neg_step_size, bc2_sqrt, eps_t, gscale);
     }
+#endif
+    adamw_span<T>(p + begin, g + begin, m + begin, v + begin, end - begin, decay, w, b2t, one_minus_b2, neg_step_size,
+                  bc2_sqrt, eps_t, gscale);
   });
 }
 }  // namespace
@@ -102,9 +155,18 @@ bool cuda_multi_tensor(const std::vector<at::Tensor>& params) {
 }
 }  // namespace
 
-void AdamW::step(std::optional<double> lr) {
+void AdamW::step(std::optional<double> lr, double grad_scale) {
   ++step_;
   const double rate = lr.value_or(opts_.lr);
+  const bool cpu_fused = std::all_of(params_.begin(), params_.end(), [](const at::Tensor& p) {
+    return !p.grad().defined() || (p.device().is_cpu() && (p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble));
+  });
+  if (grad_scale != 1.0 && !cpu_fused) {  // other paths: scale the gradients first (as clip_grad_norm does)
+    at::NoGradGuard no_grad;
+    for (auto& p : params_)
+      if (p.grad().defined()) p.mutable_grad().mul_(grad_scale);
+    grad_scale = 1.0;
+  }
   if (cuda_multi_tensor(params_)) {
     std::vector<at::Tensor> ps, gs, ms, vs;
     std::vector<double> wds;
@@ -130,7 +192,7 @@ void AdamW::step(std::optional<double> lr) {
       AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "adamw", [&] {
         adamw_kernel<scalar_t>(p.data_ptr<scalar_t>(), g.data_ptr<scalar_t>(), m_[i].data_ptr<scalar_t>(),
                                v_[i].data_ptr<scalar_t>(), p.numel(), rate, opts_.beta1, opts_.beta2, opts_.eps,
-                               wd_[i], step_);
+                               wd_[i], step_, grad_scale);
       });
     } else {  // composite path (other devices/dtypes), same formula
       p.mul_(1 - rate * wd_[i]);
@@ -170,6 +232,22 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
     for (auto& g : grads) g.mul_(coef);
   }
   return total.item<double>();
+}
+
+std::pair<double, double> grad_norm_and_clip_coef(const std::vector<at::Tensor>& params, double max_norm) {
+  std::vector<at::Tensor> norms;
+  bool cpu = true;
+  for (const auto& p : params)
+    if (p.grad().defined()) cpu = cpu && p.grad().device().is_cpu();
+  if (!cpu) return {clip_grad_norm(params, max_norm), 1.0};
+  at::NoGradGuard no_grad;
+  for (const auto& p : params)
+    if (p.grad().defined()) norms.push_back(at::linalg_vector_norm(p.grad(), 2));
+  if (norms.empty()) return {0.0, 1.0};
+  at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
+  double coef = 1.0;  // the value clip_grad_norm multiplies by, in the gradients' precision
+  if (max_norm > 0) coef = at::clamp_max(max_norm / (total + 1e-6), 1.0).item<double>();
+  return {total.item<double>(), coef};
 }
 
 }  // namespace lf::optim

@@ -3,7 +3,9 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lf::optim {
@@ -19,7 +21,9 @@ class AdamW {
   // weight_decay[i] overrides the options' decay for params[i] (empty: the options' value for all).
   AdamW(std::vector<at::Tensor> params, AdamWOptions opts, std::vector<double> weight_decay = {});
   // One update with the parameters' .grad() (parameters without a gradient are skipped); lr overrides opts.lr.
-  void step(std::optional<double> lr = std::nullopt);
+  // grad_scale != 1 multiplies every gradient by it first (the coefficient of grad_norm_and_clip_coef), fused into
+  // the update on the CPU.
+  void step(std::optional<double> lr = std::nullopt, double grad_scale = 1.0);
   void zero_grad();
   int64_t steps() const { return step_; }
   const AdamWOptions& options() const { return opts_; }
@@ -37,5 +41,9 @@ class AdamW {
 // The global 2-norm of the gradients (before clipping); scales them by min(1, max_norm / (norm + 1e-6)) like
 // torch.nn.utils.clip_grad_norm_ when max_norm > 0.
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+// The same norm and coefficient min(1, max_norm / (norm + 1e-6)) (1 when max_norm <= 0), without scaling the CPU
+// gradients: pass the coefficient to AdamW::step, which scales each gradient as it reads it (one pass less).
+// Gradients elsewhere than on the CPU are clipped in place here and the coefficient returned is 1.
+std::pair<double, double> grad_norm_and_clip_coef(const std::vector<at::Tensor>& params, double max_norm);
 
 }  // namespace lf::optim

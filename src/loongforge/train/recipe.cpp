@@ -32,7 +32,7 @@ const char* kDefaults = R"json({
     "packing": true,
     "per_document_attention": false
   },
-  "train": {"steps": 100, "micro_batch_size": 8, "grad_accum": 1, "threads": 0, "stop_at_step": 0,
+  "train": {"steps": 100, "micro_batch_size": 8, "grad_accum": 1, "threads": 0, "cpu_split": 0, "stop_at_step": 0,
             "cuda_graphs": false},
   "optim": {"lr": 3e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
             "no_decay": ["norm", "bias", "embed_tokens"], "clip": 1.0},

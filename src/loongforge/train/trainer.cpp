@@ -25,6 +25,7 @@
 #include "loongforge/nn/lora.h"
 #include "loongforge/nn/loss.h"
 #include "loongforge/optim/schedule.h"
+#include "loongforge/parallel/thread_split.h"
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/engine.h"
 #include "loongforge/train/pretrain_source.h"
@@ -210,30 +211,53 @@ class SingleEngine : public Engine {
         opt_(on_device(b_, device),
              optim::AdamWOptions{r["optim"]["lr"], r["optim"]["beta1"], r["optim"]["beta2"], r["optim"]["eps"],
                                  r["optim"]["weight_decay"]},
-             b_.weight_decay) {}
+             b_.weight_decay),
+        split_(r["train"]["cpu_split"].get<int64_t>()) {
+    if (split_ < 0) throw Error("recipe: field 'train.cpu_split': must be >= 0 (0: one part per CPU thread, 1: off)");
+    splittable_ = b_.model->moe_blocks().empty() && !b_.model->recomputed(0) &&
+                  !(r["lora"]["enabled"].get<bool>() && r["lora"]["dropout"].get<double>() > 0);
+  }
   double forward_backward(const std::vector<Batch>& micro, int64_t counted, bool bf16) override {
     auto& model = *b_.model;
     if (device_.is_cuda()) return forward_backward_cuda(micro, counted, bf16);
+    const double scale = 1.0 / static_cast<double>(std::max<int64_t>(1, counted));
     double loss_sum = 0;
     for (const Batch& mbatch : micro) {
-      at::Tensor l;
       if (bf16) {
         at::autocast::set_autocast_enabled(at::kCPU, true);
         at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-        l = micro_loss(model, mbatch, 1.0 / static_cast<double>(std::max<int64_t>(1, counted))).first;
+      }
+      const int64_t parts = cpu_parts(mbatch.input_ids.size(0));
+      if (parts > 1) {  // rows split over the CPU threads (parallel/thread_split.h)
+        std::vector<double> losses(static_cast<size_t>(parts));
+        parallel::split_backward(parts, b_.trainable.params, [&](int64_t i) {
+          const int64_t rows = mbatch.input_ids.size(0), lo = rows * i / parts, hi = rows * (i + 1) / parts;
+          at::Tensor l = micro_loss(model, slice_rows(mbatch, lo, hi - lo), scale).first;
+          losses[static_cast<size_t>(i)] = l.item<double>();
+          return l * scale;
+        });
+        for (double l : losses) loss_sum += l;
+      } else {
+        at::Tensor l = micro_loss(model, mbatch, scale).first;
+        (l * scale).backward();
+        loss_sum += l.item<double>();
+      }
+      if (bf16) {
         at::autocast::set_autocast_enabled(at::kCPU, false);
         at::autocast::clear_cache();
-      } else {
-        l = micro_loss(model, mbatch, 1.0 / static_cast<double>(std::max<int64_t>(1, counted))).first;
       }
-      (l / static_cast<double>(std::max<int64_t>(1, counted))).backward();
-      loss_sum += l.item<double>();
     }
     return loss_sum;
   }
-  double clip_grad_norm(double max_norm) override { return optim::clip_grad_norm(b_.trainable.params, max_norm); }
+  double clip_grad_norm(double max_norm) override {
+    // The clipping coefficient is applied inside AdamW's pass over the gradients (optim/adamw.h).
+    auto [norm, coef] = optim::grad_norm_and_clip_coef(b_.trainable.params, max_norm);
+    clip_coef_ = coef;
+    return norm;
+  }
   void step(double lr) override {
-    opt_.step(lr);
+    opt_.step(lr, clip_coef_);
+    clip_coef_ = 1.0;
     b_.model->update_moe_bias();  // aux-loss-free MoE routing (a no-op unless moe.bias_update_rate > 0)
   }
   void zero_grad() override { opt_.zero_grad(); }
@@ -290,9 +314,25 @@ class SingleEngine : public Engine {
     return loss_sum.item<double>();  // the one host sync of the forward/backward
   }
 
+  // How many parts a micro-batch of `rows` rows splits into over the CPU threads: train.cpu_split (0: one per
+  // thread), at most one row each; 1 (no split) on a GPU and for models that keep state across a forward (MoE
+  // statistics, activation recomputation's reentrant backward) or draw random numbers (LoRA dropout).
+  int64_t cpu_parts(int64_t rows) const {
+    if (device_.is_cuda() || !splittable_) return 1;
+    const int64_t want = split_ > 0 ? split_ : at::get_num_threads();
+    return std::max<int64_t>(1, std::min(want, rows));
+  }
+  static Batch slice_rows(const Batch& b, int64_t first, int64_t n) {
+    auto cut = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, first, n) : t; };
+    return Batch{cut(b.input_ids), cut(b.targets), cut(b.position_ids), cut(b.segment_ids)};
+  }
+
   Built b_;
   at::Device device_;
   optim::AdamW opt_;
+  int64_t split_ = 0;
+  bool splittable_ = true;
+  double clip_coef_ = 1.0;  // from clip_grad_norm, applied by the next step
 };
 
 double peak_flops(const json& r, const at::Device& device) {

@@ -86,6 +86,7 @@ void mm_rows(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, int64_t 
   const int64_t per = ((m + parts - 1) / parts + 7) / 8 * 8;
   const int64_t blocks = (m + per - 1) / per;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    at::NoGradGuard no_grad;  // pool threads start with grad mode on; these are raw products
     for (int64_t i = begin; i < end; ++i) {
       const int64_t r0 = i * per, r1 = std::min(m, r0 + per);
       one(out.narrow(0, r0, r1 - r0), a.narrow(0, r0, r1 - r0));
