@@ -211,10 +211,25 @@ void AdamW::zero_grad() {
     if (p.grad().defined()) p.mutable_grad() = at::Tensor();
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
-  std::vector<at::Tensor> grads, norms;
+namespace {
+// CPU (and other non-multi-tensor) gradients: the global 2-norm and, when max_norm > 0, torch's clipping coefficient
+// min(1, max_norm / (norm + 1e-6)) in the gradients' precision.
+std::pair<at::Tensor, at::Tensor> norm_and_coef(const std::vector<at::Tensor>& grads, double max_norm) {
+  std::vector<at::Tensor> norms;
+  for (const auto& g : grads) norms.push_back(at::linalg_vector_norm(g, 2));
+  at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
+  return {total, max_norm > 0 ? at::clamp_max(max_norm / (total + 1e-6), 1.0) : at::Tensor()};
+}
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
   for (const auto& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+}  // namespace
+
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  std::vector<at::Tensor> grads = grads_of(params);
   if (grads.empty()) return 0.0;
   at::NoGradGuard no_grad;
   const bool cuda = std::all_of(grads.begin(), grads.end(), [&](const at::Tensor& g) {
@@ -225,29 +240,20 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
     if (max_norm > 0) at::_foreach_mul_(grads, kernels::cuda::clip_coef(total, max_norm));
     return total.item<double>();
   }
-  for (const auto& g : grads) norms.push_back(at::linalg_vector_norm(g, 2));
-  at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
-  if (max_norm > 0) {
-    at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
+  auto [total, coef] = norm_and_coef(grads, max_norm);
+  if (coef.defined())
     for (auto& g : grads) g.mul_(coef);
-  }
   return total.item<double>();
 }
 
 std::pair<double, double> grad_norm_and_clip_coef(const std::vector<at::Tensor>& params, double max_norm) {
-  std::vector<at::Tensor> norms;
-  bool cpu = true;
-  for (const auto& p : params)
-    if (p.grad().defined()) cpu = cpu && p.grad().device().is_cpu();
-  if (!cpu) return {clip_grad_norm(params, max_norm), 1.0};
+  std::vector<at::Tensor> grads = grads_of(params);
+  if (grads.empty()) return {0.0, 1.0};
+  if (!std::all_of(grads.begin(), grads.end(), [](const at::Tensor& g) { return g.device().is_cpu(); }))
+    return {clip_grad_norm(params, max_norm), 1.0};
   at::NoGradGuard no_grad;
-  for (const auto& p : params)
-    if (p.grad().defined()) norms.push_back(at::linalg_vector_norm(p.grad(), 2));
-  if (norms.empty()) return {0.0, 1.0};
-  at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
-  double coef = 1.0;  // the value clip_grad_norm multiplies by, in the gradients' precision
-  if (max_norm > 0) coef = at::clamp_max(max_norm / (total + 1e-6), 1.0).item<double>();
-  return {total.item<double>(), coef};
+  auto [total, coef] = norm_and_coef(grads, max_norm);
+  return {total.item<double>(), coef.defined() ? coef.item<double>() : 1.0};
 }
 
 }  // namespace lf::optim

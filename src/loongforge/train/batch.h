@@ -11,6 +11,7 @@ struct Batch {
   at::Tensor position_ids;  // int64 [B,T] or undefined (0..T-1)
   at::Tensor segment_ids;   // int64 [B,T] or undefined: packed documents attend only within their segment
   int64_t counted() const;  // targets != -100
+  Batch rows(int64_t first, int64_t n) const;  // rows [first, first + n) of every tensor
 };
 
 class BatchSource {

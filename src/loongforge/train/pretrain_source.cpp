@@ -9,6 +9,11 @@ namespace lf::train {
 
 int64_t Batch::counted() const { return (targets != -100).sum().item<int64_t>(); }
 
+Batch Batch::rows(int64_t first, int64_t n) const {
+  auto cut = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, first, n).contiguous() : t; };
+  return Batch{cut(input_ids), cut(targets), cut(position_ids), cut(segment_ids)};
+}
+
 PretrainSource::PretrainSource(data::PretrainOptions opts, bool per_document)
     : ds_(std::move(opts)), per_document_(per_document) {}
 
@@ -18,15 +23,11 @@ void check_rows(int64_t global_rows, int64_t first, int64_t n) {
     throw Error("batch rows [" + std::to_string(first) + ", " + std::to_string(first + n) + ") outside a batch of " +
                 std::to_string(global_rows) + " rows");
 }
-Batch slice_rows(const Batch& g, int64_t first, int64_t n) {
-  auto rows = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, first, n).contiguous() : t; };
-  return Batch{rows(g.input_ids), rows(g.targets), rows(g.position_ids), rows(g.segment_ids)};
-}
 }  // namespace
 
 Batch BatchSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {
   check_rows(global_rows, first, n);
-  return slice_rows(next(global_rows), first, n);
+  return next(global_rows).rows(first, n);
 }
 
 Batch PretrainSource::next(int64_t b) { return build(ds_.next_batch(static_cast<size_t>(b))); }

@@ -220,7 +220,7 @@ class SingleEngine : public Engine {
   double forward_backward(const std::vector<Batch>& micro, int64_t counted, bool bf16) override {
     auto& model = *b_.model;
     if (device_.is_cuda()) return forward_backward_cuda(micro, counted, bf16);
-    const double scale = 1.0 / static_cast<double>(std::max<int64_t>(1, counted));
+    const double denom = static_cast<double>(std::max<int64_t>(1, counted)), scale = 1.0 / denom;
     double loss_sum = 0;
     for (const Batch& mbatch : micro) {
       if (bf16) {
@@ -232,14 +232,14 @@ class SingleEngine : public Engine {
         std::vector<double> losses(static_cast<size_t>(parts));
         parallel::split_backward(parts, b_.trainable.params, [&](int64_t i) {
           const int64_t rows = mbatch.input_ids.size(0), lo = rows * i / parts, hi = rows * (i + 1) / parts;
-          at::Tensor l = micro_loss(model, slice_rows(mbatch, lo, hi - lo), scale).first;
+          at::Tensor l = micro_loss(model, mbatch.rows(lo, hi - lo), scale).first;
           losses[static_cast<size_t>(i)] = l.item<double>();
-          return l * scale;
+          return l / denom;
         });
         for (double l : losses) loss_sum += l;
       } else {
         at::Tensor l = micro_loss(model, mbatch, scale).first;
-        (l * scale).backward();
+        (l / denom).backward();
         loss_sum += l.item<double>();
       }
       if (bf16) {
@@ -321,10 +321,6 @@ class SingleEngine : public Engine {
     if (device_.is_cuda() || !splittable_) return 1;
     const int64_t want = split_ > 0 ? split_ : at::get_num_threads();
     return std::max<int64_t>(1, std::min(want, rows));
-  }
-  static Batch slice_rows(const Batch& b, int64_t first, int64_t n) {
-    auto cut = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, first, n) : t; };
-    return Batch{cut(b.input_ids), cut(b.targets), cut(b.position_ids), cut(b.segment_ids)};
   }
 
   Built b_;
