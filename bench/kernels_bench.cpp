@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "loongforge/kernels/attention.h"
 #include "loongforge/kernels/linear.h"
 #include "loongforge/kernels/linear_ce.h"
 #include "loongforge/kernels/rms_norm.h"
@@ -55,9 +56,12 @@ void BM_LinearCE(benchmark::State& st) {
     benchmark::DoNotOptimize(gr[0].data_ptr());
   }
 }
+// 1024 rows: what each of 2 training threads runs (train.cpu_split); compare chunk sizes with OMP_NUM_THREADS=1 and
+// two copies at once (kernels/cpu/linear_ce.cpp's default chunk was chosen so).
 BENCHMARK_TEMPLATE(BM_LinearCE, true)
-    ->Args({2048, 256, 8192, 0})->Args({2048, 256, 8192, 512})->Args({2048, 256, 8192, 1024})
-    ->Args({2048, 512, 16384, 0})->Args({2048, 512, 16384, 512})
+    ->Args({2048, 256, 8192, 0})->Args({2048, 512, 16384, 0})
+    ->Args({1024, 256, 8192, 128})->Args({1024, 256, 8192, 256})->Args({1024, 256, 8192, 512})->Args({1024, 256, 8192, 1024})
+    ->Args({1024, 512, 16384, 128})->Args({1024, 512, 16384, 256})->Args({1024, 512, 16384, 512})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_LinearCE, false)
     ->Args({2048, 256, 8192, 0})->Args({2048, 512, 16384, 0})->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -102,6 +106,48 @@ void BM_Linear(benchmark::State& st) {
     ->Args({2048, 512, 512})->Args({2048, 512, 1376})->Args({2048, 1376, 512})->Unit(benchmark::kMicrosecond)->UseRealTime()
 BENCHMARK_TEMPLATE(BM_Linear, 2) LF_LINEAR_SHAPES;
 BENCHMARK_TEMPLATE(BM_Linear, 0) LF_LINEAR_SHAPES;
+
+// Causal attention forward + backward, q/k/v as the model passes them (views of [B,T,H,D] memory): ours
+// (kernels/attention.h; range(5) = query rows per block, 0 = default) against ATen's scaled_dot_product_attention
+// with is_causal (its CPU flash attention, what PyTorch runs). Args: B, T, H, Hkv, D, block rows. Split: the batch
+// rows over the threads, each part single-threaded, as train.cpu_split runs it.
+template <bool Ours, bool Split>
+void BM_Attention(benchmark::State& st) {
+  const int64_t B = st.range(0), T = st.range(1), H = st.range(2), Hkv = st.range(3), D = st.range(4);
+  at::Tensor q = at::randn({B, T, H, D}).transpose(1, 2).requires_grad_();
+  at::Tensor k = at::randn({B, T, Hkv, D}).transpose(1, 2).requires_grad_();
+  at::Tensor v = at::randn({B, T, Hkv, D}).transpose(1, 2).requires_grad_();
+  at::Tensor dy = at::randn({B, T, H, D}).transpose(1, 2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  auto run = [&](int64_t lo, int64_t hi) {
+    at::Tensor qs = q.slice(0, lo, hi), ks = k.slice(0, lo, hi), vs = v.slice(0, lo, hi);
+    if (Ours) {
+      auto [o, lse] = lf::kernels::causal_attention_forward_cpu(qs, ks, vs, scale, 0, {}, st.range(5));
+      auto g = lf::kernels::causal_attention_backward_cpu(dy.slice(0, lo, hi), qs, ks, vs, o, lse, scale, 0, {},
+                                                           st.range(5));
+      benchmark::DoNotOptimize(std::get<0>(g).data_ptr());
+    } else {
+      at::Tensor o = at::scaled_dot_product_attention(qs, ks, vs, {}, 0.0, true, scale, H != Hkv);
+      auto g = torch::autograd::grad({o}, {qs, ks, vs}, {dy.slice(0, lo, hi)});
+      benchmark::DoNotOptimize(g[0].data_ptr());
+    }
+  };
+  const int64_t parts = Split ? at::get_num_threads() : 1;
+  for (auto _ : st) {
+    if (parts > 1) {
+      at::parallel_for(0, parts, 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) run(B * i / parts, B * (i + 1) / parts);
+      });
+    } else {
+      run(0, B);
+    }
+  }
+}
+#define LF_ATTN_SHAPES ->Args({8, 256, 8, 4, 32, 0})->Args({4, 512, 8, 8, 64, 0})->Unit(benchmark::kMillisecond)->UseRealTime()
+BENCHMARK_TEMPLATE(BM_Attention, true, false) LF_ATTN_SHAPES->Args({4, 512, 8, 8, 64, 64})->Args({4, 512, 8, 8, 64, 256});
+BENCHMARK_TEMPLATE(BM_Attention, false, false) LF_ATTN_SHAPES;
+BENCHMARK_TEMPLATE(BM_Attention, true, true) LF_ATTN_SHAPES->Args({4, 512, 8, 8, 64, 64})->Args({4, 512, 8, 8, 64, 256});
+BENCHMARK_TEMPLATE(BM_Attention, false, true) LF_ATTN_SHAPES;
 
 }  // namespace
 

@@ -36,7 +36,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target, int64_t ignore_index, int64_t chunk_rows,
     bool need_dx, bool need_dweight);
 
-// The chunk size (rows) used when chunk_rows <= 0, for a vocabulary of v.
-int64_t linear_cross_entropy_default_chunk(int64_t v);
+// The chunk size (rows) used when chunk_rows <= 0, for a vocabulary of v and hidden size h.
+int64_t linear_cross_entropy_default_chunk(int64_t v, int64_t h);
 
 }  // namespace lf::kernels

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "loongforge/kernels/attention.h"
+
 namespace lf::nn {
 
 std::pair<at::Tensor, at::Tensor> KVCache::append(size_t layer, const at::Tensor& k, const at::Tensor& v) {
@@ -20,6 +22,9 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t tq = q.size(2), tk = k.size(2);
   const bool gqa = q.size(1) != k.size(1);
   const bool window_bites = window > 0 && q_offset + tq > window;
+  // Training and prefill on the CPU: our kernel (kernels/attention.h) for the whole-sequence case.
+  if (q_offset == 0 && tq == tk && kernels::causal_attention_kernel_supported(q, k, v, segment_ids))
+    return kernels::causal_attention(q, k, v, scale, window_bites ? window : 0, segment_ids);
   if (!window_bites && !segment_ids.defined()) {
     if (q_offset == 0 && tq == tk)
       return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale, gqa);

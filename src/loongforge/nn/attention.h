@@ -1,5 +1,6 @@
-// Causal self-attention over ATen's scaled_dot_product_attention (flash/efficient/math backends), with GQA,
-// sliding windows and a key/value cache for generation.
+// Causal self-attention with GQA, sliding windows, packed documents and a key/value cache for generation: the whole
+// sequence on the CPU (training, prefill) runs our kernel (kernels/attention.h), everything else ATen's
+// scaled_dot_product_attention (flash/efficient/math backends).
 #pragma once
 #include <ATen/core/Tensor.h>
 

@@ -151,10 +151,12 @@ class LinearCEFunction : public torch::autograd::Function<LinearCEFunction> {
 
 }  // namespace
 
-int64_t linear_cross_entropy_default_chunk(int64_t v) {
-  // About 8M logits (32 MB in float32) per chunk: small chunks make the GEMMs (M = chunk rows, and K = chunk rows for
-  // dW) less efficient; measured 2048x256x8192 fwd+bwd, 2 threads: 256 rows slower than 1024.
-  return std::clamp<int64_t>((int64_t(1) << 23) / std::max<int64_t>(1, v), 256, 4096);
+int64_t linear_cross_entropy_default_chunk(int64_t v, int64_t h) {
+  // h / 2 rows, at most 8M logits (32 MB in float32) per chunk. Measured per training thread (1024 rows, one
+  // thread each, both threads busy; BM_LinearCE): h 256, V 8192: 128 rows 108 ms, 256: 124, 512: 125-133, 1024:
+  // 139-159; h 512, V 16384: 128 rows 535-547 ms, 256: 474, 512: 492-512. Smaller chunks re-read dW (V x h) more
+  // often, larger ones stream a logits block that no cache holds.
+  return std::clamp<int64_t>(std::min(h / 2, (int64_t(1) << 23) / std::max<int64_t>(1, v)), 64, 4096);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_cpu(
@@ -189,7 +191,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   at::Tensor dxs = need_dx ? at::empty({count, h}, x.options()) : at::Tensor();
   at::Tensor dw;
   if (need_dw) dw = bf16 ? at::zeros({v, h}, w.options().dtype(at::kFloat)) : at::zeros({v, h}, w.options());
-  const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_cross_entropy_default_chunk(v);
+  const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_cross_entropy_default_chunk(v, h);
   const bool grad = need_dx || need_dw;
   at::Tensor losses = at::empty({count}, x.options().dtype(acc));
   at::Tensor buf = at::empty({std::min(chunk, count), v}, x.options());

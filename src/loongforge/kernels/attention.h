@@ -1,0 +1,42 @@
+// Causal self-attention for training on the CPU: the whole sequence attends to itself (query i sees keys j <= i),
+// optionally within a sliding window and within packed-document segments, with GQA.
+//
+// Why our own: ATen's CPU flash attention (what scaled_dot_product_attention runs on the CPU) works in 64-row query
+// blocks against the full key range and issues many small GEMMs; at the bench shapes it took ~15 % of a PyTorch
+// training step. Here each (batch, head) runs row blocks of queries against only the keys they can see, as a few
+// larger BLAS calls per block; the backward recomputes the probabilities from the saved log-sum-exp (nothing of size
+// T x T is kept between forward and backward).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <tuple>
+
+namespace lf::kernels {
+
+// q [B,H,T,D], k/v [B,Hkv,T,D] (H a multiple of Hkv), the last dim contiguous (any other strides; the model passes
+// views of [B,T,H,D] memory). Query t sees keys j <= t, with window > 0 also j > t - window (transformers' sliding
+// window rule), and with segment_ids [B,T] (integer) only keys of its own segment. Returns [B,H,T,D] (a view of
+// [B,T,H,D] memory, so the usual transpose + reshape to [B,T,H*D] costs no copy). Autograd-aware (first order).
+// CPU float32/float64 run the kernel below; anything else goes to causal_attention_reference.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                            int64_t window = 0, const at::Tensor& segment_ids = {});
+
+// Whether causal_attention runs the CPU kernel for these inputs (CPU float32/float64, shapes as above).
+bool causal_attention_kernel_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& segment_ids = {});
+
+// The composite ATen version of the same math: an explicit mask and at::scaled_dot_product_attention.
+at::Tensor causal_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                      int64_t window = 0, const at::Tensor& segment_ids = {});
+
+// Raw CPU kernels (no autograd), for tests and benchmarks; block_rows 0 picks the default. Forward returns
+// {out [B,H,T,D] as above, lse [B,H,T] in q's dtype (log-sum-exp of each query's scaled scores)}; backward returns
+// {dq, dk, dv} in the layouts of q, k, v's shapes (contiguous [B,T,H,D] / [B,T,Hkv,D] memory).
+std::tuple<at::Tensor, at::Tensor> causal_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k,
+                                                                const at::Tensor& v, double scale, int64_t window,
+                                                                const at::Tensor& segment_ids, int64_t block_rows = 0);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_attention_backward_cpu(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, double scale, int64_t window, const at::Tensor& segment_ids, int64_t block_rows = 0);
+
+}  // namespace lf::kernels

@@ -1,0 +1,144 @@
+// The CPU causal attention kernel (kernels/attention.h) against float64 finite differences, against the composite
+// version (explicit mask + ATen's scaled_dot_product_attention) and against ATen's own causal flash attention.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "loongforge/kernels/attention.h"
+#include "loongforge/nn/attention.h"
+#include "test_util.h"
+
+namespace {
+
+using lf::kernels::causal_attention;
+using lf::kernels::causal_attention_reference;
+
+double max_abs(const at::Tensor& a) { return a.abs().max().item<double>(); }
+double rel_err(const at::Tensor& a, const at::Tensor& b) {
+  return max_abs(a.to(at::kDouble) - b.to(at::kDouble)) / std::max(1e-30, max_abs(b.to(at::kDouble)));
+}
+
+// q/k/v as the model passes them: [B,H,T,D] views of [B,T,H,D] memory.
+at::Tensor bthd(int64_t B, int64_t T, int64_t H, int64_t D, at::ScalarType dt) {
+  return at::randn({B, T, H, D}, at::TensorOptions().dtype(dt)).transpose(1, 2);
+}
+
+// Reference forward and gradients by autograd through the composite version.
+std::vector<at::Tensor> reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dy,
+                                  double scale, int64_t window, const at::Tensor& seg) {
+  at::Tensor q2 = q.detach().clone().requires_grad_(), k2 = k.detach().clone().requires_grad_();
+  at::Tensor v2 = v.detach().clone().requires_grad_();
+  at::Tensor o = causal_attention_reference(q2, k2, v2, scale, window, seg);
+  auto g = torch::autograd::grad({o}, {q2, k2, v2}, {dy});
+  return {o.detach(), g[0], g[1], g[2]};
+}
+
+// Gradients of the autograd Function against central differences of its own forward, float64; the forward against
+// the composite version. Plain causal, a sliding window, packed segments, a segment id that comes back, GQA.
+TEST(AttentionKernel, GradientsMatchFiniteDifferencesFloat64) {
+  at::manual_seed(0);
+  const int64_t B = 2, H = 4, Hkv = 2, T = 6, D = 3;
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor seg_runs = at::tensor({0, 0, 1, 1, 1, 2, 0, 0, 0, 1, 1, 1}, at::kLong).view({B, T});
+  at::Tensor seg_back = at::tensor({0, 0, 1, 1, 0, 0, 3, 4, 3, 4, 3, 4}, at::kLong).view({B, T});
+  struct Case {
+    int64_t window;
+    at::Tensor seg;
+  };
+  for (const Case& c : {Case{0, {}}, Case{2, {}}, Case{0, seg_runs}, Case{3, seg_back}}) {
+    at::Tensor q = at::randn({B, H, T, D}, opts).requires_grad_(), k = at::randn({B, Hkv, T, D}, opts).requires_grad_();
+    at::Tensor v = at::randn({B, Hkv, T, D}, opts).requires_grad_();
+    at::Tensor dy = at::randn({B, H, T, D}, opts);
+    const double scale = 0.7;
+    at::Tensor o = causal_attention(q, k, v, scale, c.window, c.seg);
+    auto ref = reference(q, k, v, dy, scale, c.window, c.seg);
+    EXPECT_LT(max_abs(o - ref[0]), 1e-12);
+    auto g = torch::autograd::grad({o}, {q, k, v}, {dy});
+    at::Tensor qd = q.detach().clone(), kd = k.detach().clone(), vd = v.detach().clone();
+    auto f = [&] { return causal_attention(qd, kd, vd, scale, c.window, c.seg); };
+    EXPECT_LT(max_abs(g[0] - lf::test::numeric_grad(f, qd, dy)), 1e-7) << "window " << c.window;
+    EXPECT_LT(max_abs(g[1] - lf::test::numeric_grad(f, kd, dy)), 1e-7) << "window " << c.window;
+    EXPECT_LT(max_abs(g[2] - lf::test::numeric_grad(f, vd, dy)), 1e-7) << "window " << c.window;
+  }
+}
+
+// The row blocks: every block size (1 row, sizes that do not divide T, one block for all) gives the composite's
+// outputs and gradients, float64, in the strided layout of the model, with and without GQA, windows, segments.
+TEST(AttentionKernel, RowBlocksMatchCompositeFloat64) {
+  at::manual_seed(1);
+  const int64_t B = 2, T = 37, D = 8;
+  at::Tensor seg = (at::div(at::arange(T, at::kLong), 5, "floor") % 3).repeat({B, 1});  // ids come back: 0 1 2 0 1 2 ...
+  at::Tensor runs = at::div(at::arange(T, at::kLong), 9, "floor").repeat({B, 1});
+  for (auto [H, Hkv] : {std::pair<int64_t, int64_t>{6, 2}, {3, 3}}) {
+    for (int64_t window : {0, 7}) {
+      for (const at::Tensor& s : {at::Tensor(), seg, runs}) {
+        at::Tensor q = bthd(B, T, H, D, at::kDouble), k = bthd(B, T, Hkv, D, at::kDouble);
+        at::Tensor v = bthd(B, T, Hkv, D, at::kDouble), dy = bthd(B, T, H, D, at::kDouble);
+        auto ref = reference(q, k, v, dy, 0.35, window, s);
+        for (int64_t rows : {1, 5, 16, 0}) {
+          auto [o, lse] = lf::kernels::causal_attention_forward_cpu(q, k, v, 0.35, window, s, rows);
+          auto [dq, dk, dv] = lf::kernels::causal_attention_backward_cpu(dy, q, k, v, o, lse, 0.35, window, s, rows);
+          const std::string what = "H " + std::to_string(H) + " window " + std::to_string(window) + " rows " +
+                                   std::to_string(rows) + (s.defined() ? " segments" : "");
+          EXPECT_LT(max_abs(o - ref[0]), 1e-12) << what;
+          EXPECT_LT(max_abs(dq - ref[1]), 1e-12) << what;
+          EXPECT_LT(max_abs(dk - ref[2]), 1e-12) << what;
+          EXPECT_LT(max_abs(dv - ref[3]), 1e-12) << what;
+          EXPECT_EQ(o.sizes(), q.sizes());
+          EXPECT_EQ(dk.sizes(), k.sizes());
+        }
+      }
+    }
+  }
+}
+
+// float32 against ATen's own causal attention (is_causal: its CPU flash attention, what PyTorch users run), at the
+// bench's head shapes with T not a multiple of the block; and inside a parallel region (train.cpu_split's threads).
+TEST(AttentionKernel, MatchesAtenCausalFloat32) {
+  at::manual_seed(2);
+  for (auto [T, H, Hkv, D] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{300, 8, 4, 32}, {130, 4, 4, 64}}) {
+    const int64_t B = 2;
+    at::Tensor q = (bthd(B, T, H, D, at::kFloat) * 2).requires_grad_(), k = bthd(B, T, Hkv, D, at::kFloat).requires_grad_();
+    at::Tensor v = bthd(B, T, Hkv, D, at::kFloat).requires_grad_(), dy = bthd(B, T, H, D, at::kFloat);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    at::Tensor q2 = q.detach().clone().requires_grad_(), k2 = k.detach().clone().requires_grad_();
+    at::Tensor v2 = v.detach().clone().requires_grad_();
+    at::Tensor ref = at::scaled_dot_product_attention(q2, k2, v2, {}, 0.0, true, scale, H != Hkv);
+    auto gr = torch::autograd::grad({ref}, {q2, k2, v2}, {dy});
+    at::Tensor o = causal_attention(q, k, v, scale);
+    auto g = torch::autograd::grad({o}, {q, k, v}, {dy});
+    EXPECT_LT(rel_err(o, ref), 1e-5);
+    for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(g[i], gr[i]), 1e-5) << "input " << i;
+    // the same products one batch row per task of an outer parallel region: the kernel then runs inline
+    std::vector<at::Tensor> parts(B);
+    at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b)
+        parts[b] = std::get<0>(lf::kernels::causal_attention_forward_cpu(q.narrow(0, b, 1), k.narrow(0, b, 1),
+                                                                         v.narrow(0, b, 1), scale, 0, {}));
+    });
+    EXPECT_TRUE(at::equal(at::cat(parts, 0), o.detach()));
+  }
+}
+
+// nn::causal_attention routes the whole-sequence CPU case to the kernel (same values as the composite with segments
+// and windows); generation with a cache, bfloat16 and shapes the kernel does not take still go to ATen.
+TEST(AttentionKernel, ModelEntryAndFallbacks) {
+  at::manual_seed(3);
+  const int64_t B = 2, T = 20, H = 4, D = 8;
+  at::Tensor q = bthd(B, T, H, D, at::kFloat), k = bthd(B, T, 2, D, at::kFloat), v = bthd(B, T, 2, D, at::kFloat);
+  at::Tensor seg = at::div(at::arange(T, at::kLong), 6, "floor").repeat({B, 1});
+  EXPECT_TRUE(lf::kernels::causal_attention_kernel_supported(q, k, v, seg));
+  EXPECT_LT(rel_err(lf::nn::causal_attention(q, k, v, 0, 5, 0.3, seg), causal_attention_reference(q, k, v, 0.3, 5, seg)),
+            1e-6);
+  // a cache step: 3 new queries at positions 17..19 against 20 keys
+  at::Tensor qs = q.narrow(2, 17, 3);
+  at::Tensor full = causal_attention_reference(q, k, v, 0.3).narrow(2, 17, 3);
+  EXPECT_LT(rel_err(lf::nn::causal_attention(qs, k, v, 17, 0, 0.3), full), 1e-6);
+  at::Tensor qb = q.to(at::kBFloat16), kb = k.to(at::kBFloat16), vb = v.to(at::kBFloat16);
+  EXPECT_FALSE(lf::kernels::causal_attention_kernel_supported(qb, kb, vb));
+  EXPECT_TRUE(at::equal(causal_attention(qb, kb, vb, 0.3), causal_attention_reference(qb, kb, vb, 0.3)));
+  EXPECT_FALSE(lf::kernels::causal_attention_kernel_supported(q, k.narrow(1, 0, 1).expand({B, 3, T, D}), v));
+  EXPECT_THROW(lf::kernels::causal_attention_forward_cpu(q, k.narrow(2, 0, 5), v, 0.3, 0, {}), c10::Error);
+}
+
+}  // namespace
