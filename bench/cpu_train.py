@@ -5,7 +5,7 @@ markdown too.
 The reference is a plain nn.Module Llama (RMSNorm, RoPE, SDPA attention with GQA, SwiGLU MLP, untied head) trained
 with torch.optim.AdamW, as a user would write it. Both sides see random token data.
 
-    [LOONGFORGE_BIN=build/loongforge] .venv/bin/python bench/cpu_train.py [--threads 2] [--steps 8] [--rounds 3]
+    [LOONGFORGE_BIN=build/loongforge] .venv/bin/python bench/cpu_train.py [--threads 2] [--steps 8] [--rounds 5]
         [--out bench/results/cpu_train.md]
 
 The environment passes through to `loongforge train` (e.g. LOONGFORGE_SPLIT_GEMM=1: row-split GEMMs, kernels/linear.h).
@@ -158,7 +158,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3,
+    ap.add_argument("--rounds", type=int, default=5,
                     help="alternate LoongForge and PyTorch this many times per shape; the table shows the medians")
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -174,15 +174,17 @@ def main():
             print(f"{shape['name']}: loongforge {ours_r[-1]:,.0f} tok/s, pytorch eager {ref_r[-1]:,.0f} tok/s, "
                   f"ratio {ours_r[-1] / ref_r[-1]:.2f}", file=sys.stderr)
         ours, ref = statistics.median(ours_r), statistics.median(ref_r)
-        rows.append((shape["name"], ours, ref, ours / ref))
+        paired = sorted(o / r for o, r in zip(ours_r, ref_r))  # each round's two runs share the machine's state
+        rows.append((shape["name"], ours, ref, ours / ref, paired))
     lines = [f"CPU training, fp32, {a.threads} threads, median of {a.rounds} alternating rounds of {a.steps} steps after "
              f"{a.warmup} warm-up each "
              f"(torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs ({cpu_model()}), 1-min load average "
              f"{load_before:.1f} before / {os.getloadavg()[0]:.1f} after"
              + (", LOONGFORGE_SPLIT_GEMM=" + os.environ["LOONGFORGE_SPLIT_GEMM"] if "LOONGFORGE_SPLIT_GEMM" in os.environ else "")
              + ")", "",
-             "| shape (batch x seq) | LoongForge tok/s | PyTorch eager tok/s | ratio |", "|---|---|---|---|"]
-    lines += [f"| {n} | {o:,.0f} | {r:,.0f} | {x:.2f}x |" for n, o, r, x in rows]
+             "| shape (batch x seq) | LoongForge tok/s | PyTorch eager tok/s | ratio of medians | per-round ratios |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {n} | {o:,.0f} | {r:,.0f} | {x:.2f}x | {' '.join(f'{p:.2f}' for p in ps)} |" for n, o, r, x, ps in rows]
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

@@ -144,9 +144,9 @@ void BM_Attention(benchmark::State& st) {
   }
 }
 #define LF_ATTN_SHAPES ->Args({8, 256, 8, 4, 32, 0})->Args({4, 512, 8, 8, 64, 0})->Unit(benchmark::kMillisecond)->UseRealTime()
-BENCHMARK_TEMPLATE(BM_Attention, true, false) LF_ATTN_SHAPES->Args({4, 512, 8, 8, 64, 64})->Args({4, 512, 8, 8, 64, 256});
+BENCHMARK_TEMPLATE(BM_Attention, true, false) LF_ATTN_SHAPES->Args({8, 256, 8, 4, 32, 128})->Args({4, 512, 8, 8, 64, 128});
 BENCHMARK_TEMPLATE(BM_Attention, false, false) LF_ATTN_SHAPES;
-BENCHMARK_TEMPLATE(BM_Attention, true, true) LF_ATTN_SHAPES->Args({4, 512, 8, 8, 64, 64})->Args({4, 512, 8, 8, 64, 256});
+BENCHMARK_TEMPLATE(BM_Attention, true, true) LF_ATTN_SHAPES->Args({8, 256, 8, 4, 32, 128})->Args({4, 512, 8, 8, 64, 128});
 BENCHMARK_TEMPLATE(BM_Attention, false, true) LF_ATTN_SHAPES;
 
 }  // namespace
