@@ -106,16 +106,8 @@ T dot(const T* x, const T* y, int64_t n) {
 
 #if defined(__x86_64__)
 using cpu::exp8;
-LF_AVX2 inline float hmax8(__m256 v) {
-  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
-}
-LF_AVX2 inline float hsum8(__m256 v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
-}
+using cpu::hmax8;
+using cpu::hsum8;
 // Lanes j < cnt of a partial vector (cnt in 0..8).
 LF_AVX2 inline __m256i lanes(int64_t cnt) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cnt)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -178,17 +170,13 @@ LF_AVX2 float dot_avx2(const float* x, const float* y, int64_t n) {
   return r;
 }
 
-bool use_avx2() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-}
 #endif
 
 template <typename T>
 T softmax_row(T* s, int64_t n, int64_t a, int64_t b) {
 #if defined(__x86_64__)
   if constexpr (std::is_same_v<T, float>)
-    if (use_avx2()) return softmax_row_avx2(s, n, a, b);
+    if (cpu::has_avx2_fma()) return softmax_row_avx2(s, n, a, b);
 #endif
   return softmax_row_generic(s, n, a, b);
 }
@@ -196,7 +184,7 @@ template <typename T>
 void grad_row(T* s, T* dp, int64_t n, int64_t a, int64_t b, T lse, T di) {
 #if defined(__x86_64__)
   if constexpr (std::is_same_v<T, float>)
-    if (use_avx2()) return grad_row_avx2(s, dp, n, a, b, lse, di);
+    if (cpu::has_avx2_fma()) return grad_row_avx2(s, dp, n, a, b, lse, di);
 #endif
   grad_row_generic(s, dp, n, a, b, lse, di);
 }
@@ -204,7 +192,7 @@ template <typename T>
 T row_dot(const T* x, const T* y, int64_t n) {
 #if defined(__x86_64__)
   if constexpr (std::is_same_v<T, float>)
-    if (use_avx2()) return dot_avx2(x, y, n);
+    if (cpu::has_avx2_fma()) return dot_avx2(x, y, n);
 #endif
   return dot(x, y, n);
 }

@@ -22,6 +22,8 @@ namespace lf::kernels {
 namespace {
 #if defined(__x86_64__)
 using cpu::exp8;
+using cpu::hmax8;
+using cpu::hsum8;
 #endif
 
 // One row of logits L[0..v): returns lse(L) - L[t]; with grad, L becomes softmax(L) - onehot(t).
@@ -53,18 +55,6 @@ T row_generic(T* L, int64_t v, int64_t t, bool grad) {
 }
 
 #if defined(__x86_64__)
-LF_AVX2 inline float hmax8(__m256 v) {
-  __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  a = _mm_max_ps(a, _mm_movehl_ps(a, a));
-  a = _mm_max_ss(a, _mm_shuffle_ps(a, a, 1));
-  return _mm_cvtss_f32(a);
-}
-LF_AVX2 inline float hsum8(__m256 v) {
-  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-  a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
-  return _mm_cvtss_f32(a);
-}
 LF_AVX2 float row_avx2(float* L, int64_t v, int64_t t, bool grad) {
   const float xt = L[t];
   const int64_t vv = v & ~int64_t(7);
@@ -109,15 +99,11 @@ LF_AVX2 float row_avx2(float* L, int64_t v, int64_t t, bool grad) {
   }
   return m + std::log(s) - xt;
 }
-bool use_avx2() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-}
 #endif
 
 float row_f32(float* L, int64_t v, int64_t t, bool grad) {
 #if defined(__x86_64__)
-  if (use_avx2()) return row_avx2(L, v, t, grad);
+  if (cpu::has_avx2_fma()) return row_avx2(L, v, t, grad);
 #endif
   return row_generic<float>(L, v, t, grad);
 }

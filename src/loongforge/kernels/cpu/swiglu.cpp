@@ -85,10 +85,7 @@ LF_AVX2 void bwd_avx2(const float* dy, const float* g, const float* u, float* dg
     for (int64_t j = i; j < n; ++j) dg[j] = ab[j - i], du[j] = bb[j - i];
   }
 }
-bool use_avx2() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-}
+bool use_avx2() { return cpu::has_avx2_fma(); }
 #else
 bool use_avx2() { return false; }
 #endif
