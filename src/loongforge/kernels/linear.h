@@ -1,6 +1,11 @@
-// Linear layer y = x W^T + b with the GEMMs split across ATen's threads on the CPU.
+// Linear layer y = x W^T + b on the CPU, with our own autograd Function where it beats at::linear.
 //
-// Why it exists: the torch wheel's MKL was measured at ~96 GFLOP/s with two threads on x W^T (K=256) where OpenBLAS
+// Packed weight (the default path for float32 products of kernels/cpu/blas.h's kMinPackedRows rows or more): the
+// forward and the input gradient multiply by W, which MKL re-packs on every call; packing it once per product with
+// MKL's packed-GEMM API and computing against the packed copy was 3-10 % faster per GEMM on the bench shapes
+// (kernels/cpu/blas.h). The weight gradient dW = dy^T x has no fixed operand and stays a plain GEMM.
+//
+// Row split (opt-in): the torch wheel's MKL was measured at ~96 GFLOP/s with two threads on x W^T (K=256) where OpenBLAS
 // reached ~176, so one single-threaded sgemm per thread on its own block of rows looked like a way to run each core at
 // its single-thread speed. Measured in `loongforge train` (small bench shape, 2 threads) it gave no gain (~2 %
 // slower, bench/results/cpu_train.md), so it is opt-in, kept for A/B runs on other CPUs. (That measurement predates
@@ -14,7 +19,8 @@
 namespace lf::kernels {
 
 // Autograd-aware. CPU f32/f64 tensors (x [..., in], weight [out, in], bias [out] or undefined) go to the split
-// GEMMs when splitting pays (linear_split_mode()), anything else to at::linear.
+// GEMMs when splitting pays (linear_split_mode()), float32 ones with enough rows to the packed weight, anything else
+// to at::linear.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 // The raw split GEMM (no autograd), for tests and benchmarks: a [M,K] b [K,N] (any strides) into a fresh contiguous

@@ -5,7 +5,8 @@
 // logsumexp, the target logit and, when gradients are needed, the softmax - onehot gradient in place; two more GEMMs
 // turn it into dX_c and dW += G_c^T x_c. The gradient is computed during the forward for an incoming gradient of 1
 // and scaled by the real one in backward (the loss is a scalar, so this is exact up to one rounding), so backward is
-// two scalar multiplications and nothing of size N x V is kept. Tied embeddings: pass the embedding as weight.
+// two in-place scalar multiplications and nothing of size N x V is kept (so one backward per forward: a second one
+// through the same graph is autograd's in-place modification error). Tied embeddings: pass the embedding as weight.
 #pragma once
 #include <ATen/core/Tensor.h>
 

@@ -42,13 +42,18 @@ void split_backward(int64_t n, const std::vector<at::Tensor>& params, const std:
     at::NoGradGuard no_grad;
     for (int64_t j = begin; j < end; ++j) {
       at::Tensor sum;
-      bool owned = false;  // sum is a fresh tensor of ours (autograd's results may be expanded views)
+      bool owned = false;  // sum may be written in place (autograd's results may be expanded views or shared)
       for (const auto& g : grads) {
         const at::Tensor& gj = g[static_cast<size_t>(j)];
         if (!gj.defined()) continue;
-        if (!sum.defined()) sum = gj;
-        else if (owned) sum.add_(gj);
-        else {
+        if (!sum.defined()) {
+          // a dense gradient that nothing else references (autograd made it for this call) takes the sum in place
+          owned = gj.use_count() == 1 && gj.storage().use_count() == 1 && gj.is_non_overlapping_and_dense() &&
+                  !gj.is_inference();
+          sum = gj;
+        } else if (owned) {
+          sum.add_(gj);
+        } else {
           sum = sum.add(gj);
           owned = true;
         }

@@ -7,9 +7,9 @@
 //   forward   S = scale Q_b K^T, row softmax over each row's visible keys (P, zero elsewhere; lse saved), O_b = P V
 //   backward  S, P recomputed from lse; dP = dO_b V^T; dS = P (dP - rowsum(dO_b O_b)); dV += P^T dO_b,
 //             dQ_b = scale dS K, dK += scale dS^T Q_b
-// The products go straight to the BLAS that LibTorch carries (MKL's sgemm_/dgemm_, single-threaded inside our
-// parallel region, as ATen's own CPU flash attention calls it); where LibTorch exports no such symbol, to
-// at::addmm_out on views. The row passes run AVX2+FMA for float32 where the CPU has it.
+// The products go straight to the BLAS that LibTorch carries (kernels/cpu/blas.h: MKL's sgemm_/dgemm_, single-threaded
+// inside our parallel region, as ATen's own CPU flash attention calls it; at::addmm_ on views where LibTorch exports no
+// such symbol). The row passes run AVX2+FMA for float32 where the CPU has it.
 #include "loongforge/kernels/attention.h"
 
 #include <ATen/ATen.h>
@@ -21,17 +21,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "loongforge/kernels/cpu/blas.h"
 #include "loongforge/kernels/cpu/vec_math.h"
-
-extern "C" {
-// Fortran BLAS of the MKL inside libtorch_cpu (LP64 interface); weak: null where the LibTorch build has none.
-void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
-            const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
-            const int* ldc) __attribute__((weak));
-void dgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const double* alpha,
-            const double* a, const int* lda, const double* b, const int* ldb, const double* beta, double* c,
-            const int* ldc) __attribute__((weak));
-}
 
 namespace lf::kernels {
 namespace {
@@ -40,31 +31,7 @@ namespace {
 // T 512 D 64: 64 rows 32.0-32.8 ms, 128: 32.3-32.4, 256: 35.7-36.8 (SDPA: 14.1 / 50.9 ms).
 constexpr int64_t kDefaultBlockRows = 64;
 
-// Row-major C[m,n] = alpha op(A) op(B) + beta C, op(X) = X^T when the flag is set; lda/ldb/ldc are row strides.
-template <typename T>
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T beta, T* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  // Column-major BLAS sees each row-major matrix transposed: C^T = op(B)^T op(A)^T.
-  const char cta = ta ? 'T' : 'N', ctb = tb ? 'T' : 'N';
-  const int im = static_cast<int>(n), in = static_cast<int>(m), ik = static_cast<int>(k);
-  const int ilda = static_cast<int>(ldb), ildb = static_cast<int>(lda), ildc = static_cast<int>(ldc);
-  if constexpr (std::is_same_v<T, float>) {
-    if (sgemm_) return sgemm_(&ctb, &cta, &im, &in, &ik, &alpha, b, &ilda, a, &ildb, &beta, c, &ildc);
-  } else {
-    if (dgemm_) return dgemm_(&ctb, &cta, &im, &in, &ik, &alpha, b, &ilda, a, &ildb, &beta, c, &ildc);
-  }
-  const auto opt = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
-  auto view = [&](const T* p, bool t, int64_t rows, int64_t cols, int64_t ld) {  // op(X) as [rows, cols]
-    at::Tensor x = t ? at::from_blob(const_cast<T*>(p), {cols, rows}, {ld, 1}, opt).t()
-                     : at::from_blob(const_cast<T*>(p), {rows, cols}, {ld, 1}, opt);
-    return x;
-  };
-  at::Tensor cv = at::from_blob(c, {m, n}, {ldc, 1}, opt);
-  at::NoGradGuard ng;
-  if (beta == T(0)) at::mm_out(cv, view(a, ta, m, k, lda), view(b, tb, k, n, ldb)).mul_(alpha);
-  else cv.mul_(beta).addmm_(view(a, ta, m, k, lda), view(b, tb, k, n, ldb), 1, alpha);
-}
+using cpu::gemm;
 
 // ---- row passes --------------------------------------------------------------------------------------------
 // Forward: s[0..n) scores of one query; visible keys [a, b). P in place (zero outside [a, b)); returns the lse.

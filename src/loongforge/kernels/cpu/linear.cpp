@@ -1,5 +1,7 @@
 // Linear with row-split GEMMs on the CPU (kernels/linear.h) and its autograd Function.
 #include "loongforge/kernels/linear.h"
+
+#include "loongforge/kernels/cpu/blas.h"
 #include "loongforge/kernels/cpu/gemm.h"
 
 #include <ATen/ATen.h>
@@ -14,6 +16,8 @@ namespace lf::kernels {
 
 namespace {
 
+// [rows, cols] with unit column stride (parameters and fresh tensors already are).
+at::Tensor rows_dense(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
 
 // Bias or not as a template argument: an undefined tensor cannot be a Function input.
 template <bool HasBias>
@@ -24,8 +28,15 @@ class LinearFunction : public torch::autograd::Function<LinearFunction<HasBias>>
     const int64_t in = w.size(1), out = w.size(0);
     at::Tensor x2 = x.reshape({-1, in});
     if (!x2.is_contiguous()) x2 = x2.contiguous();
-    at::Tensor y = at::empty({x2.size(0), out}, x.options());
-    cpu::mm_rows(y, x2, w.t(), cpu::split_parts(x2.size(0), in, out));
+    const int64_t m = x2.size(0), parts = cpu::split_parts(m, in, out);
+    at::Tensor y = at::empty({m, out}, x.options());
+    if (parts <= 1 && x.scalar_type() == at::kFloat) {  // B = W packed once (kernels/cpu/blas.h)
+      const at::Tensor wd = rows_dense(w);
+      cpu::linear_nt(m, out, in, x2.const_data_ptr<float>(), in, wd.const_data_ptr<float>(), wd.stride(0),
+                     y.mutable_data_ptr<float>(), out);
+    } else {
+      cpu::mm_rows(y, x2, w.t(), parts);
+    }
     if constexpr (HasBias) y.add_(b);
     ctx->save_for_backward({x2, w});
     auto shape = x.sizes().vec();
@@ -45,7 +56,13 @@ class LinearFunction : public torch::autograd::Function<LinearFunction<HasBias>>
     at::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) {
       dx = at::empty({dy.size(0), in}, dy.options());
-      cpu::mm_rows(dx, dy, w, parts);
+      if (parts <= 1 && dy.scalar_type() == at::kFloat) {
+        const at::Tensor wd = rows_dense(w);
+        cpu::linear_nn(dy.size(0), out, in, dy.const_data_ptr<float>(), out, wd.const_data_ptr<float>(), wd.stride(0),
+                       dx.mutable_data_ptr<float>(), in);
+      } else {
+        cpu::mm_rows(dx, dy, w, parts);
+      }
       auto shape = grads[0].sizes().vec();
       shape.back() = in;
       dx = dx.view(shape);
@@ -134,7 +151,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
                   (!bias.defined() || (bias.scalar_type() == x.scalar_type() && bias.device().is_cpu() &&
                                        bias.dim() == 1 && bias.size(0) == weight.size(0)));
   const int64_t m = ok && weight.size(1) > 0 ? x.numel() / weight.size(1) : 0;
-  if (!ok || cpu::split_parts(m, weight.size(1), weight.size(0)) <= 1)
+  // Our Function where it differs from at::linear: split GEMMs, or float32 products with rows enough for a packed W.
+  const bool packed = ok && x.scalar_type() == at::kFloat && m >= cpu::kMinPackedRows && cpu::has_packed_gemm();
+  if (!ok || (!packed && cpu::split_parts(m, weight.size(1), weight.size(0)) <= 1))
     return at::linear(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
   if (bias.defined()) return LinearFunction<true>::apply(x, weight, bias);
   return LinearFunction<false>::apply(x, weight);

@@ -1,6 +1,7 @@
 // CPU kernel of the fused linear + cross-entropy, and its autograd Function.
 //
-// Per chunk of rows: logits = x_c W^T (at::mm, MKL), then one fused pass per row (max, sum of exp stored in place,
+// Per chunk of rows: logits = x_c W^T (MKL; in float32 against one packed copy of W^T for all chunks,
+// kernels/cpu/blas.h), then one fused pass per row (max, sum of exp stored in place,
 // log-sum-exp, target logit, softmax - onehot), then dX_c = G W and dW += G^T x_c. The per-row pass runs an
 // AVX2+FMA path when the CPU has it (chosen at run time; the library is built without -mavx2), plain loops otherwise
 // and for float64.
@@ -13,7 +14,9 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
+#include "loongforge/kernels/cpu/blas.h"
 #include "loongforge/kernels/cpu/gemm.h"
 #include "loongforge/kernels/cpu/vec_math.h"
 #include "loongforge/kernels/cuda_ops.h"
@@ -129,8 +132,10 @@ class LinearCEFunction : public torch::autograd::Function<LinearCEFunction> {
                                                torch::autograd::tensor_list grads) {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& go = grads[0];
-    at::Tensor dx = saved[0].defined() ? saved[0] * go.to(saved[0].scalar_type()) : at::Tensor();
-    at::Tensor dw = saved[1].defined() ? saved[1] * go.to(saved[1].scalar_type()) : at::Tensor();
+    // Scaled in place: the saved gradients exist only for this backward (a second backward through the same graph
+    // then stops with autograd's "modified by an inplace operation" error instead of reading scaled values).
+    at::Tensor dx = saved[0].defined() ? saved[0].mul_(go.to(saved[0].scalar_type())) : at::Tensor();
+    at::Tensor dw = saved[1].defined() ? saved[1].mul_(go.to(saved[1].scalar_type())) : at::Tensor();
     return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -182,12 +187,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   at::Tensor losses = at::empty({count}, x.options().dtype(acc));
   at::Tensor buf = at::empty({std::min(chunk, count), v}, x.options());
   const int64_t* tsp = ts.const_data_ptr<int64_t>();
+  // float32 on one thread: W^T packed once for every chunk's logits (kernels/cpu/blas.h)
+  std::optional<cpu::PackedB> wt;
+  if (dt == at::kFloat && count >= cpu::kMinPackedRows && cpu::split_parts(std::min(chunk, count), h, v) <= 1 &&
+      cpu::has_packed_gemm())
+    wt.emplace(true, std::min(chunk, count), v, h, w.const_data_ptr<float>(), h);
   for (int64_t r0 = 0; r0 < count; r0 += chunk) {
     const int64_t c = std::min(chunk, count - r0);
     at::Tensor xc = xs.narrow(0, r0, c);
     at::Tensor logits = buf.narrow(0, 0, c);
     const int64_t parts = cpu::split_parts(c, h, v);  // row-split GEMMs (kernels/cpu/gemm.h)
-    cpu::mm_rows(logits, xc, w.t(), parts);
+    if (wt) wt->compute(c, xc.const_data_ptr<float>(), h, 0.0f, logits.mutable_data_ptr<float>(), v);
+    else cpu::mm_rows(logits, xc, w.t(), parts);
     at::Tensor lf = bf16 ? logits.to(at::kFloat) : logits;
     if (acc == at::kDouble) {
       double* L = lf.data_ptr<double>();
