@@ -53,12 +53,6 @@ void init_weights(models::llama::CausalLMImpl& m, double std) {
   if (m.config().pad_token_id) m.model->embed_tokens->weight[*m.config().pad_token_id].zero_();
 }
 
-std::string resolve(const std::string& base_dir, const std::string& p) {
-  if (p.empty() || fs::path(p).is_absolute() || fs::exists(p)) return p;
-  fs::path alt = fs::path(base_dir) / p;
-  return fs::exists(alt) ? alt.string() : p;
-}
-
 using Built = ModelBundle;
 
 Built build_model(const json& r) {

@@ -1,6 +1,6 @@
 // RoPE: the device dispatch, the composite reference and the CPU kernels (forward and backward in one pass each).
 //
-// CPU f32/f64: y = x*c + rotate_half(x)*s row by row in x's own memory layout (the attention passes q/k as
+// CPU f32/f64: y = x*c + rotate_half(x)*s row by row (float32 8 lanes at a time with AVX2) in x's own memory layout (the attention passes q/k as
 // [B,T,H,D] memory viewed as [B,H,T,D]; no copy), mul, mul, add in x's dtype as the composite version does, so the
 // results equal it bit for bit. Backward: dx = dy*c + rotate_half^T(dy*s), rotate_half^T(z) = cat(z2, -z1).
 #include "loongforge/kernels/rope.h"
@@ -9,17 +9,57 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "loongforge/kernels/cpu/vec_math.h"
 #include "loongforge/kernels/cuda_ops.h"
 
 namespace lf::kernels {
 
 namespace {
 
+// One row of D values: forward y = x*c + rot(x)*s, backward y = x*c + rot^T(x*s) (x = dy). No fused multiply-adds
+// anywhere (the AVX path is built for AVX2 without FMA), so every element is the composite's mul, mul, add.
+template <typename T, bool Backward>
+void rope_row(const T* __restrict xr, const T* __restrict c, const T* __restrict s, T* __restrict yr, int64_t half) {
+  const int64_t D = 2 * half;
+  if constexpr (!Backward) {
+    for (int64_t j = 0; j < half; ++j) yr[j] = xr[j] * c[j] + (-xr[j + half]) * s[j];
+    for (int64_t j = half; j < D; ++j) yr[j] = xr[j] * c[j] + xr[j - half] * s[j];
+  } else {
+    for (int64_t j = 0; j < half; ++j) yr[j] = xr[j] * c[j] + xr[j + half] * s[j + half];
+    for (int64_t j = half; j < D; ++j) yr[j] = xr[j] * c[j] + (-(xr[j - half] * s[j - half]));
+  }
+}
+
+#if defined(__x86_64__)
+// float rows with half a multiple of 8.
+template <bool Backward>
+__attribute__((target("avx2"))) void rope_row_avx2(const float* xr, const float* c, const float* s, float* yr,
+                                                    int64_t half) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t j = 0; j < half; j += 8) {
+    const __m256 x1 = _mm256_loadu_ps(xr + j), x2 = _mm256_loadu_ps(xr + j + half);
+    const __m256 c1 = _mm256_loadu_ps(c + j), c2 = _mm256_loadu_ps(c + j + half);
+    __m256 y1, y2;
+    if constexpr (!Backward) {
+      const __m256 s1 = _mm256_loadu_ps(s + j), s2 = _mm256_loadu_ps(s + j + half);
+      y1 = _mm256_add_ps(_mm256_mul_ps(x1, c1), _mm256_mul_ps(_mm256_xor_ps(x2, sign), s1));
+      y2 = _mm256_add_ps(_mm256_mul_ps(x2, c2), _mm256_mul_ps(x1, s2));
+    } else {
+      const __m256 s1 = _mm256_loadu_ps(s + j), s2 = _mm256_loadu_ps(s + j + half);
+      y1 = _mm256_add_ps(_mm256_mul_ps(x1, c1), _mm256_mul_ps(x2, s2));
+      y2 = _mm256_add_ps(_mm256_mul_ps(x2, c2), _mm256_xor_ps(_mm256_mul_ps(x1, s1), sign));
+    }
+    _mm256_storeu_ps(yr + j, y1);
+    _mm256_storeu_ps(yr + j + half, y2);
+  }
+}
+#endif
+
 // One pass over the rows (b, h, t) of x [B,H,T,D] (last stride 1); cos/sin contiguous [Bc,T,D] of x's dtype,
 // Bc 1 or B. Forward: out = x*c + rot(x)*s. Backward: out = x*c + rot^T(x*s) (x = dy).
 template <typename T, bool Backward>
 void rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out) {
-  const int64_t B = x.size(0), H = x.size(1), Tn = x.size(2), D = x.size(3), half = D / 2;
+  const int64_t H = x.size(1), Tn = x.size(2), D = x.size(3), half = D / 2;
   const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2);
   const int64_t os0 = out.stride(0), os1 = out.stride(1), os2 = out.stride(2);
   const int64_t cs0 = cos.size(0) == 1 ? 0 : Tn * D;
@@ -27,19 +67,33 @@ void rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
   const T* cp = cos.const_data_ptr<T>();
   const T* sp = sin.const_data_ptr<T>();
   T* op = out.mutable_data_ptr<T>();
-  at::parallel_for(0, B * H * Tn, 64, [&](int64_t begin, int64_t end) {
+  bool avx2 = false;
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<T, float>) avx2 = half % 8 == 0 && cpu::has_avx2_fma();
+#endif
+  at::parallel_for(0, x.size(0) * H * Tn, 64, [&](int64_t begin, int64_t end) {
+    int64_t b = begin / (H * Tn), h = (begin / Tn) % H, t = begin % Tn;  // then stepped, no division per row
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t b = r / (H * Tn), h = (r / Tn) % H, t = r % Tn;
       const T* xr = xp + b * xs0 + h * xs1 + t * xs2;
       T* yr = op + b * os0 + h * os1 + t * os2;
       const T* c = cp + b * cs0 + t * D;
       const T* s = sp + b * cs0 + t * D;
-      if constexpr (!Backward) {
-        for (int64_t j = 0; j < half; ++j) yr[j] = xr[j] * c[j] + (-xr[j + half]) * s[j];
-        for (int64_t j = half; j < D; ++j) yr[j] = xr[j] * c[j] + xr[j - half] * s[j];
+#if defined(__x86_64__)
+      if constexpr (std::is_same_v<T, float>) {
+        if (avx2) rope_row_avx2<Backward>(xr, c, s, yr, half);
+        else rope_row<T, Backward>(xr, c, s, yr, half);
       } else {
-        for (int64_t j = 0; j < half; ++j) yr[j] = xr[j] * c[j] + xr[j + half] * s[j + half];
-        for (int64_t j = half; j < D; ++j) yr[j] = xr[j] * c[j] + (-(xr[j - half] * s[j - half]));
+        rope_row<T, Backward>(xr, c, s, yr, half);
+      }
+#else
+      rope_row<T, Backward>(xr, c, s, yr, half);
+#endif
+      if (++t == Tn) {
+        t = 0;
+        if (++h == H) {
+          h = 0;
+          ++b;
+        }
       }
     }
   });
