@@ -7,8 +7,9 @@
 
 namespace lf::kernels {
 
-// Returns {s, y}. Autograd-aware; CUDA tensors go to the fused kernel (kernels/cuda/rms_norm.cu), others to
-// x + residual followed by kernels::rms_norm (the CPU kernel for f32/f64).
+// Returns {s, y}. Autograd-aware; CUDA tensors go to the fused kernel (kernels/cuda/rms_norm.cu), CPU f32/f64 ones
+// (x, residual and weight of one dtype) to the fused CPU kernel (kernels/cpu/add_rms_norm.cpp), others to
+// x + residual followed by kernels::rms_norm.
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps);
 

@@ -19,8 +19,13 @@ at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, dou
 // Raw kernels (no autograd), exposed for tests and benchmarks.
 // Forward returns {y, rstd}; rstd has x's leading shape and float32 (float64 for f64 inputs).
 std::tuple<at::Tensor, at::Tensor> rms_norm_forward_cpu(const at::Tensor& x, const at::Tensor& weight, double eps);
-// Backward returns {dx, dweight}.
+// Residual add first: s = x + residual, y = rms_norm(s); returns {s, y, rstd} (one pass over the rows).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_forward_cpu(const at::Tensor& x, const at::Tensor& residual,
+                                                                        const at::Tensor& weight, double eps);
+// Backward returns {dx, dweight}; x is the normalised input (s for the residual form). A defined ds (shaped as x) is
+// added to dx: the gradient that reaches s directly, as the residual stream.
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& dy, const at::Tensor& x,
-                                                         const at::Tensor& weight, const at::Tensor& rstd);
+                                                         const at::Tensor& weight, const at::Tensor& rstd,
+                                                         const at::Tensor& ds = at::Tensor());
 
 }  // namespace lf::kernels

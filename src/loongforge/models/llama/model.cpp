@@ -6,7 +6,6 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/kernels/add_rms_norm.h"
-#include "loongforge/kernels/cuda_ops.h"
 #include "loongforge/kernels/swiglu.h"
 #include "loongforge/nn/recompute.h"
 
@@ -121,7 +120,7 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
   at::Tensor a = input_layernorm->forward(x);
   at::Tensor attn = mla ? mla->forward(a, cos, sin, cache, segment_ids) : self_attn->forward(a, cos, sin, cache, segment_ids);
   at::Tensor h, n;
-  if (kernels::cuda::supported(x) && attn.scalar_type() == x.scalar_type()) {  // CUDA: fused residual add + RMSNorm
+  if (attn.scalar_type() == x.scalar_type() && attn.sizes() == x.sizes()) {  // fused residual add + RMSNorm
     std::tie(h, n) = kernels::add_rms_norm(attn, x, post_attention_layernorm->weight, post_attention_layernorm->eps);
   } else {
     h = x + attn;
