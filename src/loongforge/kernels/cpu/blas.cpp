@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 extern "C" {
@@ -70,7 +72,14 @@ template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const fl
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
                            int64_t, double, double*, int64_t);
 
-bool has_packed_gemm() { return cblas_sgemm_pack_get_size && cblas_sgemm_pack && cblas_sgemm_compute; }
+bool has_packed_gemm() {
+  // LOONGFORGE_PACKED_GEMM=0 turns the packed path off (A/B runs of bench/cpu_train.py and bench/kernels_bench.cpp).
+  static const bool off = [] {
+    const char* e = std::getenv("LOONGFORGE_PACKED_GEMM");
+    return e && std::string(e) == "0";
+  }();
+  return !off && cblas_sgemm_pack_get_size && cblas_sgemm_pack && cblas_sgemm_compute;
+}
 
 PackedB::PackedB(bool trans, int64_t max_m, int64_t n, int64_t k, const float* b, int64_t ldb)
     : trans_(trans), max_m_(max_m), n_(n), k_(k), ldb_(ldb), b_(b) {
@@ -108,13 +117,13 @@ void PackedB::compute(int64_t m, const float* a, int64_t lda, float beta, float*
 
 void linear_nt(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,
                int64_t ldy) {
-  if (m >= kMinPackedRows && has_packed_gemm()) PackedB(true, m, n, k, w, ldw).compute(m, x, ldx, 0.0f, y, ldy);
+  if (use_packed(m, n, k)) PackedB(true, m, n, k, w, ldw).compute(m, x, ldx, 0.0f, y, ldy);
   else gemm<float>(false, true, m, n, k, 1.0f, x, ldx, w, ldw, 0.0f, y, ldy);
 }
 
 void linear_nn(int64_t m, int64_t n, int64_t k, const float* dy, int64_t lddy, const float* w, int64_t ldw, float* dx,
                int64_t lddx) {
-  if (m >= kMinPackedRows && has_packed_gemm()) PackedB(false, m, k, n, w, ldw).compute(m, dy, lddy, 0.0f, dx, lddx);
+  if (use_packed(m, n, k)) PackedB(false, m, k, n, w, ldw).compute(m, dy, lddy, 0.0f, dx, lddx);
   else gemm<float>(false, false, m, k, n, 1.0f, dy, lddy, w, ldw, 0.0f, dx, lddx);
 }
 

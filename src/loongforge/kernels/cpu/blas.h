@@ -8,8 +8,10 @@
 // Why packing: MKL's sgemm packs both operands on every call. With B packed once by cblas_sgemm_pack (MKL's own
 // kernel-ready layout), cblas_sgemm_compute only packs A. Measured on the bench shapes, one thread per core, both busy
 // (per call, pack included): x W^T for W 256x256 .. 688x256 and 1024 rows, 3-10 % faster; the cross-entropy logits
-// (128 rows x W 8192x256, W packed once for all chunks) 15-19 % faster. The packed buffer has a fixed part of ~7.5 MB
-// (MKL's workspace) on top of the matrix, so it pays only for products with many rows.
+// (128 rows x W 8192x256, W packed once for all chunks) 15-19 % faster. End to end (`loongforge train`, small bench
+// shape) the difference stayed inside this machine's noise (LOONGFORGE_PACKED_GEMM=0 for A/B runs). The packed buffer
+// has a fixed part of ~7.5 MB (MKL's workspace) on top of the matrix and is kept per thread, so it is used only for
+// products with many rows and a B of at most kMaxPackedBytes.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -23,7 +25,8 @@ template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
           T beta, T* c, int64_t ldc);
 
-// True when LibTorch exports MKL's packed-GEMM API (cblas_sgemm_pack_get_size / _pack / _compute).
+// True when LibTorch exports MKL's packed-GEMM API (cblas_sgemm_pack_get_size / _pack / _compute) and
+// LOONGFORGE_PACKED_GEMM=0 is not set in the environment.
 bool has_packed_gemm();
 
 // B of C = A op(B) packed once, for any number of products with row counts up to `max_m`. float32 only. Without the
@@ -47,8 +50,8 @@ class PackedB {
   bool lent_ = false;  // buf_ is this thread's scratch buffer (blas.cpp)
 };
 
-// y[m, n] = x[m, k] W^T (W [n, k], all row-major, float32 contiguous rows): through PackedB when m is large enough for
-// packing to pay (kMinPackedRows), else one plain GEMM.
+// y[m, n] = x[m, k] W^T (W [n, k], all row-major, float32 contiguous rows): through PackedB when use_packed(), else one
+// plain GEMM.
 void linear_nt(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,
                int64_t ldy);
 // dx[m, k] = dy[m, n] W (W [n, k]), the input gradient of the above, the same way.
@@ -56,5 +59,11 @@ void linear_nn(int64_t m, int64_t n, int64_t k, const float* dy, int64_t lddy, c
                int64_t lddx);
 
 inline constexpr int64_t kMinPackedRows = 256;
+// ... and a B of at most this many bytes (the packed copy is kept per thread: a large model's weights would double).
+inline constexpr int64_t kMaxPackedBytes = int64_t(32) << 20;
+// Whether a product of m rows against a B of n x k floats goes through PackedB.
+inline bool use_packed(int64_t m, int64_t n, int64_t k) {
+  return m >= kMinPackedRows && n * k * 4 <= kMaxPackedBytes && has_packed_gemm();
+}
 
 }  // namespace lf::kernels::cpu

@@ -152,7 +152,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
                                        bias.dim() == 1 && bias.size(0) == weight.size(0)));
   const int64_t m = ok && weight.size(1) > 0 ? x.numel() / weight.size(1) : 0;
   // Our Function where it differs from at::linear: split GEMMs, or float32 products with rows enough for a packed W.
-  const bool packed = ok && x.scalar_type() == at::kFloat && m >= cpu::kMinPackedRows && cpu::has_packed_gemm();
+  const bool packed = ok && x.scalar_type() == at::kFloat && cpu::use_packed(m, weight.size(0), weight.size(1));
   if (!ok || (!packed && cpu::split_parts(m, weight.size(1), weight.size(0)) <= 1))
     return at::linear(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
   if (bias.defined()) return LinearFunction<true>::apply(x, weight, bias);

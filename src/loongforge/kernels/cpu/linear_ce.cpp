@@ -189,8 +189,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
   const int64_t* tsp = ts.const_data_ptr<int64_t>();
   // float32 on one thread: W^T packed once for every chunk's logits (kernels/cpu/blas.h)
   std::optional<cpu::PackedB> wt;
-  if (dt == at::kFloat && count >= cpu::kMinPackedRows && cpu::split_parts(std::min(chunk, count), h, v) <= 1 &&
-      cpu::has_packed_gemm())
+  if (dt == at::kFloat && cpu::use_packed(count, v, h) && cpu::split_parts(std::min(chunk, count), h, v) <= 1)
     wt.emplace(true, std::min(chunk, count), v, h, w.const_data_ptr<float>(), h);
   for (int64_t r0 = 0; r0 < count; r0 += chunk) {
     const int64_t c = std::min(chunk, count - r0);
