@@ -31,7 +31,8 @@ included; for MoE the ACTIVE parameters: router + top_k experts per MoE layer, a
 count them; the script checks its count against `loongforge info` on the generated config.json) over the H200's
 dense bf16 peak, 989 TFLOP/s (--peak-tflops; the issue's measured GEMM ceiling is 742).
 --curves: fp32 vs bf16 loss curves of LoongForge on the small shape (200 steps, batch 4; same data and init), the
-issue's "within 1 %" check. --fp8: LoongForge with precision: fp8 too (the issue wants >= 1.3x bf16 on the 1B shape).
+issue's "within 1 %" check. --fp8: LoongForge with precision: fp8 too (the issue wants >= 1.3x bf16 on the 1B shape);
+--fp8-blockwise: and with fp8_scaling: blockwise.
 """
 import argparse
 import json
@@ -202,10 +203,14 @@ def write_inputs(s, work, rows=64):
 
 
 def lf_recipe(s, work, out_dir, device, precision, steps, batch):
+    # "fp8-block": precision fp8 with blockwise scales
+    scaling = "blockwise" if precision == "fp8-block" else "tensorwise"
+    precision = "fp8" if precision == "fp8-block" else precision
     return f"""output_dir: {out_dir}
 seed: 0
 device: {device}
 precision: {precision}
+fp8_scaling: {scaling}
 model:
   config: {work / 'config.json'}
 data:
@@ -305,6 +310,7 @@ def main():
     ap.add_argument("--budget", type=float, default=600, help="seconds for all runs; later runs are skipped")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--fp8", action="store_true")
+    ap.add_argument("--fp8-blockwise", action="store_true", help="LoongForge with fp8_scaling: blockwise too")
     ap.add_argument("--curves", action="store_true")
     ap.add_argument("--out", default=None, help="folder for gpu_train.json / gpu_train.md")
     a = ap.parse_args()
@@ -325,13 +331,15 @@ def main():
         plan += [(sh, m) for m in runs if is_moe(SHAPES[sh]) or not m.endswith("-loop")]
         if a.fp8:
             plan.append((sh, "loongforge-fp8"))
+        if a.fp8_blockwise:
+            plan.append((sh, "loongforge-fp8-block"))
     # torch.compile runs (minutes of compiling each) after every shape's LoongForge and eager runs
     plan += [(sh, m) for sh in shapes for m in a.runs.split(",")
              if m.startswith("compile") and (is_moe(SHAPES[sh]) or not m.endswith("-loop"))]
     if a.curves:
         plan.append(("small" if a.device == "cuda" else "tiny", "curves"))
     # Rough seconds a run needs (startup, compile); a run starts only if that much budget is left.
-    need = {"loongforge": 25, "loongforge-fp8": 25, "eager": 25, "compile": 90, "curves": 120, "eager-loop": 40,
+    need = {"loongforge": 25, "loongforge-fp8": 25, "loongforge-fp8-block": 25, "eager": 25, "compile": 90, "curves": 120, "eager-loop": 40,
             "compile-loop": 120}
     params = {}  # shape -> (script's active count, loongforge info's active, info's total), or the error
     for sh, mode in plan:
@@ -353,7 +361,7 @@ def main():
                     if a.device == "cpu":
                         raise
             if mode.startswith("loongforge"):
-                prec = "fp8" if mode.endswith("fp8") else "bf16"
+                prec = {"loongforge-fp8": "fp8", "loongforge-fp8-block": "fp8-block"}.get(mode, "bf16")
                 row.update(run_lf(a, s, work / sh, mode, prec, a.warmup + a.steps, a.warmup, s["batch"], left()))
                 row.pop("losses", None)
             elif mode == "curves":

@@ -322,17 +322,86 @@ TEST(Fp8, LinearMatchesDequantizedReference) {
   EXPECT_LT(rel_err(g[1], at::mm(dyd.t(), xd)), 0.08);
 }
 
+// Tensorwise and blockwise (cuBLASLt's block-scaled GEMMs on the GPU, dequantized products on the CPU).
 TEST(CudaKernels, Fp8LinearMatchesCpu) {
   SKIP_WITHOUT_CUDA();
   at::manual_seed(5);
-  at::Tensor x = at::randn({64, 128}), w = at::randn({96, 128}) * 0.1, dy = at::randn({64, 96});
-  at::Tensor xc = leaf(x), wc = leaf(w), xg = cuda(x, at::kFloat), wg = cuda(w, at::kFloat);
-  at::Tensor yc = cu::fp8_linear(xc, wc), yg = cu::fp8_linear(xg, wg);
-  auto gc = torch::autograd::grad({(yc * dy).sum()}, {xc, wc});
-  auto gg = torch::autograd::grad({(yg * dy.to(at::kCUDA)).sum()}, {xg, wg});
-  EXPECT_LT(rel_err(yg, yc), 1e-4);
-  EXPECT_LT(rel_err(gg[0], gc[0]), 1e-4);
-  EXPECT_LT(rel_err(gg[1], gc[1]), 1e-4);
+  at::Tensor x = at::randn({128, 256}), w = at::randn({384, 256}) * 0.1, dy = at::randn({128, 384});
+  for (bool blockwise : {false, true}) {
+    auto f = [&](const at::Tensor& a, const at::Tensor& b) {
+      return blockwise ? cu::fp8_linear_blockwise(a, b) : cu::fp8_linear(a, b);
+    };
+    at::Tensor xc = leaf(x), wc = leaf(w), xg = cuda(x, at::kFloat), wg = cuda(w, at::kFloat);
+    at::Tensor yc = f(xc, wc), yg = f(xg, wg);
+    auto gc = torch::autograd::grad({(yc * dy).sum()}, {xc, wc});
+    auto gg = torch::autograd::grad({(yg * dy.to(at::kCUDA)).sum()}, {xg, wg});
+    EXPECT_LT(rel_err(yg, yc), 1e-4) << blockwise;
+    EXPECT_LT(rel_err(gg[0], gc[0]), 1e-4) << blockwise;
+    EXPECT_LT(rel_err(gg[1], gc[1]), 1e-4) << blockwise;
+  }
+}
+
+// Blockwise scales: each 1 x 128 (or 128 x 128) block's largest element lands on fp8 max, every element within half
+// an ulp of its block's grid; an all-zero block keeps a finite scale; shapes that do not tile are an error.
+TEST(Fp8, BlockwiseScalesPerBlock) {
+  at::manual_seed(6);
+  // rows and column blocks of very different magnitudes
+  at::Tensor t = at::randn({256, 384}) * at::pow(10.0, at::randint(-3, 3, {256, 1}).to(at::kFloat)) *
+                 at::tensor({1.0f, 30.0f, 0.01f}).repeat_interleave(128).unsqueeze(0);
+  t.narrow(0, 5, 1).narrow(1, 128, 128).zero_();
+  for (int64_t br : {1, 128}) {
+    cu::Fp8Tensor q = cu::fp8_quantize_blockwise(t, br);
+    ASSERT_EQ(q.scale_inv.sizes(), (at::IntArrayRef{256 / br, 3}));
+    at::Tensor amax = t.abs().reshape({256 / br, br, 3, 128}).amax({1, 3}).to(at::kDouble);
+    at::Tensor qmax = q.data.to(at::kDouble).abs().reshape({256 / br, br, 3, 128}).amax({1, 3});
+    at::Tensor nonzero = amax.gt(0);
+    EXPECT_TRUE(qmax.masked_select(nonzero).eq(448.0).all().item<bool>()) << br;
+    EXPECT_TRUE(at::isfinite(q.scale_inv).all().item<bool>()) << br;
+    at::Tensor deq = cu::fp8_dequantize_blockwise(q).to(at::kDouble);
+    at::Tensor step = (amax / 448.0).repeat_interleave(br, 0).repeat_interleave(128, 1);
+    at::Tensor err = (deq - t.to(at::kDouble)).abs();
+    EXPECT_TRUE(err.le(t.to(at::kDouble).abs() / 16 + step * 0.02).all().item<bool>()) << br << " max err " << err.max().item<double>();
+  }
+  EXPECT_THROW(cu::fp8_quantize_blockwise(at::randn({256, 100}), 1), c10::Error);
+  EXPECT_THROW(cu::fp8_quantize_blockwise(at::randn({100, 128}), 128), c10::Error);
+}
+
+// fp8_linear_blockwise's forward and backward against float64 products of the blockwise-dequantized operands, and,
+// on inputs whose rows differ in magnitude by up to 1e6, every row within a few per cent of the exact product, where
+// tensorwise scaling flushes the smallest rows to zero.
+TEST(Fp8, LinearBlockwiseMatchesDequantizedReference) {
+  at::manual_seed(7);
+  at::Tensor x = at::randn({2, 128, 256}) * at::pow(10.0, at::randint(-3, 4, {2, 128, 1}).to(at::kFloat));
+  at::Tensor w = at::randn({384, 256}) * 0.1, bias = at::randn({384}), dy = at::randn({2, 128, 384});
+  ASSERT_TRUE(cu::fp8_linear_blockwise_supported(x, w));
+  EXPECT_FALSE(cu::fp8_linear_blockwise_supported(at::randn({1, 64, 256}), w));  // 64 rows: not a multiple of 128
+  at::Tensor x1 = leaf(x), w1 = leaf(w), b1 = leaf(bias);
+  at::Tensor y = cu::fp8_linear_blockwise(x1, w1, b1);
+  EXPECT_EQ(y.sizes(), (at::IntArrayRef{2, 128, 384}));
+  auto g = torch::autograd::grad({(y * dy).sum()}, {x1, w1, b1});
+
+  at::Tensor x2 = x.reshape({-1, 256}), dy2 = dy.reshape({-1, 384});
+  auto dq = [](const cu::Fp8Tensor& q) { return cu::fp8_dequantize_blockwise(q).to(at::kDouble); };
+  at::Tensor y_ref = at::mm(dq(cu::fp8_quantize_blockwise(x2, 1)), dq(cu::fp8_quantize_blockwise(w, 128)).t()) +
+                     bias.to(at::kDouble);
+  at::Tensor dx_ref = at::mm(dq(cu::fp8_quantize_blockwise(dy2, 1)), dq(cu::fp8_quantize_blockwise(w, 128)));
+  at::Tensor dw_ref = at::mm(dq(cu::fp8_quantize_blockwise(dy2.t().contiguous(), 1)),
+                             dq(cu::fp8_quantize_blockwise(x2.t().contiguous(), 1)).t());
+  EXPECT_LT(rel_err(y.reshape({-1, 384}), y_ref), 1e-5);
+  EXPECT_LT(rel_err(g[0].reshape({-1, 256}), dx_ref), 1e-5);
+  EXPECT_LT(rel_err(g[1], dw_ref), 1e-5);
+  EXPECT_LT(rel_err(g[2], dy2.sum(0)), 1e-6);
+  // Against the exact product, row by row (relative to each row's size): blockwise keeps every row's precision,
+  // tensorwise loses the small rows to the large ones' scale (e4m3 spans ~2^17 from its smallest subnormal to 448).
+  at::Tensor exact = at::mm(x2.to(at::kDouble), w.to(at::kDouble).t());
+  at::Tensor yt = cu::fp8_linear(x2, w);
+  auto worst_row = [&](const at::Tensor& got) {
+    at::Tensor e = (got.to(at::kDouble) - exact).abs().amax(1) / exact.abs().amax(1);
+    return e.max().item<double>();
+  };
+  const double blockwise = worst_row(cu::fp8_linear_blockwise(x2, w)), tensorwise = worst_row(yt);
+  EXPECT_LT(blockwise, 0.1);
+  EXPECT_GT(tensorwise, 0.5) << blockwise << " vs " << tensorwise;
 }
 
 // What the trainer calls on CUDA tensors: the device-generic entry points route to our kernels; compare with the

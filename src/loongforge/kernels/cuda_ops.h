@@ -118,4 +118,18 @@ Fp8Tensor fp8_quantize_tensorwise(const at::Tensor& t, at::ScalarType fp8 = at::
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = {});
 bool fp8_linear_supported(const at::Tensor& x, const at::Tensor& w);
 
+// Blockwise scaling (DeepSeek-V3's recipe): one scale per block of 1 x 128 (activations and gradients: per row, 128
+// consecutive elements of the contraction dimension) or 128 x 128 (weights). t [R, C] with C (and for 128 x 128
+// blocks R) a multiple of 128; scale_inv [R / block_rows, C / 128] float32, contiguous: t ~= data * scale_inv of
+// its block.
+Fp8Tensor fp8_quantize_blockwise(const at::Tensor& t, int64_t block_rows, at::ScalarType fp8 = at::kFloat8_e4m3fn);
+// data.to(float32) times its blocks' scale_inv: what the blockwise GEMMs multiply.
+at::Tensor fp8_dequantize_blockwise(const Fp8Tensor& q);
+// fp8_linear with blockwise scales: forward x (1 x 128) times w (128 x 128); dX = dY (1 x 128 along N) times w;
+// dW = dY^T times x, both 1 x 128 along the rows M. On CUDA at::_scaled_mm (cuBLASLt's block-scaled FP8 GEMMs,
+// CUDA >= 12.9 on Hopper); on the CPU the same products of the dequantized operands in float32 (tests). M, K and N
+// multiples of 128 (fp8_linear_blockwise_supported).
+at::Tensor fp8_linear_blockwise(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = {});
+bool fp8_linear_blockwise_supported(const at::Tensor& x, const at::Tensor& w);
+
 }  // namespace lf::kernels::cuda

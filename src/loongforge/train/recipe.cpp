@@ -20,6 +20,7 @@ const char* kDefaults = R"json({
   "output_dir": "runs/default",
   "seed": 1234,
   "precision": "fp32",
+  "fp8_scaling": "tensorwise",
   "device": "cpu",
   "model": {"path": "", "config": "", "tokenizer": "", "init_std": -1.0, "recompute": "none", "freeze": [""]},
   "data": {
@@ -50,6 +51,7 @@ const char* kDefaults = R"json({
 // Keys whose value must be one of a few choices.
 const std::map<std::string, std::vector<std::string>> kChoices = {
     {"precision", {"fp32", "bf16", "fp8"}},
+    {"fp8_scaling", {"tensorwise", "blockwise"}},
     {"device", {"cpu", "cuda"}},
     {"model.recompute", {"none", "full", "per_layer"}},
     {"data.format", {"pretrain", "sft", "batch"}},

@@ -182,12 +182,16 @@ at::Device choose_device(const json& r, bool distributed) {
 }
 
 // precision: fp8: every Linear of the decoder layers (not lm_head, not the embedding) runs its GEMMs in e4m3 with
-// tensorwise scales (kernels::cuda::fp8_linear); shapes _scaled_mm cannot take stay in bf16.
-void use_fp8_linears(models::llama::CausalLMImpl& model) {
+// tensorwise scales (kernels::cuda::fp8_linear) or, with fp8_scaling: blockwise, 1 x 128 / 128 x 128 block scales
+// (kernels::cuda::fp8_linear_blockwise, where the shapes are multiples of 128; tensorwise otherwise); shapes
+// _scaled_mm cannot take stay in bf16.
+void use_fp8_linears(models::llama::CausalLMImpl& model, bool blockwise) {
   for (auto& item : model.named_modules()) {
     auto* lin = dynamic_cast<nn::LinearImpl*>(item.value().get());
     if (!lin || item.key().find("lm_head") != std::string::npos) continue;
-    lin->matmul_fn = [](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    lin->matmul_fn = [blockwise](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+      if (blockwise && kernels::cuda::fp8_linear_blockwise_supported(x, w))
+        return kernels::cuda::fp8_linear_blockwise(x, w, b);
       if (kernels::cuda::fp8_linear_supported(x, w)) return kernels::cuda::fp8_linear(x, w, b);
       return at::linear(x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
     };
@@ -441,7 +445,7 @@ TrainOutcome train(const json& r, bool resume) {
   for (const char* k : {"dp", "tp", "pp", "cp", "vpp", "ep"}) distributed = distributed || par[k].get<int64_t>() != 1;
   distributed = distributed || par["zero"].get<int64_t>() != 0 || par["sp"].get<bool>();
   const at::Device device = choose_device(r, distributed);
-  if (r["precision"] == "fp8") use_fp8_linears(*b.model);
+  if (r["precision"] == "fp8") use_fp8_linears(*b.model, r["fp8_scaling"] == "blockwise");
   std::unique_ptr<Engine> engine = distributed ? make_distributed_engine(r, std::move(b))
                                                : std::make_unique<SingleEngine>(r, std::move(b), device);
   const bool main_rank = engine->is_main();
