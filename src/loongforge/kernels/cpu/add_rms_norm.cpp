@@ -26,15 +26,8 @@ class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     auto saved = ctx->get_saved_variables();
-    const at::Tensor& ds = grads[0];
-    at::Tensor dy = grads[1];
-    at::Tensor dx, dw;
-    if (dy.defined()) {
-      std::tie(dx, dw) = rms_norm_backward_cpu(dy, saved[0], saved[1], saved[2], ds);
-    } else {  // only s was used
-      dx = ds;
-      dw = at::zeros_like(saved[1]);
-    }
+    // grads are materialised (zeros for an unused output), so both are defined
+    auto [dx, dw] = rms_norm_backward_cpu(grads[1], saved[0], saved[1], saved[2], grads[0]);
     return {dx, dx, dw, at::Tensor()};
   }
 };

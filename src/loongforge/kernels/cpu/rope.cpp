@@ -1,8 +1,8 @@
 // RoPE: the device dispatch, the composite reference and the CPU kernels (forward and backward in one pass each).
 //
-// CPU f32/f64: y = x*c + rotate_half(x)*s row by row (float32 8 lanes at a time with AVX2) in x's own memory layout (the attention passes q/k as
-// [B,T,H,D] memory viewed as [B,H,T,D]; no copy), mul, mul, add in x's dtype as the composite version does, so the
-// results equal it bit for bit. Backward: dx = dy*c + rotate_half^T(dy*s), rotate_half^T(z) = cat(z2, -z1).
+// CPU f32/f64: y = x*c + rotate_half(x)*s row by row (float32 8 lanes at a time with AVX2) in x's own memory layout
+// (the attention passes q/k as [B,H,T,D] views of [B,T,H,D] memory; no copy), mul, mul, add in x's dtype as the
+// composite version does, so the results equal it bit for bit. Backward: dx = dy*c + rotate_half^T(dy*s), rotate_half^T(z) = cat(z2, -z1).
 #include "loongforge/kernels/rope.h"
 
 #include <ATen/ATen.h>
@@ -39,13 +39,12 @@ __attribute__((target("avx2"))) void rope_row_avx2(const float* xr, const float*
   for (int64_t j = 0; j < half; j += 8) {
     const __m256 x1 = _mm256_loadu_ps(xr + j), x2 = _mm256_loadu_ps(xr + j + half);
     const __m256 c1 = _mm256_loadu_ps(c + j), c2 = _mm256_loadu_ps(c + j + half);
+    const __m256 s1 = _mm256_loadu_ps(s + j), s2 = _mm256_loadu_ps(s + j + half);
     __m256 y1, y2;
     if constexpr (!Backward) {
-      const __m256 s1 = _mm256_loadu_ps(s + j), s2 = _mm256_loadu_ps(s + j + half);
       y1 = _mm256_add_ps(_mm256_mul_ps(x1, c1), _mm256_mul_ps(_mm256_xor_ps(x2, sign), s1));
       y2 = _mm256_add_ps(_mm256_mul_ps(x2, c2), _mm256_mul_ps(x1, s2));
     } else {
-      const __m256 s1 = _mm256_loadu_ps(s + j), s2 = _mm256_loadu_ps(s + j + half);
       y1 = _mm256_add_ps(_mm256_mul_ps(x1, c1), _mm256_mul_ps(x2, s2));
       y2 = _mm256_add_ps(_mm256_mul_ps(x2, c2), _mm256_xor_ps(_mm256_mul_ps(x1, s1), sign));
     }
@@ -67,9 +66,10 @@ void rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
   const T* cp = cos.const_data_ptr<T>();
   const T* sp = sin.const_data_ptr<T>();
   T* op = out.mutable_data_ptr<T>();
-  bool avx2 = false;
+  void (*row)(const T*, const T*, const T*, T*, int64_t) = rope_row<T, Backward>;
 #if defined(__x86_64__)
-  if constexpr (std::is_same_v<T, float>) avx2 = half % 8 == 0 && cpu::has_avx2_fma();
+  if constexpr (std::is_same_v<T, float>)
+    if (half % 8 == 0 && cpu::has_avx2_fma()) row = rope_row_avx2<Backward>;
 #endif
   at::parallel_for(0, x.size(0) * H * Tn, 64, [&](int64_t begin, int64_t end) {
     int64_t b = begin / (H * Tn), h = (begin / Tn) % H, t = begin % Tn;  // then stepped, no division per row
@@ -78,16 +78,7 @@ void rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
       T* yr = op + b * os0 + h * os1 + t * os2;
       const T* c = cp + b * cs0 + t * D;
       const T* s = sp + b * cs0 + t * D;
-#if defined(__x86_64__)
-      if constexpr (std::is_same_v<T, float>) {
-        if (avx2) rope_row_avx2<Backward>(xr, c, s, yr, half);
-        else rope_row<T, Backward>(xr, c, s, yr, half);
-      } else {
-        rope_row<T, Backward>(xr, c, s, yr, half);
-      }
-#else
-      rope_row<T, Backward>(xr, c, s, yr, half);
-#endif
+      row(xr, c, s, yr, half);
       if (++t == Tn) {
         t = 0;
         if (++h == H) {
