@@ -177,7 +177,8 @@ fi
 # every shape's LoongForge and eager runs, and runs that no longer fit the budget are reported as skipped.
 # GPU_BENCH_BUDGET (s, default: what is left of 460 s since the start), GPU_BENCH_STEPS (timed steps, default 8),
 # GPU_BENCH_SHAPES (default small,1b,moe; GPU_BENCH_SHAPES=moe for the MoE rows alone), GPU_BENCH_RUNS (default
-# loongforge,eager,compile), GPU_CHECK_FP8=1 (LoongForge fp8 rows too; GPU_CHECK_FP8=blockwise: tensorwise and blockwise rows), GPU_CHECK_CURVES=1 (fp32 vs bf16 loss
+# loongforge,eager,compile), GPU_CHECK_GRAPHS=0 (no LoongForge rows with train.cuda_graphs: true, which run after
+# the torch.compile ones by default), GPU_CHECK_FP8=1 (LoongForge fp8 rows too; GPU_CHECK_FP8=blockwise: tensorwise and blockwise rows), GPU_CHECK_CURVES=1 (fp32 vs bf16 loss
 # curves, 200 steps of the small shape: ~2 more minutes, so off by default).
 T=$(date +%s)
 BUDGET=${GPU_BENCH_BUDGET:-$(( 460 - $(elapsed "$T_START") ))}
@@ -186,10 +187,12 @@ if [ "$BUDGET" -lt 60 ]; then
 else
   FP8_BLOCK=""
   if [ "${GPU_CHECK_FP8:-}" = blockwise ]; then FP8_BLOCK=--fp8-blockwise; fi
+  GRAPHS=--graphs
+  if [ "${GPU_CHECK_GRAPHS:-1}" = 0 ]; then GRAPHS=""; fi
   timeout $(( BUDGET + 60 )) "$PY" bench/gpu_train.py --lf "$BUILD/loongforge" --out "$OUT" --budget "$BUDGET" \
     --steps "${GPU_BENCH_STEPS:-8}" --warmup 3 --shapes "${GPU_BENCH_SHAPES:-small,1b,moe}" \
     --runs "${GPU_BENCH_RUNS:-loongforge,eager,compile}" \
-    ${GPU_CHECK_FP8:+--fp8} $FP8_BLOCK ${GPU_CHECK_CURVES:+--curves} >"$OUT/gpu_train.log" 2>&1
+    ${GPU_CHECK_FP8:+--fp8} $FP8_BLOCK $GRAPHS ${GPU_CHECK_CURVES:+--curves} >"$OUT/gpu_train.log" 2>&1
   rc=$?
   tail -25 "$OUT/gpu_train.log"
   if [ -f "$OUT/gpu_train.json" ]; then

@@ -82,3 +82,22 @@ TEST(AdamW, VectorPathAndFusedClipMatch) {
     }
   }
 }
+
+// zero_grad(false) zeroes the gradients where they are (a CUDA graph accumulates into the captured addresses);
+// the default drops them.
+TEST(AdamW, ZeroGradInPlaceKeepsStorage) {
+  std::vector<at::Tensor> ps = {at::randn({5}).requires_grad_(), at::randn({3, 4}).requires_grad_(),
+                                at::randn({2}).requires_grad_()};
+  for (size_t i = 0; i < 2; ++i) ps[i].mutable_grad() = at::randn(ps[i].sizes());  // ps[2] has none
+  lf::optim::AdamW opt(ps, {});
+  const void* where = ps[1].grad().data_ptr();
+  opt.zero_grad(/*set_to_none=*/false);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(ps[i].grad().defined());
+    EXPECT_EQ(ps[i].grad().abs().max().item<float>(), 0.0f);
+  }
+  EXPECT_EQ(ps[1].grad().data_ptr(), where);
+  EXPECT_FALSE(ps[2].grad().defined());
+  opt.zero_grad();
+  for (const auto& p : ps) EXPECT_FALSE(p.grad().defined());
+}

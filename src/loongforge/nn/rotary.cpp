@@ -13,6 +13,8 @@ Rotary::Rotary(RopeSpec spec) : spec_(std::move(spec)) {
   inv_freq_ = compute_inv_freq(spec_.max_position_embeddings, &scaling_);
 }
 
+void Rotary::to(const at::Device& device) { inv_freq_ = inv_freq_.to(device); }
+
 at::Tensor Rotary::compute_inv_freq(int64_t seq_len, double* scaling) const {
   const int64_t dim = spec_.head_dim;
   auto f32 = at::TensorOptions().dtype(at::kFloat);

@@ -23,6 +23,9 @@ class Rotary {
   // cos, sin of shape [B, T, head_dim] (position_ids [B, T] int64), float32, times the attention scaling.
   std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& position_ids) const;
   const at::Tensor& inv_freq() const { return inv_freq_; }
+  // Keeps the frequencies on `device` (the model's), so a forward there copies nothing from the host (a copy from
+  // pageable memory would wait for the device, and a CUDA graph cannot capture it).
+  void to(const at::Device& device);
   double attention_scaling() const { return scaling_; }
 
  private:

@@ -206,9 +206,14 @@ void AdamW::step(std::optional<double> lr, double grad_scale) {
   }
 }
 
-void AdamW::zero_grad() {
-  for (auto& p : params_)
-    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+void AdamW::zero_grad(bool set_to_none) {
+  std::vector<at::Tensor> grads;
+  for (auto& p : params_) {
+    if (!p.grad().defined()) continue;
+    if (set_to_none) p.mutable_grad() = at::Tensor();
+    else grads.push_back(p.mutable_grad());
+  }
+  if (!grads.empty()) at::_foreach_zero_(grads);
 }
 
 namespace {

@@ -24,7 +24,9 @@ class AdamW {
   // grad_scale != 1 multiplies every gradient by it first (the coefficient of grad_norm_and_clip_coef), fused into
   // the update on the CPU.
   void step(std::optional<double> lr = std::nullopt, double grad_scale = 1.0);
-  void zero_grad();
+  // Drops the gradients (set_to_none) or zeroes them in place, keeping their storage (a CUDA graph that
+  // accumulates into them needs the same addresses every step).
+  void zero_grad(bool set_to_none = true);
   int64_t steps() const { return step_; }
   const AdamWOptions& options() const { return opts_; }
   std::vector<at::Tensor>& exp_avg() { return m_; }

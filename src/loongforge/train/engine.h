@@ -24,7 +24,9 @@ struct ModelBundle {
 // Sum of token losses of one micro-batch and its counted tokens (the plain model, no layout).
 // backward_scale: the factor the caller multiplies the loss by before backward (1 / the step's counted tokens); the
 // router losses of recomputed MoE layers are backpropagated in their recomputation with it (0: not set up).
-std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b, double backward_scale = 0);
+// counted: b's counted tokens when known (< 0: b.counted(), which waits for the device when b lives on a GPU).
+std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b, double backward_scale = 0,
+                                          int64_t counted = -1);
 
 class Engine {
  public:

@@ -16,6 +16,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
 #include "loongforge/io/hf_model.h"
+#include "loongforge/kernels/cuda_graph.h"
 #include "loongforge/kernels/cuda_ops.h"
 #include "loongforge/kernels/linear_ce.h"
 #include "loongforge/io/peft.h"
@@ -159,11 +160,11 @@ double validation_loss(Engine& engine, BatchSource& src, int64_t batches, int64_
 }
 
 // The recipe's device after checking what this machine has. device: cuda without a usable GPU prints one line and
-// gives the CPU; precision: fp8 needs the GPU; train.cuda_graphs is not implemented yet.
+// gives the CPU (train.cuda_graphs then has nothing to capture and is ignored); precision: fp8 needs the GPU.
 at::Device choose_device(const json& r, bool distributed) {
   const bool want_cuda = r["device"] == "cuda", fp8 = r["precision"] == "fp8";
-  if (r["train"]["cuda_graphs"].get<bool>())
-    throw Error("recipe: field 'train.cuda_graphs': capturing the step in a CUDA graph is not implemented yet (set it to false)");
+  if (r["train"]["cuda_graphs"].get<bool>() && !want_cuda)
+    throw Error("recipe: field 'train.cuda_graphs': CUDA graphs need device: cuda");
   std::string why;
   if (want_cuda && !kernels::cuda::available()) why = kernels::cuda::unavailable_reason();
   else if (want_cuda && distributed) why = "the distributed engine runs on the CPU (Gloo) for now";
@@ -179,6 +180,16 @@ at::Device choose_device(const json& r, bool distributed) {
     return at::Device(at::kCPU);
   }
   return at::Device(at::kCUDA, 0);
+}
+
+// train.cuda_graphs on a model whose step cannot be captured: one line naming the field.
+void check_graphable(const models::llama::CausalLMImpl& model) {
+  const std::string f = "recipe: field 'train.cuda_graphs': ";
+  if (!model.moe_blocks().empty())
+    throw Error(f + "a mixture-of-experts step cannot be captured (the tokens per expert reach the host each step); "
+                    "set it to false");
+  if (model.config().rope.type == "dynamic")
+    throw Error(f + "rope_scaling 'dynamic' reads the longest position on the host each step; set it to false");
 }
 
 // precision: fp8: every Linear of the decoder layers (not lm_head, not the embedding) runs its GEMMs in e4m3 with
@@ -203,8 +214,11 @@ void use_fp8_linears(models::llama::CausalLMImpl& model, bool blockwise) {
 // autocast, AdamW and the grad norm are the multi-tensor kernels (optim/adamw.cpp picks them for CUDA params).
 class SingleEngine : public Engine {
  public:
-  explicit SingleEngine(const json& r, Built b, at::Device device = at::Device(at::kCPU))
-      : b_(std::move(b)),
+  // cuda_graphs (train.cuda_graphs, on a CUDA device): the forward + backward of a micro-batch is captured in a CUDA
+  // graph after kGraphWarmup eager steps and replayed for every later micro-batch of the captured shape.
+  explicit SingleEngine(const json& r, Built b, at::Device device = at::Device(at::kCPU), bool cuda_graphs = false)
+      : stream_(cuda_graphs && device.is_cuda() ? std::make_unique<kernels::cuda::StreamScope>() : nullptr),
+        b_(std::move(b)),
         device_(device),
         opt_(on_device(b_, device),
              optim::AdamWOptions{r["optim"]["lr"], r["optim"]["beta1"], r["optim"]["beta2"], r["optim"]["eps"],
@@ -214,6 +228,7 @@ class SingleEngine : public Engine {
     if (split_ < 0) throw Error("recipe: field 'train.cpu_split': must be >= 0 (0: one part per CPU thread, 1: off)");
     splittable_ = b_.model->moe_blocks().empty() && !b_.model->recomputed(0) &&
                   !(r["lora"]["enabled"].get<bool>() && r["lora"]["dropout"].get<double>() > 0);
+    if (stream_) check_graphable(*b_.model);
   }
   double forward_backward(const std::vector<Batch>& micro, int64_t counted, bool bf16) override {
     auto& model = *b_.model;
@@ -258,7 +273,8 @@ class SingleEngine : public Engine {
     clip_coef_ = 1.0;
     b_.model->update_moe_bias();  // aux-loss-free MoE routing (a no-op unless moe.bias_update_rate > 0)
   }
-  void zero_grad() override { opt_.zero_grad(); }
+  // With CUDA graphs the gradients keep their storage: the graph accumulates into the addresses it captured.
+  void zero_grad() override { opt_.zero_grad(/*set_to_none=*/!stream_); }
   std::pair<double, int64_t> eval_loss(const Batch& b_in) override {
     at::NoGradGuard no_grad;
     auto& model = *b_.model;
@@ -289,29 +305,104 @@ class SingleEngine : public Engine {
     };
     return Batch{mv(b.input_ids), mv(b.targets), mv(b.position_ids), mv(b.segment_ids)};
   }
-  double forward_backward_cuda(const std::vector<Batch>& micro, int64_t counted, bool bf16) {
+  // The forward and backward of one micro-batch on the GPU: the token-loss sum l (float32 scalar) of the batch, with
+  // the gradients of l / divisor accumulated (divisor: the step's counted tokens, a float32 scalar on the device, so
+  // a CUDA graph reads it from its address). Queues work only: nothing waits for the device.
+  // counted: the micro-batch's counted tokens (MoE router losses are weighted by it), backward_scale: 1 / the step's.
+  at::Tensor micro_step_cuda(const Batch& mbatch, int64_t counted, double backward_scale, const at::Tensor& divisor,
+                             bool bf16) {
     auto& model = *b_.model;
-    // Every micro-batch's copy is queued up front: micro-batch i+1 travels while i computes.
-    std::vector<Batch> dev;
-    for (const Batch& m : micro) dev.push_back(to_device(m));
-    at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
-    for (const Batch& mbatch : dev) {
-      at::Tensor l;
-      if (bf16) {  // bf16 (fp8: the Linear layers' matmul_fn) with fp32 master weights
-        at::autocast::set_autocast_enabled(at::kCUDA, true);
-        at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-        l = micro_loss(model, mbatch, 1.0 / static_cast<double>(std::max<int64_t>(1, counted))).first;
+    at::Tensor l;
+    if (bf16) {  // bf16 (fp8: the Linear layers' matmul_fn) with fp32 master weights
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+      try {
+        l = micro_loss(model, mbatch, backward_scale, counted).first;
+      } catch (...) {
         at::autocast::set_autocast_enabled(at::kCUDA, false);
         at::autocast::clear_cache();
-      } else {
-        l = micro_loss(model, mbatch, 1.0 / static_cast<double>(std::max<int64_t>(1, counted))).first;
+        throw;
       }
-      (l / static_cast<double>(std::max<int64_t>(1, counted))).backward();
-      loss_sum += l.detach().to(at::kDouble);
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+      at::autocast::clear_cache();
+    } else {
+      l = micro_loss(model, mbatch, backward_scale, counted).first;
+    }
+    (l / divisor).backward();
+    return l.detach();
+  }
+  double forward_backward_cuda(const std::vector<Batch>& micro, int64_t counted, bool bf16) {
+    const at::TensorOptions f32 = at::TensorOptions().device(device_).dtype(at::kFloat);
+    const double denom = static_cast<double>(std::max<int64_t>(1, counted));
+    at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
+    const bool graphed = stream_ && (graph_ || eager_steps_ >= kGraphWarmup);
+    if (!graphed) ++eager_steps_;
+    // Every micro-batch's copy is queued up front: micro-batch i+1 travels while i computes.
+    std::vector<Batch> dev;
+    if (!graphed)
+      for (const Batch& m : micro) dev.push_back(to_device(m));
+    at::Tensor divisor = graphed ? at::Tensor() : at::full({}, denom, f32);
+    for (size_t i = 0; i < micro.size(); ++i) {
+      if (!graphed) {
+        loss_sum += micro_step_cuda(dev[i], micro[i].counted(), 1.0 / denom, divisor, bf16).to(at::kDouble);
+        continue;
+      }
+      if (!graph_) capture_step(micro[i], bf16);
+      if (!graph_->fits(micro[i])) {  // another shape (e.g. a shorter last batch): this micro-batch runs eagerly
+        if (!shape_noted_) {
+          std::fprintf(stderr, "loongforge: train.cuda_graphs: a micro-batch of shape [%lld, %lld] differs from the "
+                       "captured one; such micro-batches run without the graph\n",
+                       (long long)micro[i].input_ids.size(0), (long long)micro[i].input_ids.size(1));
+          shape_noted_ = true;
+        }
+        loss_sum += micro_step_cuda(to_device(micro[i]), micro[i].counted(), 1.0 / denom, at::full({}, denom, f32), bf16)
+                        .to(at::kDouble);
+        continue;
+      }
+      graph_->load(micro[i], denom);
+      graph_->graph.replay();
+      loss_sum += graph_->loss.to(at::kDouble);
     }
     return loss_sum.item<double>();  // the one host sync of the forward/backward
   }
 
+  // train.cuda_graphs: the captured micro-step with its static inputs (copied into before every replay) and output.
+  struct GraphedStep {
+    kernels::cuda::Graph graph;
+    Batch in;            // device tensors the graph reads
+    at::Tensor divisor;  // float32 scalar: the step's counted tokens
+    at::Tensor loss;     // float32 scalar the graph writes: the micro-batch's token-loss sum
+    bool fits(const Batch& b) const {
+      auto same = [](const at::Tensor& a, const at::Tensor& s) {
+        return a.defined() == s.defined() && (!a.defined() || (a.sizes() == s.sizes() && a.dtype() == s.dtype()));
+      };
+      return same(b.input_ids, in.input_ids) && same(b.targets, in.targets) && same(b.position_ids, in.position_ids) &&
+             same(b.segment_ids, in.segment_ids);
+    }
+    // Host -> static inputs from pinned memory, queued on the stream before the replay that reads them.
+    void load(const Batch& b, double denom) {
+      for (auto [dst, src] : {std::pair{&in.input_ids, &b.input_ids}, std::pair{&in.targets, &b.targets},
+                              std::pair{&in.position_ids, &b.position_ids}, std::pair{&in.segment_ids, &b.segment_ids}})
+        if (src->defined()) dst->copy_(src->is_cuda() ? *src : src->pin_memory(), /*non_blocking=*/true);
+      divisor.fill_(denom);
+    }
+  };
+  static constexpr int64_t kGraphWarmup = 2;  // eager steps before the capture (cuBLAS, autograd, allocator warm)
+  void capture_step(const Batch& first, bool bf16) {
+    auto g = std::make_unique<GraphedStep>();
+    auto alloc = [&](const at::Tensor& t) { return t.defined() ? at::empty(t.sizes(), t.options().device(device_)) : t; };
+    g->in = Batch{alloc(first.input_ids), alloc(first.targets), alloc(first.position_ids), alloc(first.segment_ids)};
+    g->divisor = at::ones({}, at::TensorOptions().device(device_).dtype(at::kFloat));
+    // The capture records the kernels without running them; the inputs are loaded before each replay.
+    GraphedStep* gp = g.get();
+    try {
+      // Dense models only (check_graphable): the counts and scale for MoE router losses are unused.
+      g->graph.capture([&] { gp->loss = micro_step_cuda(gp->in, 0, 0.0, gp->divisor, bf16); });
+    } catch (const std::runtime_error& e) {
+      throw Error(std::string("recipe: field 'train.cuda_graphs': ") + e.what() + " (set it to false)");
+    }
+    graph_ = std::move(g);
+  }
   // How many parts a micro-batch of `rows` rows splits into over the CPU threads: train.cpu_split (0: one per
   // thread), at most one row each; 1 (no split) on a GPU and for models that keep state across a forward (MoE
   // statistics, activation recomputation's reentrant backward) or draw random numbers (LoRA dropout).
@@ -321,12 +412,16 @@ class SingleEngine : public Engine {
     return std::max<int64_t>(1, std::min(want, rows));
   }
 
+  std::unique_ptr<kernels::cuda::StreamScope> stream_;  // set with CUDA graphs: all of the engine's GPU work runs here
   Built b_;
   at::Device device_;
   optim::AdamW opt_;
   int64_t split_ = 0;
   bool splittable_ = true;
   double clip_coef_ = 1.0;  // from clip_grad_norm, applied by the next step
+  std::unique_ptr<GraphedStep> graph_;
+  int64_t eager_steps_ = 0;
+  bool shape_noted_ = false;
 };
 
 double peak_flops(const json& r, const at::Device& device) {
@@ -380,25 +475,27 @@ class Progress {
 
 }  // namespace
 
-std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b, double backward_scale) {
+std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b, double backward_scale,
+                                          int64_t counted) {
+  if (counted < 0) counted = b.counted();
   at::Tensor h = model.hidden_states(b.input_ids, b.position_ids, nullptr, b.segment_ids);
   // MoE router losses of this forward (CausalLM::aux_loss; undefined for dense models and without gradients, so
   // eval losses are pure token losses). Transformers adds coef * aux to each micro-batch's mean token loss; here the
   // sum is returned and the engine divides by the step's counted tokens, so aux is added times this micro-batch's
   // counted tokens: one micro-batch gives exactly mean token loss + coef * aux, several weight each micro-batch's
   // aux by its share of the step's tokens.
-  auto with_aux = [&model, &b, backward_scale](at::Tensor l) {
+  auto with_aux = [&model, counted, backward_scale](at::Tensor l) {
     at::Tensor a = model.aux_loss();
     if (a.defined() && backward_scale > 0 && model.recomputed(0)) {
       // Recomputed layers ran without a graph: each one's share goes back in its recomputation (nn/recompute.h).
       auto st = model.aux_stats([](at::Tensor&) {});
-      const double w = static_cast<double>(b.counted()) * backward_scale;
+      const double w = static_cast<double>(counted) * backward_scale;
       model.layer_loss_fn = [&model, st, w](int64_t i) {
         at::Tensor s = model.aux_share(st, i, i + 1);
         return s.defined() ? s * w : s;
       };
     }
-    return a.defined() ? l + a.to(l.scalar_type()) * static_cast<double>(b.counted()) : l;
+    return a.defined() ? l + a.to(l.scalar_type()) * static_cast<double>(counted) : l;
   };
   // The fused linear + cross-entropy (no [N, V] logits kept) computes what model.logits + cross_entropy compute, as
   // long as nothing hooks lm_head (LoRA adapter, layout input/output functions) and it has no bias. Below 1M logits
@@ -414,12 +511,12 @@ std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, co
       h = h.to(dt);
       w = w.to(dt);
     }
-    return {with_aux(std::get<0>(kernels::linear_cross_entropy(h, w, b.targets, nn::kIgnoreIndex))), b.counted()};
+    return {with_aux(std::get<0>(kernels::linear_cross_entropy(h, w, b.targets, nn::kIgnoreIndex))), counted};
   }
   at::Tensor logits = model.logits(h);
   at::Tensor loss = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), b.targets.reshape({-1}),
                                            {}, at::Reduction::Sum, nn::kIgnoreIndex);
-  return {with_aux(loss), b.counted()};
+  return {with_aux(loss), counted};
 }
 
 
@@ -447,7 +544,8 @@ TrainOutcome train(const json& r, bool resume) {
   const at::Device device = choose_device(r, distributed);
   if (r["precision"] == "fp8") use_fp8_linears(*b.model, r["fp8_scaling"] == "blockwise");
   std::unique_ptr<Engine> engine = distributed ? make_distributed_engine(r, std::move(b))
-                                               : std::make_unique<SingleEngine>(r, std::move(b), device);
+                                               : std::make_unique<SingleEngine>(r, std::move(b), device,
+                                                                                r["train"]["cuda_graphs"].get<bool>());
   const bool main_rank = engine->is_main();
   const int64_t dp = engine->data_parallel();
   optim::Schedule sched;

@@ -1,6 +1,6 @@
 // The trainer: builds model, data, optimizer and schedule from a recipe (train/recipe.h) and runs the loop with
 // gradient accumulation, clipping, logging (metrics.jsonl, TensorBoard, progress), validation and checkpoints.
-// Parallel layouts will be passed in (issue 5); today parallel.* must be 1.
+// Parallel layouts come from the recipe's parallel.* (train/dist_engine.cpp); one process runs SingleEngine.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>

@@ -143,6 +143,16 @@ CausalLMImpl::CausalLMImpl(DecoderConfig c) : config_(std::move(c)), rotary_(rop
   if (!config_.tie_word_embeddings) lm_head = register_module("lm_head", linear(config_.hidden_size, config_.vocab_size, false));
 }
 
+void CausalLMImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(device, dtype, non_blocking);
+  rotary_.to(device);
+}
+
+void CausalLMImpl::to(torch::Device device, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
+  rotary_.to(device);
+}
+
 at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids_in,
                                        nn::KVCache* cache, const at::Tensor& segment_ids) {
   at::Tensor position_ids = position_ids_in;

@@ -106,6 +106,10 @@ class CausalLMImpl : public torch::nn::Module {
   // The output projection's weight ([V, hidden]; the embedding when tied).
   at::Tensor output_weight() const;
   const DecoderConfig& config() const { return config_; }
+  // Module::to, and the rotary frequencies (not a parameter or buffer) follow the model to its device.
+  using torch::nn::Module::to;
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
   nn::KVCache new_cache() const { return nn::KVCache(static_cast<size_t>(config_.num_hidden_layers)); }
 
   DecoderModel model{nullptr};
