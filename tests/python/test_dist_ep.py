@@ -32,20 +32,25 @@ MOE = dict(model_type="qwen3_moe", vocab_size=64, hidden_size=32, intermediate_s
            router_aux_loss_coef=0.0, rms_norm_eps=1e-6)
 
 
-@pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ep_train")
-    cfg = transformers.AutoConfig.for_model(**MOE)
-    torch.manual_seed(0)
+def write_moe(d, model_seed=0, data_seed=7, **overrides):
+    """d/model: a tiny Qwen3-MoE (MOE with overrides) whose routers have spread-out logits, so tokens go to
+    different experts on different ranks; d/train: a token shard."""
+    cfg = transformers.AutoConfig.for_model(**dict(MOE, **overrides))
+    torch.manual_seed(model_seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():  # routers with spread-out logits: tokens go to different experts on different ranks
+    with torch.no_grad():
         for n, p in model.named_parameters():
             if n.endswith("mlp.gate.weight"):
                 p.normal_(0.0, 0.5)
     model.save_pretrained(d / "model")
-    g = torch.Generator().manual_seed(7)
+    g = torch.Generator().manual_seed(data_seed)
     write_shard(d / "train", torch.randint(0, 64, (4000,), generator=g).numpy(), docs=40)
     return d
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    return write_moe(tmp_path_factory.mktemp("ep_train"))
 
 
 def write_shard(prefix, toks, docs):
@@ -107,12 +112,10 @@ def whole_tensors(ckpt, prefix):
 
 
 # Router losses (load balancing pooled over layers as transformers, DeepSeek's sequence-level loss, z-loss): every
-# layout adds its share of the losses of the whole global micro-batch (CausalLM::aux_loss_share), so they match one
-# process. Under pp the pooled load-balancing loss is refused, the per-layer ones remain.
+# layout adds its share of the losses of the whole global micro-batch (CausalLM::aux_stats / aux_share), so they match
+# one process. Under pp the pooled load-balancing loss sums the expert counts over the stages first (Pipeline's carry).
 ROUTER_LOSSES = ["moe.aux_loss_coef=0.02", "moe.seq_aux_loss_coef=0.01", "moe.z_loss_coef=0.001"]
 PER_LAYER_LOSSES = ["moe.seq_aux_loss_coef=0.02", "moe.z_loss_coef=0.001"]
-# Under cp every sequence is split over ranks: the sequence-level loss is refused, the others remain.
-CP_LOSSES = ["moe.aux_loss_coef=0.02", "moe.z_loss_coef=0.001"]
 R = ROUTER_LOSSES
 
 
@@ -124,10 +127,11 @@ R = ROUTER_LOSSES
     (2, 2, 2, R),                           # ep2 x tp2: each ep rank's experts split along their ffn over tp
     (1, 1, 2, R),                           # tp2 of an MoE model
     (1, 1, 2, R + ["parallel.sp=true"]),    # ... with sequence parallelism (parallel.* sets: tp run only)
-    (1, 1, 1, PER_LAYER_LOSSES + ["parallel.pp=2"]),  # pp2: router losses added per pipeline chunk
-    (2, 2, 1, PER_LAYER_LOSSES + ["parallel.pp=2"]),  # ep2 x pp2: each stage's experts over its ep group
-    (1, 1, 1, CP_LOSSES + ["parallel.cp=2"]),         # cp2 (ring attention): tokens of sequence chunks
-    (2, 2, 1, CP_LOSSES + ["parallel.cp=2", "parallel.cp_mode=a2a"]),  # ep2 x cp2
+    (1, 1, 1, R + ["parallel.pp=2"]),                 # pp2: router losses added per pipeline chunk
+    (2, 2, 1, R + ["parallel.pp=2"]),                 # ep2 x pp2: each stage's experts over its ep group
+    (1, 1, 1, PER_LAYER_LOSSES + ["parallel.pp=2"]),  # pp2 without the pooled load-balancing loss (no carry)
+    (1, 1, 1, R + ["parallel.cp=2"]),         # cp2 (ring attention): tokens of sequence chunks; sequence counts summed
+    (2, 2, 1, R + ["parallel.cp=2", "parallel.cp_mode=a2a"]),  # ep2 x cp2
     # hot-expert replication (guest slots): routing unchanged, so the same losses as one process (and as no guests)
     (2, 2, 1, R + ["moe.guest_slots=2"]),
     (4, 4, 1, R + ["moe.guest_slots=1", "moe.ranks_per_node=2"]),  # 2 "nodes" of 2 ranks
@@ -196,13 +200,30 @@ def test_train_ep_matches_one_process(tmp_path, moe_dir, dp, ep, tp, extra):
     assert torch.isfinite(model(torch.tensor([[3, 4, 5, 6]])).logits).all()
 
 
+def test_pooled_lb_loss_under_interleaved_pp(tmp_path):
+    """pp2 x vpp2 (4 virtual stages of one layer; layer 0 dense, mlp_only_layers): the pooled load-balancing loss
+    sums the expert counts along the virtual stages (the dense stage adds zeros) and every stage adds its share in
+    its backward, as one process computes it: same losses and grad norms (fp32, 1e-5)."""
+    write_moe(tmp_path, model_seed=1, data_seed=8, num_hidden_layers=4, mlp_only_layers=[0])
+    sets = sum((["--set", x] for x in R), [])
+    run_lf("train", ep_recipe(tmp_path, tmp_path, "one", 3), *sets)
+    res = launch_ranks(2, [LF_BIN, "train", ep_recipe(tmp_path, tmp_path, "pp", 3), *sets, "--set", "parallel.pp=2",
+                           "--set", "parallel.vpp=2"], threads=1)
+    for r in res:
+        assert r.returncode == 0, r.stderr[-3000:]
+    one, got = ep_metrics(tmp_path / "one"), ep_metrics(tmp_path / "pp")
+    assert len(one) == len(got) == 3
+    for a, b in zip(one, got):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * abs(a["grad_norm"]), (a, b)
+
+
 @pytest.mark.parametrize("sets,needle", [
     (["parallel.dp=2", "parallel.ep=3"], "'parallel.ep': 3 does not divide parallel.dp 2"),
     (["parallel.dp=2", "parallel.ep=2", "parallel.zero=3"], "'parallel.ep': 2: expert parallelism runs with parallel.zero 0"),
     (["parallel.dp=2", "parallel.ep=2", "parallel.tp=3"], "'parallel.tp': 3 does not divide num_attention_heads"),
-    (["parallel.pp=2", "moe.aux_loss_coef=0.01"], "'moe.aux_loss_coef': 0.01"),
+    (["parallel.pp=2", "model.recompute=full", "moe.aux_loss_coef=0.01"], "'model.recompute': recomputation of MoE"),
     (["moe.guest_slots=1"], "'moe.guest_slots': 1: hot-expert replication"),
-    (["parallel.cp=2", "moe.seq_aux_loss_coef=0.01"], "'moe.seq_aux_loss_coef': 0.01: context parallelism"),
     (["parallel.dp=4", "parallel.ep=4", "moe.guest_slots=1", "moe.ranks_per_node=3"], "'moe.ranks_per_node': 3"),
 ])
 def test_bad_ep_layouts_one_line(tmp_path, moe_dir, sets, needle):

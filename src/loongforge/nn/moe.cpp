@@ -239,6 +239,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
   aux_loss = lb_loss = extra_loss = seq_loss = z_loss = at::Tensor();
   tokens_seen = n;
   sequences_seen = x.dim() == 3 ? x.size(0) : 1;
+  sequence_parts = 1;
   lb_counts = at::Tensor();
   lb_prob_sum = at::Tensor();
   lb_rows = 0;
@@ -269,9 +270,13 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
         at::NoGradGuard ng;
         cnt = at::zeros({b, e}, p.options())
                   .scatter_add_(1, r.expert_ids.view({b, t * k}), at::ones({b, t * k}, p.options()));
+        if (sequence_reduce) sequence_parts = sequence_reduce(cnt);  // whole sequences' counts (context parallel)
       }
-      at::Tensor f = cnt * (static_cast<double>(e) / static_cast<double>(k * t));
-      at::Tensor pm = p.view({b, t, e}).mean(1);
+      // Tokens of a whole sequence: the ranks sharing it hold equal parts.
+      const double t_all = static_cast<double>(t * sequence_parts);
+      at::Tensor f = cnt * (static_cast<double>(e) / (static_cast<double>(k) * t_all));
+      // The mean of p over the sequence; with parts, this rank's tokens' part of it.
+      at::Tensor pm = sequence_parts == 1 ? p.view({b, t, e}).mean(1) : p.view({b, t, e}).sum(1) / t_all;
       extra_loss = seq_loss = o.seq_aux_loss_coef * (f * pm).sum(1).mean();
     }
     if (o.z_loss_coef > 0) {

@@ -146,6 +146,11 @@ class MoEImpl : public torch::nn::Module {
   // and recomputes it with one in backward); bias-update loads are then counted in the forward without gradients.
   // Training mode only (evaluation forwards make none).
   bool force_stats = false;
+  // Context parallelism: each rank holds part of every sequence's tokens. sequence_reduce sums the per-sequence
+  // expert counts [B, E] over the ranks holding the other parts (in place) and returns how many ranks that is; the
+  // sequence-level loss then takes the whole sequences' counts and lengths, and seq_loss is this rank's share (the
+  // shares of those ranks add up to the loss). Unset: the block holds whole sequences.
+  std::function<int64_t(at::Tensor&)> sequence_reduce;
 
   // State of the last forward:
   at::Tensor aux_loss;    // scalar: coef-weighted sum of this layer's terms (undefined when none apply)
@@ -153,6 +158,7 @@ class MoEImpl : public torch::nn::Module {
   at::Tensor extra_loss;  // its sequence-level + z-loss terms or undefined (aux_loss = lb_loss + extra_loss)
   at::Tensor seq_loss, z_loss;  // the two terms of extra_loss (coefficient included) or undefined
   int64_t tokens_seen = 0, sequences_seen = 0;  // the forward's tokens N and sequences B (z / sequence means)
+  int64_t sequence_parts = 1;  // ranks sharing those sequences (sequence_reduce's answer): B / parts count as this rank's
   at::Tensor lb_counts;   // [E] float32: assignments per expert before capacity (no grad)
   at::Tensor lb_prob_sum; // [E] float32: sum over tokens of p[n,e] (with grad); rows = lb_rows
   int64_t lb_rows = 0;

@@ -26,7 +26,7 @@
 //   - grad-norm clipping: expert parameters are counted once per ep rank (sum of squares over ep), non-expert ones
 //     once (after their all-reduce, on any single rank).
 // Router losses (aux / seq / z-loss) are computed by each block on its local tokens; the trainer combines them into
-// the losses of the global micro-batch with CausalLM::aux_loss_share (statistics summed over the data ranks).
+// the losses of the global micro-batch with CausalLM::aux_stats / aux_share (statistics summed over the data ranks).
 //
 // Capacity (capacity_factor > 0): nn::MoEImpl applies it before experts_fn, on the block's LOCAL tokens, so under
 // EP the capacity is per rank: C = ceil(capacity_factor * N_local * k / E) assignments per expert per source

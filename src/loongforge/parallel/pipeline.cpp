@@ -191,11 +191,15 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
   const int64_t M = static_cast<int64_t>(mbs.size());
   const int64_t S = int64_t{P} * vpp_;  // virtual stages
   auto ops = pipeline_schedule(P, vpp_, M, r);
-  // tag of the message that enters virtual stage `s` (forward) or leaves it backwards (backward)
+  // tag of the message that enters virtual stage `s` (forward) or leaves it backwards (backward); a ChunkLoss's
+  // carry travels under the same tag plus kCarryTag (below forward_only's tags).
   auto tag = [&](int64_t micro, int64_t s, bool forward) { return static_cast<int>(2 * (micro * S + s) + (forward ? 0 : 1)); };
+  constexpr int kCarryTag = 1 << 28;
   struct Slot {
     at::Tensor input, output;  // input: the received leaf (stages > 0); output: the sent tensor or the scaled loss
     at::Tensor extra;          // the chunk's own scaled loss (chunk_loss_fn) or undefined
+    at::Tensor carry;          // the carry summed up to and including this chunk (the total on the last stage)
+    std::function<std::pair<at::Tensor, double>(const at::Tensor&)> finish;
   };
   std::map<std::pair<int64_t, int>, Slot> slots;
   std::vector<std::pair<Pending, at::Tensor>> sends;
@@ -211,7 +215,7 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
     Pending p = pp_.isend(c, dst_rank, tg);
     sends.emplace_back(std::move(p), c);
   };
-  auto recv = [&](const std::vector<int64_t>& shape, int src_rank, int tg) {
+  auto recv = [&](const std::vector<int64_t>& shape, int src_rank, int tg, at::ScalarType dtype) {
     if (src_rank == r) {
       auto it = local.find(tg);
       TORCH_CHECK(it != local.end(), "pipeline: local message missing (schedule bug)");
@@ -219,10 +223,11 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
       local.erase(it);
       return t;
     }
-    at::Tensor buf = at::empty(shape, act_opts_);
+    at::Tensor buf = at::empty(shape, act_opts_.dtype(dtype));
     pp_.irecv(buf, src_rank, tg).wait();
     return buf;
   };
+  const at::ScalarType act_dtype = act_opts_.dtype().toScalarType();
   // backward of a chunk's output (with gradient g, or the loss itself when g is undefined) and its own loss
   auto backward = [](const at::Tensor& out, const at::Tensor& g, const at::Tensor& extra) {
     if (!extra.defined() || !extra.requires_grad()) {
@@ -245,14 +250,22 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
       if (s == 0) {
         h = model_.embed(mb.input_ids);
       } else {
-        slot.input = recv(act_shape(mi), (r - 1 + P) % P, tag(op.micro, s, true)).requires_grad_(true);
+        slot.input = recv(act_shape(mi), (r - 1 + P) % P, tag(op.micro, s, true), act_dtype).requires_grad_(true);
         h = slot.input;
       }
       h = run_chunk(mb, h, begin, end);
       if (chunk_loss_fn) {
-        auto [extra, value] = chunk_loss_fn(mi, begin, end);
-        extra_sum += value;
-        if (extra.defined()) slot.extra = extra / loss_scale;
+        ChunkLoss cl = chunk_loss_fn(mi, begin, end);
+        extra_sum += cl.value;
+        if (cl.loss.defined()) slot.extra = cl.loss / loss_scale;
+        if (cl.carry.defined()) {  // add the earlier stages' sum, pass it on
+          slot.carry = cl.carry.to(act_opts_.device(), at::kDouble);
+          if (s > 0)
+            slot.carry = slot.carry + recv({slot.carry.numel()}, (r - 1 + P) % P, kCarryTag + tag(op.micro, s, true),
+                                           at::kDouble);
+          if (s < S - 1) send(slot.carry, (r + 1) % P, kCarryTag + tag(op.micro, s + 1, true));
+          slot.finish = std::move(cl.finish);
+        }
       }
       if (s == S - 1) {
         at::Tensor loss = loss_fn(model_.final_norm(h), mi);
@@ -268,16 +281,24 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
       TORCH_CHECK(it != slots.end(), "pipeline: backward before forward (schedule bug)");
       Slot slot = std::move(it->second);
       slots.erase(it);
-      if (s == S - 1) {
-        backward(slot.output, at::Tensor(), slot.extra);
-      } else {
-        at::Tensor g = recv(act_shape(mi), (r + 1) % P, tag(op.micro, s, false));
-        backward(slot.output, g, slot.extra);
+      at::Tensor g;
+      if (s < S - 1) g = recv(act_shape(mi), (r + 1) % P, tag(op.micro, s, false), act_dtype);
+      if (slot.carry.defined()) {  // the total over every stage: from the next stage, or this one's sum if last
+        at::Tensor total = s == S - 1 ? slot.carry
+                                      : recv({slot.carry.numel()}, (r + 1) % P, kCarryTag + tag(op.micro, s, false),
+                                             at::kDouble);
+        if (slot.finish) {
+          auto [extra, value] = slot.finish(total);
+          extra_sum += value;
+          if (extra.defined()) slot.extra = slot.extra.defined() ? slot.extra + extra / loss_scale : extra / loss_scale;
+        }
+        if (s > 0) send(total, (r - 1 + P) % P, kCarryTag + tag(op.micro, s - 1, false));
       }
+      backward(slot.output, g, slot.extra);
       if (s > 0) {
-        at::Tensor g = slot.input.grad();
-        if (!g.defined()) g = at::zeros_like(slot.input);
-        send(g, (r - 1 + P) % P, tag(op.micro, s - 1, false));
+        at::Tensor gi = slot.input.grad();
+        if (!gi.defined()) gi = at::zeros_like(slot.input);
+        send(gi, (r - 1 + P) % P, tag(op.micro, s - 1, false));
       }
     }
   }

@@ -77,9 +77,18 @@ class Pipeline {
   // synchronized here: call sync_tied_grads() after the last forward_backward of a step (before the norm/optimizer).
   //
   // chunk_loss_fn (optional), called on every stage right after a chunk's forward with (micro, first layer, end
-  // layer), returns losses made inside those layers (MoE router losses): a scalar tensor to backpropagate (divided by
-  // loss_scale, together with the chunk's output) or an undefined tensor, and the value to add to the returned sum.
-  using ChunkLossFn = std::function<std::pair<at::Tensor, double>(size_t, int64_t, int64_t)>;
+  // layer), returns the losses made inside those layers (MoE router losses) as a ChunkLoss.
+  struct ChunkLoss {
+    at::Tensor loss;   // scalar to backpropagate with the chunk's output (divided by loss_scale), or undefined
+    double value = 0;  // added to the returned sum
+    // Statistics pooled over the whole model (optional; every chunk of a step returns one of the same size, or
+    // none does): `carry` (float64 [n]) is summed over the virtual stages in layer order, travelling with the
+    // activations; the last stage's sum travels back with the gradients, and finish(sum) is called right before the
+    // chunk's backward: a loss to backpropagate with it (divided by loss_scale, or undefined) and its value.
+    at::Tensor carry;
+    std::function<std::pair<at::Tensor, double>(const at::Tensor& total)> finish;
+  };
+  using ChunkLossFn = std::function<ChunkLoss(size_t, int64_t, int64_t)>;
   double forward_backward(const std::vector<MicroBatch>& micro_batches,
                           const std::function<at::Tensor(const at::Tensor&, size_t)>& loss_fn, double loss_scale,
                           const std::function<std::vector<int64_t>(size_t)>& act_shape,

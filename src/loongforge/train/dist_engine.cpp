@@ -27,11 +27,12 @@
 // they load in any layout.
 //
 // MoE router losses (every data-parallel layout): each rank adds its share of the losses of the whole global
-// micro-batch (CausalLM::aux_loss_share: expert counts, rows, tokens and sequences summed over the data and context
-// ranks), so they equal one process's on the whole micro-batch. Under pp they are added per chunk (Pipeline's
-// chunk_loss_fn); the pooled load-balancing loss is then refused (it needs every layer's statistics). Under cp the
-// sequence-level loss is refused (a sequence's statistics are split over the cp ranks). Under FSDP the layers run
-// without a graph: the statistics are made anyway and each layer's share is backpropagated in its recomputation
+// micro-batch (CausalLM::aux_stats / aux_share: expert counts, rows, tokens and sequences summed over the data and
+// context ranks), so they equal one process's on the whole micro-batch. Under pp they are added per chunk (Pipeline's
+// chunk_loss_fn); the pooled load-balancing loss, which needs every layer's counts, sums them over the stages as the
+// chunks' carry and adds each chunk's share in its backward. Under cp each sequence's expert counts are summed over
+// the cp ranks (nn::MoEImpl::sequence_reduce) for the sequence-level loss. Under FSDP the layers run without a graph:
+// the statistics are made anyway and each layer's share is backpropagated in its recomputation
 // (FullyShardedModel::layer_loss_fn).
 //
 // Validation (eval_loss) with pp > 1 runs Pipeline::forward_only. With FSDP and precision bf16 the gathered matmul
@@ -186,12 +187,6 @@ class DistEngine : public Engine {
         router_losses_ = router_losses_ || v > 0;
     if (layout_.zero == 3)  // FSDP runs each layer without a graph: router statistics made there too (nn/moe.h)
       for (auto* blk : model.moe_blocks()) blk->force_stats = true;
-    if (layout_.cp > 1)  // the sequence-level loss needs each whole sequence's statistics on one rank
-      for (auto* blk : model.moe_blocks())
-        if (blk->options.seq_aux_loss_coef > 0)
-          throw Error("recipe: field 'moe.seq_aux_loss_coef': " + fmt_double(blk->options.seq_aux_loss_coef) +
-                      ": context parallelism splits every sequence over parallel.cp ranks; the sequence-level loss "
-                      "is not split yet (set it to 0; the load-balancing and z-losses work)");
     if (layout_.pp > 1 && model.recomputed(0))
       for (auto* blk : model.moe_blocks())
         for (double v : {blk->options.aux_loss_coef, blk->options.seq_aux_loss_coef, blk->options.z_loss_coef})
@@ -199,13 +194,6 @@ class DistEngine : public Engine {
             throw Error("recipe: field 'model.recompute': recomputation of MoE layers with router losses under "
                         "parallel.pp > 1 is not supported yet (set model.recompute to none, or the moe.* loss "
                         "coefficients to 0)");
-    if (layout_.pp > 1)
-      for (auto* blk : model.moe_blocks())
-        if (blk->options.aux_loss_coef > 0)
-          throw Error("recipe: field 'moe.aux_loss_coef': " + fmt_double(blk->options.aux_loss_coef) +
-                      ": the load-balancing loss pools every layer's statistics (as transformers), which pipeline "
-                      "stages do not share; with parallel.pp > 1 set it to 0 (sequence-level, z-loss and bias "
-                      "updates work)");
     parallel::Comm::Options co;
     co.timeout = std::chrono::milliseconds(layout_.timeout_s * 1000);
     comm_ = parallel::Comm::init(parallel::detect_launch(), co);
@@ -258,7 +246,15 @@ class DistEngine : public Engine {
         });
       }
     }
-    if (layout_.cp > 1) parallel::apply_context_parallel(model, *cp_, layout_.cp_mode);
+    if (layout_.cp > 1) {
+      parallel::apply_context_parallel(model, *cp_, layout_.cp_mode);
+      // the sequence-level router loss: each sequence's expert counts summed over the cp ranks holding its parts
+      for (auto* blk : model.moe_blocks())
+        blk->sequence_reduce = [this](at::Tensor& counts) {
+          cp_->all_reduce(counts);
+          return static_cast<int64_t>(layout_.cp);
+        };
+    }
     std::vector<std::string> owned, counted;
     if (layout_.pp > 1) {
       auto counts = parallel::pipeline_layer_counts(cfg.num_hidden_layers, layout_.pp, layout_.vpp, layout_.pp_layout);
@@ -381,11 +377,37 @@ class DistEngine : public Engine {
         const int64_t hidden_size = b_.model->config().hidden_size;
         const int64_t seq = mine[0].input_ids.size(1) / (layout_.sp ? layout_.tp : 1);
         set_sync(false);
-        // MoE router losses of each chunk's layers (sequence-level and z-losses), weighted as above.
+        // MoE router losses of each chunk's layers, weighted as above: the sequence-level and z-losses right away;
+        // the pooled load-balancing loss once every stage's expert counts and rows are summed (they travel with the
+        // activations as the chunk's carry, the total comes back with the gradients).
+        int64_t lb_experts = 0;  // > 0: the load-balancing loss is on (its expert count)
+        for (auto* blk : b_.model->moe_blocks())
+          if (blk->options.aux_loss_coef > 0) lb_experts = blk->options.num_experts;
         parallel::Pipeline::ChunkLossFn router_losses = [&](size_t i, int64_t begin, int64_t end) {
-          at::Tensor a = router ? b_.model->aux_loss_share(reduce, begin, end) : at::Tensor();
-          if (!a.defined()) return std::pair<at::Tensor, double>{at::Tensor(), 0.0};
-          return std::pair<at::Tensor, double>{a * (weight[i] / layout_.tp), a.item<double>() * weight[i]};
+          parallel::Pipeline::ChunkLoss out;
+          if (!router) return out;
+          const auto st = b_.model->aux_stats(reduce, begin, end);
+          if (at::Tensor a = b_.model->aux_share(st, begin, end, /*with_lb=*/false); a.defined()) {
+            out.loss = a * (weight[i] / layout_.tp);
+            out.value = a.item<double>() * weight[i];
+          }
+          if (lb_experts > 0) {
+            const int64_t e = lb_experts;
+            out.carry = at::zeros({e + 1}, at::kDouble);  // expert counts, rows
+            if (st.any && st.rows > 0) {
+              out.carry.narrow(0, 0, e).copy_(st.counts);
+              out.carry[e] = st.rows;
+            }
+            at::Tensor p = b_.model->lb_prob_sum(begin, end);  // this forward's, with gradients
+            const double w = weight[i];
+            out.finish = [this, p, w, e](const at::Tensor& total) {
+              if (!p.defined()) return std::pair<at::Tensor, double>{at::Tensor(), 0.0};
+              const at::Tensor t = total.cpu();
+              at::Tensor a = b_.model->lb_share(p, t.narrow(0, 0, e), t[e].item<double>());
+              return std::pair<at::Tensor, double>{a * (w / layout_.tp), a.item<double>() * w};
+            };
+          }
+          return out;
         };
         local_sum = pipe_->forward_backward(
             mbs, [&](const at::Tensor& h, size_t i) { return loss_of(h, mine[i].targets); }, scale,

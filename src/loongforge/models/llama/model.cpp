@@ -252,7 +252,8 @@ CausalLMImpl::AuxStats CausalLMImpl::aux_stats(const std::function<void(at::Tens
   }
   stats[e] = rows;
   stats[e + 1] = static_cast<double>(blocks.front()->tokens_seen);
-  stats[e + 2] = static_cast<double>(blocks.front()->sequences_seen);
+  // context parallel: the cp ranks sharing the sequences count them once between them
+  stats[e + 2] = static_cast<double>(blocks.front()->sequences_seen) / static_cast<double>(blocks.front()->sequence_parts);
   reduce(stats);
   st.any = true;
   st.counts = stats.slice(0, 0, e).clone();
@@ -262,32 +263,30 @@ CausalLMImpl::AuxStats CausalLMImpl::aux_stats(const std::function<void(at::Tens
   return st;
 }
 
-at::Tensor CausalLMImpl::aux_share(const AuxStats& st, int64_t lo, int64_t hi) const {
+at::Tensor CausalLMImpl::aux_share(const AuxStats& st, int64_t lo, int64_t hi, bool with_lb) const {
   if (hi < 0) hi = static_cast<int64_t>(model->layers->size());
   if (!st.any) return {};
   at::Tensor total;
   auto add = [&total](const at::Tensor& t) { total = total.defined() ? total + t : t; };
   for (const auto* b : loss_blocks(*model, lo, hi)) {
-    if (b->lb_prob_sum.defined()) {
-      at::Tensor c = st.counts.to(b->lb_prob_sum.scalar_type());
-      add(config_.router_aux_loss_coef * static_cast<double>(b->options.num_experts) *
-          (c / st.rows * (b->lb_prob_sum / st.rows)).sum());
-    }
+    if (with_lb && b->lb_prob_sum.defined()) add(lb_share(b->lb_prob_sum, st.counts, st.rows));
+    // (under context parallelism seq_loss is already this rank's part of its sequences' loss)
     if (b->seq_loss.defined()) add(b->seq_loss * (static_cast<double>(b->sequences_seen) / st.sequences));
     if (b->z_loss.defined()) add(b->z_loss * (static_cast<double>(b->tokens_seen) / st.tokens));
   }
   return total;
 }
 
-at::Tensor CausalLMImpl::aux_loss_share(const std::function<void(at::Tensor&)>& reduce, int64_t begin, int64_t end) const {
-  const int64_t layers = static_cast<int64_t>(model->layers->size());
-  if (end < 0) end = layers;
-  if (begin != 0 || end != layers)
-    for (const auto* b : loss_blocks(*model, begin, end))
-      if (b->lb_prob_sum.defined())
-        throw Error("recipe: field 'moe.aux_loss_coef': the load-balancing loss pools every layer's statistics; it "
-                    "cannot be split over pipeline stages (set it to 0)");
-  return aux_share(aux_stats(reduce, begin, end), begin, end);
+at::Tensor CausalLMImpl::lb_prob_sum(int64_t begin, int64_t end) const {
+  at::Tensor sum;
+  for (const auto* b : loss_blocks(*model, begin, end))
+    if (b->lb_prob_sum.defined()) sum = sum.defined() ? sum + b->lb_prob_sum : b->lb_prob_sum;
+  return sum;
+}
+
+at::Tensor CausalLMImpl::lb_share(const at::Tensor& prob_sum, const at::Tensor& counts, double rows) const {
+  at::Tensor c = counts.to(prob_sum.device(), prob_sum.scalar_type());
+  return config_.router_aux_loss_coef * static_cast<double>(prob_sum.size(0)) * (c / rows * (prob_sum / rows)).sum();
 }
 
 void CausalLMImpl::update_moe_bias() {

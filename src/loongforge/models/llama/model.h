@@ -121,26 +121,29 @@ class CausalLMImpl : public torch::nn::Module {
   // router_aux_loss_coef * transformers' load_balancing_loss_func over all MoE layers (its statistics pooled
   // across layers, as transformers does) + every block's sequence-level and z-loss terms.
   at::Tensor aux_loss() const;
-  // This rank's share of those router losses when every micro-batch is split over data-parallel ranks (rows) and
-  // `reduce` sums a tensor over those ranks in place: the load-balancing statistics' expert counts and rows are
-  // summed over the ranks (this rank's probability sums stay local), the sequence-level and z-loss means are taken
-  // over the ranks' sequences and tokens. The shares sum over the ranks to aux_loss() of the whole micro-batch in
-  // one process (value and gradients). Only the layers [begin, end) (end < 0: all): pipeline stages (the pooled
-  // load-balancing loss needs every layer: lf::Error when it is on and the range is not all layers). Collective
-  // (calls reduce once) whenever any block of the range has router losses; undefined when none.
-  at::Tensor aux_loss_share(const std::function<void(at::Tensor&)>& reduce, int64_t begin = 0, int64_t end = -1) const;
-  // The two halves of aux_loss_share: the statistics of the layers [begin, end) summed over the data ranks
-  // (collective; undefined `counts` and zero sizes when no block of the range has router losses), and the share of
-  // the layers [lo, hi) (a sub-range) from them and the blocks' current tensors (FSDP: each layer in its backward
-  // recomputation). The pooled load-balancing loss is linear in each layer's probability sums, so the shares of the
-  // layers add up to the share of the range.
+  // This rank's share of those router losses when every micro-batch is split over data-parallel ranks (rows), in
+  // two halves. aux_stats: the statistics of the layers [begin, end) (end < 0: all) with `reduce` summing a tensor
+  // over those ranks in place (collective; called once whenever any block of the range has router losses):
+  // expert counts and rows summed over the ranks, the sequence-level and z-loss means taken over the ranks'
+  // sequences and tokens (undefined `counts` and zero sizes when no block of the range has router losses).
+  // aux_share: the share of the layers [lo, hi) (a sub-range) from those statistics and the blocks' current tensors
+  // (this rank's probability sums stay local); the shares sum over the ranks to aux_loss() of the whole micro-batch
+  // in one process (value and gradients). The pooled load-balancing loss needs the counts and rows of every layer:
+  // with_lb = false leaves it out, for layouts that pool them later (pipeline stages: lb_prob_sum and lb_share). It
+  // is linear in each layer's probability sums, so the shares of the layers add up to the share of the range (FSDP:
+  // each layer in its backward recomputation).
   struct AuxStats {
     at::Tensor counts;  // [E] float64: expert assignments pooled over layers and ranks
     double rows = 0, tokens = 0, sequences = 0;  // summed over ranks (rows: pooled over layers)
     bool any = false;
   };
   AuxStats aux_stats(const std::function<void(at::Tensor&)>& reduce, int64_t begin = 0, int64_t end = -1) const;
-  at::Tensor aux_share(const AuxStats& st, int64_t lo = 0, int64_t hi = -1) const;
+  at::Tensor aux_share(const AuxStats& st, int64_t lo = 0, int64_t hi = -1, bool with_lb = true) const;
+  // The load-balancing loss in parts: the probability sums [E] of the last forward's blocks in [begin, end) (with
+  // gradients; undefined when none has the loss on), and the loss of such a sum given the expert counts [E] and rows
+  // pooled over every layer (and data rank): router_aux_loss_coef * E * sum(counts / rows * prob_sum / rows).
+  at::Tensor lb_prob_sum(int64_t begin, int64_t end) const;
+  at::Tensor lb_share(const at::Tensor& prob_sum, const at::Tensor& counts, double rows) const;
   // Aux-loss-free bias updates of every block (nn::MoEImpl::update_bias); call after the optimizer step.
   void update_moe_bias();
   // Training options of every MoE block (recipe `moe.*`): the load-balancing coefficient (replaces config.json's
