@@ -130,6 +130,9 @@ R = ROUTER_LOSSES
     (1, 1, 1, R + ["parallel.pp=2"]),                 # pp2: router losses added per pipeline chunk
     (2, 2, 1, R + ["parallel.pp=2"]),                 # ep2 x pp2: each stage's experts over its ep group
     (1, 1, 1, PER_LAYER_LOSSES + ["parallel.pp=2"]),  # pp2 without the pooled load-balancing loss (no carry)
+    # recomputed layers under pp2 backpropagate their shares (with every stage's counts) in their recomputation
+    (1, 1, 1, R + ["model.recompute=full", "parallel.pp=2"]),
+    (2, 2, 1, R + ["model.recompute=per_layer", "parallel.pp=2"]),  # layer 0 recomputed, layer 1 not
     (1, 1, 1, R + ["parallel.cp=2"]),         # cp2 (ring attention): tokens of sequence chunks; sequence counts summed
     (2, 2, 1, R + ["parallel.cp=2", "parallel.cp_mode=a2a"]),  # ep2 x cp2
     # hot-expert replication (guest slots): routing unchanged, so the same losses as one process (and as no guests)
@@ -222,7 +225,6 @@ def test_pooled_lb_loss_under_interleaved_pp(tmp_path):
     (["parallel.dp=2", "parallel.ep=3"], "'parallel.ep': 3 does not divide parallel.dp 2"),
     (["parallel.dp=2", "parallel.ep=2", "parallel.zero=3"], "'parallel.ep': 2: expert parallelism runs with parallel.zero 0"),
     (["parallel.dp=2", "parallel.ep=2", "parallel.tp=3"], "'parallel.tp': 3 does not divide num_attention_heads"),
-    (["parallel.pp=2", "model.recompute=full", "moe.aux_loss_coef=0.01"], "'model.recompute': recomputation of MoE"),
     (["moe.guest_slots=1"], "'moe.guest_slots': 1: hot-expert replication"),
     (["parallel.dp=4", "parallel.ep=4", "moe.guest_slots=1", "moe.ranks_per_node=3"], "'moe.ranks_per_node': 3"),
 ])

@@ -264,8 +264,8 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
             slot.carry = slot.carry + recv({slot.carry.numel()}, (r - 1 + P) % P, kCarryTag + tag(op.micro, s, true),
                                            at::kDouble);
           if (s < S - 1) send(slot.carry, (r + 1) % P, kCarryTag + tag(op.micro, s + 1, true));
-          slot.finish = std::move(cl.finish);
         }
+        slot.finish = std::move(cl.finish);
       }
       if (s == S - 1) {
         at::Tensor loss = loss_fn(model_.final_norm(h), mi);
@@ -283,16 +283,16 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
       slots.erase(it);
       at::Tensor g;
       if (s < S - 1) g = recv(act_shape(mi), (r + 1) % P, tag(op.micro, s, false), act_dtype);
-      if (slot.carry.defined()) {  // the total over every stage: from the next stage, or this one's sum if last
-        at::Tensor total = s == S - 1 ? slot.carry
-                                      : recv({slot.carry.numel()}, (r + 1) % P, kCarryTag + tag(op.micro, s, false),
-                                             at::kDouble);
-        if (slot.finish) {
-          auto [extra, value] = slot.finish(total);
-          extra_sum += value;
-          if (extra.defined()) slot.extra = slot.extra.defined() ? slot.extra + extra / loss_scale : extra / loss_scale;
-        }
+      at::Tensor total;  // the carry's total over every stage: from the next stage, or this one's sum if last
+      if (slot.carry.defined()) {
+        total = s == S - 1 ? slot.carry
+                           : recv({slot.carry.numel()}, (r + 1) % P, kCarryTag + tag(op.micro, s, false), at::kDouble);
         if (s > 0) send(total, (r - 1 + P) % P, kCarryTag + tag(op.micro, s - 1, false));
+      }
+      if (slot.finish) {
+        auto [extra, value] = slot.finish(total);
+        extra_sum += value;
+        if (extra.defined()) slot.extra = slot.extra.defined() ? slot.extra + extra / loss_scale : extra / loss_scale;
       }
       backward(slot.output, g, slot.extra);
       if (s > 0) {

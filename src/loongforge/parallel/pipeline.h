@@ -83,8 +83,9 @@ class Pipeline {
     double value = 0;  // added to the returned sum
     // Statistics pooled over the whole model (optional; every chunk of a step returns one of the same size, or
     // none does): `carry` (float64 [n]) is summed over the virtual stages in layer order, travelling with the
-    // activations; the last stage's sum travels back with the gradients, and finish(sum) is called right before the
-    // chunk's backward: a loss to backpropagate with it (divided by loss_scale, or undefined) and its value.
+    // activations; the last stage's sum travels back with the gradients. finish (optional) is called right before
+    // the chunk's backward with that sum (undefined without a carry): a loss to backpropagate with the chunk
+    // (divided by loss_scale, or undefined) and its value.
     at::Tensor carry;
     std::function<std::pair<at::Tensor, double>(const at::Tensor& total)> finish;
   };

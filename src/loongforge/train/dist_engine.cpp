@@ -187,13 +187,6 @@ class DistEngine : public Engine {
         router_losses_ = router_losses_ || v > 0;
     if (layout_.zero == 3)  // FSDP runs each layer without a graph: router statistics made there too (nn/moe.h)
       for (auto* blk : model.moe_blocks()) blk->force_stats = true;
-    if (layout_.pp > 1 && model.recomputed(0))
-      for (auto* blk : model.moe_blocks())
-        for (double v : {blk->options.aux_loss_coef, blk->options.seq_aux_loss_coef, blk->options.z_loss_coef})
-          if (v > 0)
-            throw Error("recipe: field 'model.recompute': recomputation of MoE layers with router losses under "
-                        "parallel.pp > 1 is not supported yet (set model.recompute to none, or the moe.* loss "
-                        "coefficients to 0)");
     parallel::Comm::Options co;
     co.timeout = std::chrono::milliseconds(layout_.timeout_s * 1000);
     comm_ = parallel::Comm::init(parallel::detect_launch(), co);
@@ -377,42 +370,73 @@ class DistEngine : public Engine {
         const int64_t hidden_size = b_.model->config().hidden_size;
         const int64_t seq = mine[0].input_ids.size(1) / (layout_.sp ? layout_.tp : 1);
         set_sync(false);
-        // MoE router losses of each chunk's layers, weighted as above: the sequence-level and z-losses right away;
-        // the pooled load-balancing loss once every stage's expert counts and rows are summed (they travel with the
-        // activations as the chunk's carry, the total comes back with the gradients).
+        // MoE router losses of each chunk's layers, weighted as above. The sequence-level and z-losses of layers
+        // with a graph go back with the chunk; the pooled load-balancing loss once every stage's expert counts and
+        // rows are summed (they travel with the activations as the chunk's carry, the total comes back with the
+        // gradients: finish). Recomputed layers have no graph in the forward: finish hands their shares (with the
+        // total counts) to their recomputation (model.layer_loss_fn), which runs within the chunk's backward.
         int64_t lb_experts = 0;  // > 0: the load-balancing loss is on (its expert count)
         for (auto* blk : b_.model->moe_blocks())
           if (blk->options.aux_loss_coef > 0) lb_experts = blk->options.num_experts;
         parallel::Pipeline::ChunkLossFn router_losses = [&](size_t i, int64_t begin, int64_t end) {
           parallel::Pipeline::ChunkLoss out;
           if (!router) return out;
-          const auto st = b_.model->aux_stats(reduce, begin, end);
-          if (at::Tensor a = b_.model->aux_share(st, begin, end, /*with_lb=*/false); a.defined()) {
-            out.loss = a * (weight[i] / layout_.tp);
-            out.value = a.item<double>() * weight[i];
+          auto& model = *b_.model;
+          const auto st = model.aux_stats(reduce, begin, end);
+          const double w = weight[i];
+          if (at::Tensor a = model.aux_share(st, begin, end, /*with_lb=*/false); a.defined())
+            out.value = a.item<double>() * w;  // every layer's (recomputed ones: made without a graph)
+          at::Tensor now, p_graph;  // shares and probability sums of the layers with a graph
+          bool recomputed = false;
+          for (int64_t k = begin; k < end; ++k) {
+            if (model.recomputed(k)) {
+              recomputed = true;
+              continue;
+            }
+            if (at::Tensor a = model.aux_share(st, k, k + 1, /*with_lb=*/false); a.defined())
+              now = now.defined() ? now + a : a;
+            if (at::Tensor p = lb_experts > 0 ? model.lb_prob_sum(k, k + 1) : at::Tensor(); p.defined())
+              p_graph = p_graph.defined() ? p_graph + p : p;
           }
-          if (lb_experts > 0) {
-            const int64_t e = lb_experts;
+          if (now.defined()) out.loss = now * (w / layout_.tp);
+          const int64_t e = lb_experts;
+          at::Tensor p_all;
+          if (e > 0) {
             out.carry = at::zeros({e + 1}, at::kDouble);  // expert counts, rows
             if (st.any && st.rows > 0) {
               out.carry.narrow(0, 0, e).copy_(st.counts);
               out.carry[e] = st.rows;
             }
-            at::Tensor p = b_.model->lb_prob_sum(begin, end);  // this forward's, with gradients
-            const double w = weight[i];
-            out.finish = [this, p, w, e](const at::Tensor& total) {
-              if (!p.defined()) return std::pair<at::Tensor, double>{at::Tensor(), 0.0};
-              const at::Tensor t = total.cpu();
-              at::Tensor a = b_.model->lb_share(p, t.narrow(0, 0, e), t[e].item<double>());
-              return std::pair<at::Tensor, double>{a * (w / layout_.tp), a.item<double>() * w};
-            };
+            p_all = model.lb_prob_sum(begin, end);
           }
+          if (e == 0 && !recomputed) return out;
+          const double w_recomputed = w / layout_.tp / scale;  // layer_loss_fn's losses come scaled
+          out.finish = [this, st, p_graph, p_all, w, w_recomputed, e, recomputed](const at::Tensor& total) {
+            auto& model = *b_.model;
+            auto full = st;  // with the counts and rows of every stage
+            std::pair<at::Tensor, double> res{at::Tensor(), 0.0};
+            if (total.defined()) {
+              const at::Tensor t = total.cpu();
+              full.counts = t.narrow(0, 0, e).clone();
+              full.rows = t[e].item<double>();
+              if (p_all.defined()) res.second = model.lb_share(p_all, full.counts, full.rows).item<double>() * w;
+              if (p_graph.defined()) res.first = model.lb_share(p_graph, full.counts, full.rows) * (w / layout_.tp);
+            }
+            model.layer_loss_fn = nullptr;
+            if (recomputed && full.any)
+              model.layer_loss_fn = [this, full, w_recomputed, lb = total.defined()](int64_t k) {
+                at::Tensor a = b_.model->aux_share(full, k, k + 1, lb);
+                return a.defined() ? a * w_recomputed : a;
+              };
+            return res;
+          };
           return out;
         };
         local_sum = pipe_->forward_backward(
             mbs, [&](const at::Tensor& h, size_t i) { return loss_of(h, mine[i].targets); }, scale,
             [&](size_t i) { return std::vector<int64_t>{mine[i].input_ids.size(0), seq, hidden_size}; },
             router_losses);
+        b_.model->layer_loss_fn = nullptr;
         pipe_->sync_tied_grads();
         set_sync(true);
         finish_backward();
