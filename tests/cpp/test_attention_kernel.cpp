@@ -142,3 +142,32 @@ TEST(AttentionKernel, ModelEntryAndFallbacks) {
 }
 
 }  // namespace
+
+// nn::document_ranges: the token ranges of the packed documents of a [B,T] batch, against a direct scan; and
+// nn::document_attention away from the GPU is causal_attention with the segment ids (same values).
+TEST(DocumentAttention, RangesAndCpuFallback) {
+  at::manual_seed(11);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t B = 1 + trial % 3, T = 5 + trial;
+    // ids that grow along each row (documents), sometimes a whole row is one document
+    at::Tensor seg = (at::rand({B, T}) < 0.25).to(at::kLong).cumsum(1);
+    auto [cu, longest] = lf::nn::document_ranges(seg);
+    std::vector<int64_t> want = {0};
+    int64_t want_longest = 0;
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t j = 1; j <= T; ++j)
+        if (j == T || seg[r][j].item<int64_t>() != seg[r][j - 1].item<int64_t>()) {
+          want_longest = std::max(want_longest, r * T + j - want.back());
+          want.push_back(r * T + j);
+        }
+    ASSERT_EQ(cu.scalar_type(), at::kInt);
+    ASSERT_EQ(cu.numel(), static_cast<int64_t>(want.size())) << trial;
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(cu[static_cast<int64_t>(i)].item<int64_t>(), want[i]) << trial;
+    EXPECT_EQ(longest, want_longest) << trial;
+  }
+  at::Tensor seg = at::tensor({0, 0, 0, 1, 1, 2, 2, 2, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1}, at::kLong).view({2, 9});
+  auto [cu, longest] = lf::nn::document_ranges(seg);
+  at::Tensor q = bthd(2, 9, 4, 8, at::kFloat), k = bthd(2, 9, 2, 8, at::kFloat), v = bthd(2, 9, 2, 8, at::kFloat);
+  at::Tensor got = lf::nn::document_attention(q, k, v, 0, 0, 0.3, seg, cu, longest);
+  EXPECT_TRUE(at::equal(got, lf::nn::causal_attention(q, k, v, 0, 0, 0.3, seg)));
+}

@@ -52,6 +52,16 @@ at::Tensor swiglu(const at::Tensor& g, const at::Tensor& u);
 at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                                 int64_t ignore_index = -100, int64_t chunk_size = 0);
 
+// Flash attention over packed documents (FlashAttention-2's varlen kernels through ATen, with gradients for q, k, v):
+// q [N, H, D], k/v [N, Hkv, D] (bfloat16/float16; GQA: H a multiple of Hkv; D a multiple of 8 up to 256), the
+// documents are the token ranges [cu_seqlens[i], cu_seqlens[i+1]) (int32 on q's device, 0 first, N last), each
+// attended causally; window > 0 also hides keys `window` or more positions back (as nn::causal_attention). max_len:
+// the longest document (an upper bound works too). Returns [N, H, D]. flash_varlen_supported(q, k): the dtypes,
+// devices and shapes it takes (false without CUDA in the build).
+at::Tensor flash_varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& cu_seqlens, int64_t max_len, double scale, int64_t window = 0);
+bool flash_varlen_supported(const at::Tensor& q, const at::Tensor& k);
+
 // ---- raw kernels ------------------------------------------------------------------------------------------------------
 // RMSNorm forward: {y, rstd}; rstd [...] float32.
 std::tuple<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& w, double eps);

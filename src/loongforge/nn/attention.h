@@ -24,4 +24,16 @@ struct KVCache {
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t q_offset,
                             int64_t window, double scale, const at::Tensor& segment_ids = {});
 
+// Packed documents as token ranges of the flattened [B*T] batch, from segment_ids [B,T] (int64, CPU; a document
+// ends where the id changes or the row ends): cu_seqlens int32 [documents + 1] (0, every later document's start,
+// B*T) and the longest document's length.
+std::pair<at::Tensor, int64_t> document_ranges(const at::Tensor& segment_ids);
+
+// causal_attention for packed documents given also as ranges (document_ranges; cu_seqlens on q's device): on CUDA in
+// bfloat16/float16 for whole sequences, flash attention's varlen kernels (no [B,1,T,T] mask; kernels/cuda_ops.h),
+// otherwise causal_attention with segment_ids. Same arguments and result.
+at::Tensor document_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t q_offset,
+                              int64_t window, double scale, const at::Tensor& segment_ids,
+                              const at::Tensor& cu_seqlens, int64_t max_len);
+
 }  // namespace lf::nn

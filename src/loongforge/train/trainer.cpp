@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
+#include <vector>
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
@@ -22,6 +24,7 @@
 #include "loongforge/io/peft.h"
 #include "loongforge/io/plot.h"
 #include "loongforge/io/tensorboard.h"
+#include "loongforge/nn/attention.h"
 #include "loongforge/nn/linear.h"
 #include "loongforge/nn/lora.h"
 #include "loongforge/nn/loss.h"
@@ -192,6 +195,36 @@ void check_graphable(const models::llama::CausalLMImpl& model) {
     throw Error(f + "rope_scaling 'dynamic' reads the longest position on the host each step; set it to false");
 }
 
+// Packed documents on the GPU in bf16 (eager steps): while this lives every attention layer runs
+// nn::document_attention with the micro-batch's document ranges, i.e. flash attention's varlen kernels instead of
+// SDPA with a [B,1,T,T] mask (which takes the memory-efficient backend). Forward and backward (recomputation too)
+// run inside its scope.
+class DocumentAttention {
+ public:
+  DocumentAttention(models::llama::CausalLMImpl& model, const at::Tensor& segment_ids, const at::Device& device) {
+    auto [cu, longest] = nn::document_ranges(segment_ids);
+    const at::Tensor cu_dev = cu.pin_memory().to(device, /*non_blocking=*/true);
+    for (auto& m : *model.model->layers) {
+      auto* l = m->as<models::llama::DecoderLayerImpl>();
+      if (!l || !l->self_attn || l->self_attn->attention_fn) continue;
+      l->self_attn->attention_fn = [cu_dev, longest](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     int64_t q_offset, int64_t window, double scale,
+                                                     const at::Tensor& seg) {
+        return nn::document_attention(q, k, v, q_offset, window, scale, seg, cu_dev, longest);
+      };
+      hooked_.push_back(l->self_attn.get());
+    }
+  }
+  ~DocumentAttention() {
+    for (auto* a : hooked_) a->attention_fn = nullptr;
+  }
+  DocumentAttention(const DocumentAttention&) = delete;
+  DocumentAttention& operator=(const DocumentAttention&) = delete;
+
+ private:
+  std::vector<models::llama::AttentionImpl*> hooked_;
+};
+
 // precision: fp8: every Linear of the decoder layers (not lm_head, not the embedding) runs its GEMMs in e4m3 with
 // tensorwise scales (kernels::cuda::fp8_linear) or, with fp8_scaling: blockwise, 1 x 128 / 128 x 128 block scales
 // (kernels::cuda::fp8_linear_blockwise, where the shapes are multiples of 128; tensorwise otherwise); shapes
@@ -344,6 +377,8 @@ class SingleEngine : public Engine {
     at::Tensor divisor = graphed ? at::Tensor() : at::full({}, denom, f32);
     for (size_t i = 0; i < micro.size(); ++i) {
       if (!graphed) {
+        std::optional<DocumentAttention> docs;  // (a captured step keeps the mask: the ranges change every batch)
+        if (bf16 && !stream_ && micro[i].segment_ids.defined()) docs.emplace(*b_.model, micro[i].segment_ids, device_);
         loss_sum += micro_step_cuda(dev[i], micro[i].counted(), 1.0 / denom, divisor, bf16).to(at::kDouble);
         continue;
       }
