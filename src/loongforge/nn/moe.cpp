@@ -78,6 +78,15 @@ Routing route(const at::Tensor& logits, const MoEOptions& o, const at::Tensor& b
   return r;
 }
 
+namespace {
+// Occurrences of each value 0..bins-1 in ids (int64 [bins]). at::bincount would do, but on CUDA it reads the largest
+// id back to the host first (a device synchronisation per call); an index_add of ones does not.
+at::Tensor count_ids(const at::Tensor& ids, int64_t bins) {
+  const at::Tensor flat = ids.reshape({-1});
+  return at::zeros({bins}, flat.options().dtype(at::kLong)).index_add_(0, flat, at::ones_like(flat, at::kLong));
+}
+}  // namespace
+
 int64_t expert_capacity(int64_t num_tokens, int64_t top_k, int64_t num_experts, double capacity_factor) {
   return static_cast<int64_t>(std::ceil(capacity_factor * static_cast<double>(num_tokens * top_k) /
                                         static_cast<double>(num_experts)));
@@ -92,7 +101,7 @@ std::pair<at::Tensor, at::Tensor> apply_capacity(const at::Tensor& expert_ids, c
   at::Tensor key = at::where(flat >= 0, flat, at::full_like(flat, num_experts));
   // stable sort by expert: within an expert, assignments stay in flat (token, slot) order
   at::Tensor order = std::get<1>(at::sort(key, /*stable=*/true, 0, false));
-  at::Tensor counts = at::bincount(key, {}, num_experts + 1);
+  at::Tensor counts = count_ids(key, num_experts + 1);
   at::Tensor starts = at::cumsum(counts, 0) - counts;
   at::Tensor sorted_key = key.index_select(0, order);
   at::Tensor rank = at::arange(flat.numel(), flat.options()) - starts.index_select(0, sorted_key);
@@ -106,16 +115,17 @@ std::pair<at::Tensor, at::Tensor> apply_capacity(const at::Tensor& expert_ids, c
 // ---------------------------------------------------------------------------------------------------------------
 // Permutation, grouped experts, unpermutation
 
-Permutation permute(const at::Tensor& x, const at::Tensor& expert_ids, int64_t num_experts) {
+Permutation permute(const at::Tensor& x, const at::Tensor& expert_ids, int64_t num_experts, bool may_drop) {
   Permutation p;
   p.num_tokens = expert_ids.size(0);
   p.top_k = expert_ids.size(1);
   at::Tensor flat = expert_ids.reshape({-1});
   at::Tensor key = at::where(flat >= 0, flat, at::full_like(flat, num_experts));  // dropped last
   at::Tensor order = std::get<1>(at::sort(key, /*stable=*/true, 0, false));
-  at::Tensor counts_all = at::bincount(key, {}, num_experts + 1);
+  at::Tensor counts_all = count_ids(key, num_experts + 1);
   p.counts = counts_all.slice(0, 0, num_experts);
-  const int64_t m = flat.numel() - counts_all[num_experts].item<int64_t>();
+  // kept rows: all of them when nothing can be dropped (no read-back from the device)
+  const int64_t m = may_drop ? flat.numel() - counts_all[num_experts].item<int64_t>() : flat.numel();
   p.slots = order.slice(0, 0, m);
   p.tokens = at::floor_divide(p.slots, p.top_k);
   p.offsets = at::cumsum(p.counts, 0).to(at::kInt);
@@ -251,7 +261,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
   const bool count_load = forced ? !at::GradMode::is_enabled() : at::GradMode::is_enabled();
   if (grad && (o.aux_loss_coef > 0 || o.bias_update_rate > 0 || o.seq_aux_loss_coef > 0)) {
     at::NoGradGuard ng;
-    lb_counts = at::bincount(r.expert_ids.reshape({-1}), {}, e).to(at::kFloat);
+    lb_counts = count_ids(r.expert_ids, e).to(at::kFloat);
     if (o.bias_update_rate > 0 && count_load)
       load_since_update = load_since_update.defined() ? load_since_update + lb_counts : lb_counts.clone();
   }
@@ -295,7 +305,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
   if (experts_fn) {
     out = experts_fn(xf, ids, w);
   } else {
-    Permutation p = permute(xf, ids, e);
+    Permutation p = permute(xf, ids, e, /*may_drop=*/o.capacity_factor > 0);
     at::Tensor y = grouped_expert_ffn(p.x, experts->gate_up_proj, experts->down_proj, p.offsets, o.act);
     out = unpermute(y, p, w);
   }

@@ -84,7 +84,9 @@ struct Permutation {
   at::Tensor offsets; // [E] int32 cumulative row ends (at::_grouped_mm's offs)
   int64_t num_tokens = 0, top_k = 0;
 };
-Permutation permute(const at::Tensor& x, const at::Tensor& expert_ids, int64_t num_experts);
+// may_drop = false promises that no id is -1 (no capacity dropping): M is then N*k without reading the count of
+// dropped assignments back from the device.
+Permutation permute(const at::Tensor& x, const at::Tensor& expert_ids, int64_t num_experts, bool may_drop = true);
 // Expert FFN over grouped rows: act(x Wg^T) * (x Wu^T) then Wd, each group with its expert's weights.
 // gate_up [E, 2*ffn, d], down [E, d, ffn], offsets as in Permutation. Returns [M, d]. Under autocast the GEMMs run in
 // the autocast dtype (x and weights cast, the result in that dtype), as autocast does for a Linear.
