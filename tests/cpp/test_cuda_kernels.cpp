@@ -341,6 +341,22 @@ TEST(CudaKernels, Fp8LinearMatchesCpu) {
   }
 }
 
+// Tensorwise quantization on the GPU (one reduction + our saturating cast kernel) gives the CPU composite's bytes and
+// scale: float32 and bfloat16 inputs, an odd length (the grid-stride tail), zeros and both signs.
+TEST(CudaKernels, Fp8QuantizeMatchesCpuBitwise) {
+  SKIP_WITHOUT_CUDA();
+  at::manual_seed(9);
+  at::Tensor t = at::randn({1001, 77}) * at::rand({1001, 1}) * 30;
+  t.index_put_({at::indexing::Slice(0, 5)}, 0.0);
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    at::Tensor c = t.to(dt);
+    const cu::Fp8Tensor qc = cu::fp8_quantize_tensorwise(c), qg = cu::fp8_quantize_tensorwise(c.to(at::kCUDA));
+    ASSERT_EQ(qg.data.scalar_type(), at::kFloat8_e4m3fn);
+    EXPECT_TRUE(at::equal(qg.data.cpu().view(at::kByte), qc.data.view(at::kByte))) << dt;
+    EXPECT_EQ(qg.scale_inv.item<float>(), qc.scale_inv.item<float>()) << dt;
+  }
+}
+
 // Blockwise scales: each 1 x 128 (or 128 x 128) block's largest element lands on fp8 max, every element within half
 // an ulp of its block's grid; an all-zero block keeps a finite scale; shapes that do not tile are an error.
 TEST(Fp8, BlockwiseScalesPerBlock) {

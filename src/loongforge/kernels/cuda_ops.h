@@ -86,6 +86,10 @@ std::tuple<at::Tensor, at::Tensor> linear_ce_backward(const at::Tensor& dloss, c
                                                       const at::Tensor& w, const at::Tensor& target,
                                                       const at::Tensor& lse, const at::Tensor& n_valid,
                                                       int64_t ignore_index, int64_t chunk_size);
+// FP8 tensorwise quantization's elementwise pass on the GPU: e4m3(x * scale) saturated to +-448 (as the composite
+// clamp + cast), x a contiguous CUDA float32/bfloat16/float16 tensor, scale a float32 scalar on its device. Returns
+// an Float8_e4m3fn tensor of x's shape.
+at::Tensor fp8_e4m3_cast(const at::Tensor& x, const at::Tensor& scale);
 // Vocabulary chunk the linear_ce functions use for chunk_size = 0.
 int64_t linear_ce_auto_chunk(int64_t rows, int64_t vocab);
 

@@ -38,6 +38,9 @@ int ce_chunk_stats(DType t, const void* logits, const int64_t* target, float* m,
 int ce_chunk_grad(DType t, void* logits, const int64_t* target, const float* lse, const float* dloss,
                   const float* n_valid, int64_t N, int64_t C, int64_t v0, int64_t ignore_index, void* stream);
 
+// FP8 quantization: out[i] = e4m3(x[i] * *scale), saturated (+-448), nearest even; out: n bytes.
+int fp8_e4m3_cast(DType t, const void* x, const float* scale, void* out, int64_t n, void* stream);
+
 // Multi-tensor AdamW. One entry per tensor; the chunk table maps each block to (tensor, chunk of kAdamChunk).
 struct AdamTensor {
   float* p;

@@ -322,6 +322,19 @@ std::tuple<at::Tensor, at::Tensor> linear_ce_backward(const at::Tensor& dloss_in
   return {dx.to(x.scalar_type()), dw};
 }
 
+// ---- FP8 ----------------------------------------------------------------------------------------------------------------
+at::Tensor fp8_e4m3_cast(const at::Tensor& x_in, const at::Tensor& scale_in) {
+  require(x_in, "fp8_e4m3_cast");
+  TORCH_CHECK(scale_in.numel() == 1 && scale_in.scalar_type() == at::kFloat && scale_in.device() == x_in.device(),
+              "fp8_e4m3_cast: scale must be one float32 on x's device");
+  c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous(), scale = scale_in.contiguous();
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
+  check(launch::fp8_e4m3_cast(dtype_of(x.scalar_type()), x.const_data_ptr(), scale.const_data_ptr<float>(),
+                              out.mutable_data_ptr(), x.numel(), stream()));
+  return out;
+}
+
 // ---- optimizer --------------------------------------------------------------------------------------------------------
 void multi_tensor_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                         const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
