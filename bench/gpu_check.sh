@@ -4,7 +4,8 @@
 #   1. configure + build LoongForge with CMake/Ninja against python3's torch, -DLOONGFORGE_CUDA=ON, sm_90; build
 #      dependencies the machine lacks come from the Debian 12 .deb files of scripts/fetch_gpu_debs.sh
 #      (third_party_debs/, carried along), unpacked with dpkg -x into the build folder;
-#   2. run the CUDA gtests (tests/cpp/test_cuda_kernels.cpp) and the CPU kernel tests;
+#   2. run the CUDA gtests (kernels; whole steps: CUDA graphs, packed documents, the distributed engine on NCCL) and
+#      the data-parallel check (bench/gpu_dist_check.py: dp2 with both ranks on the GPU, ZeRO-1 = one process);
 #   3. the training benchmark (bench/gpu_train.py): LoongForge vs PyTorch eager / torch.compile, tokens/s, MFU, peak
 #      memory, ratios (table in $OUT/gpu_train.md, JSON in $OUT/gpu_train.json): issue 4's dense shapes, then issue
 #      6's Qwen3-MoE shape against transformers' Qwen3MoeForCausalLM (goal >= 2 x 54.9k tok/s);
@@ -159,12 +160,12 @@ row build ok "$(elapsed "$T")" "loongforge_tests, loongforge ($JOBS jobs)"
 
 # ---- 2. CUDA tests --------------------------------------------------------------------------------------------------
 # Two processes: the kernel tests, then the whole-step ones (CUDA graphs, packed-document flash attention, the model
-# on the GPU), so a device error in one group cannot take the other's results with it.
+# on the GPU, the distributed engine with NCCL at world size 1), so a device error in one group cannot take the other's results with it.
 T=$(date +%s)
 if [ "${GPU_CHECK_ONLY:-}" = bench ]; then
   row "cuda tests" SKIP 0 "GPU_CHECK_ONLY=bench"
 else
-STEP_TESTS='CudaKernels.Graph*:CudaKernels.CausalLM*:CudaKernels.Document*'
+STEP_TESTS='CudaKernels.Graph*:CudaKernels.CausalLM*:CudaKernels.Document*:CudaKernels.DataParallel*'
 for group in kernels steps; do
   if [ $group = kernels ]; then
     filter="CudaKernels.*:Fp8.*:RMSNormKernel.*:DistGpu.*:-$STEP_TESTS"
@@ -185,6 +186,22 @@ for group in kernels steps; do
   fi
   T=$(date +%s)
 done
+fi
+
+# ---- 2b. data parallelism on the GPU (bench/gpu_dist_check.py): dp2 and dp2 + ZeRO-1 with both ranks on the one GPU
+# (Gloo), ZeRO-1 at world size 1 (NCCL), each against the single-process GPU run.
+T=$(date +%s)
+if [ "${GPU_CHECK_ONLY:-}" = bench ]; then
+  row "data parallel on GPU" SKIP 0 "GPU_CHECK_ONLY=bench"
+else
+  timeout 300 "$PY" bench/gpu_dist_check.py --lf "$BUILD/loongforge" --out "$OUT" >"$OUT/gpu_dist.log" 2>&1
+  rc=$?
+  cat "$OUT/gpu_dist.log"
+  if [ $rc -eq 0 ]; then
+    row "data parallel on GPU" ok "$(elapsed "$T")" "dp2, dp2 + ZeRO-1 (gloo), ZeRO-1 (nccl) = one process"
+  else
+    row "data parallel on GPU" FAIL "$(elapsed "$T")" "rc $rc, see $OUT/gpu_dist.log"
+  fi
 fi
 
 # ---- 3. training benchmark: LoongForge vs PyTorch eager / torch.compile (bench/gpu_train.py) ------------------------

@@ -1,10 +1,13 @@
-// CUDA graphs (kernels/cuda_graph.h, train.cuda_graphs): a captured piece of work replays on new inputs, and a
-// training run whose steps replay a captured forward + backward gives the eager run's losses and gradient norms.
-// Skipped without a CUDA device (CI); run on the GPU machine by bench/gpu_check.sh.
+// Whole training steps on the GPU: CUDA graphs (kernels/cuda_graph.h, train.cuda_graphs: a captured piece of work
+// replays on new inputs, and a run whose steps replay a captured forward + backward gives the eager run's losses and
+// gradient norms), the model on the GPU against the CPU, and the distributed engine on the GPU (NCCL, one rank)
+// against the single-process engine. Skipped without a CUDA device (CI); run on the GPU machine by
+// bench/gpu_check.sh.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -86,12 +89,9 @@ std::vector<std::pair<double, double>> run(const std::filesystem::path& dir, con
 
 }  // namespace
 
-// train.cuda_graphs: steps 1-2 eager, then every micro-batch (two per step) replays the captured step; the labels
-// drop ~20 % of the tokens, so each step divides by a different count (read by the graph from its address). fp32
-// and bf16 (flash attention), with the fused linear + cross-entropy (2 x 64 x 8192 logits).
-TEST(CudaKernels, GraphedTrainingMatchesEager) {
-  SKIP_WITHOUT_CUDA();
-  const auto dir = lf::test::temp_dir();
+namespace {
+// A tiny Llama and a batch file with ~20 % of the labels ignored (so steps count different numbers of tokens).
+void write_inputs(const std::filesystem::path& dir) {
   nlohmann::json cfg = {{"model_type", "llama"}, {"vocab_size", 8192}, {"hidden_size", 128},
                         {"intermediate_size", 256}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
                         {"num_key_value_heads", 2}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-6},
@@ -101,6 +101,35 @@ TEST(CudaKernels, GraphedTrainingMatchesEager) {
   at::Tensor ids = at::randint(0, 8192, {8, 64}, at::kLong);
   at::Tensor labels = ids.clone().masked_fill_(at::rand({8, 64}) < 0.2, -100);
   lf::io::save_file((dir / "batch.safetensors").string(), {{"input_ids", ids}, {"labels", labels}});
+}
+}  // namespace
+
+// The distributed engine on the GPU with ZeRO-1 at world size 1 (NCCL; flat gradient buckets, AdamW over the
+// shard, the parameters gathered back) trains as the single-process GPU engine: same losses and grad norms (fp32).
+// On the CPU the same pair of runs agrees to 1e-6 (losses) and 5e-5 (grad norms).
+TEST(CudaKernels, DataParallelZero1OnGpuMatchesSingle) {
+  SKIP_WITHOUT_CUDA();
+  const auto dir = lf::test::temp_dir();
+  write_inputs(dir);
+  ::setenv("MASTER_PORT", "29657", 1);  // the one-rank NCCL group's rendezvous store
+  auto single = run(dir, "single", {});
+  auto zero1 = run(dir, "zero1", {"parallel.zero=1"});
+  ASSERT_EQ(single.size(), 6u);
+  ASSERT_EQ(zero1.size(), 6u);
+  for (size_t i = 0; i < single.size(); ++i) {
+    EXPECT_NEAR(zero1[i].first, single[i].first, 1e-5 * std::abs(single[i].first)) << "step " << i + 1;
+    // (the single engine sums the squares in float32 with the multi-tensor kernel, ZeRO-1 in float64)
+    EXPECT_NEAR(zero1[i].second, single[i].second, 1e-4 * std::abs(single[i].second)) << "step " << i + 1;
+  }
+}
+
+// train.cuda_graphs: steps 1-2 eager, then every micro-batch (two per step) replays the captured step; the labels
+// drop ~20 % of the tokens, so each step divides by a different count (read by the graph from its address). fp32
+// and bf16 (flash attention), with the fused linear + cross-entropy (2 x 64 x 8192 logits).
+TEST(CudaKernels, GraphedTrainingMatchesEager) {
+  SKIP_WITHOUT_CUDA();
+  const auto dir = lf::test::temp_dir();
+  write_inputs(dir);
   for (const std::string prec : {"fp32", "bf16"}) {
     auto eager = run(dir, prec + "_eager", {"precision=" + prec});
     auto graphed = run(dir, prec + "_graphs", {"precision=" + prec, "train.cuda_graphs=true"});

@@ -91,6 +91,7 @@ def test_cuda_without_gpu_says_so_once_and_trains_as_cpu(tmp_path, data_dir, pre
     (["precision=fp8"], "recipe: field 'precision': fp8 needs a CUDA GPU (Hopper)"),
     (["precision=fp8", "device=cuda"], "recipe: field 'precision': fp8 needs a CUDA GPU (Hopper)"),
     (["train.cuda_graphs=true"], "recipe: field 'train.cuda_graphs': CUDA graphs need device: cuda"),
+    (["parallel.zero=1", "parallel.backend=nccl"], "recipe: field 'parallel.backend': nccl needs GPUs"),
     (["device=tpu"], "'device': 'tpu' is not one of"),
 ])
 def test_gpu_only_options_fail_in_one_line(tmp_path, data_dir, sets, needle):

@@ -28,6 +28,9 @@ std::string unavailable_reason();
 // Peak bytes the CUDA caching allocator handed out on the current device (torch.cuda.max_memory_allocated); 0 without
 // a usable device.
 int64_t max_memory_allocated();
+// CUDA devices usable by this process (0 without); set_device makes `index` the current device.
+int device_count();
+void set_device(int index);
 // Blocks the host until the current device's work is done (no-op without a device).
 void synchronize();
 // t is a CUDA tensor of float32/bfloat16/float16.

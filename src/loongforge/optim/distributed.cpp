@@ -69,7 +69,9 @@ void DataParallelOptimizer::init(std::vector<double> weight_decay, AdamWOptions 
 double DataParallelOptimizer::grad_sq_norm() {
   finish_backward();
   at::NoGradGuard no_grad;
-  at::Tensor sq = at::zeros({1}, at::kDouble);
+  // on the gradients' device (the sums never leave it before the all-reduce)
+  at::Tensor sq = at::zeros({1}, at::TensorOptions(at::kDouble).device(grad_views_.empty() ? at::Device(at::kCPU)
+                                                                                           : grad_views_[0].device()));
   for (size_t i = 0; i < pieces_.size(); ++i)
     if (counted_[i]) sq += grad_views_[i].to(at::kDouble).square().sum();
   if (engine_->shard_group().size() > 1) engine_->shard_group().all_reduce(sq);

@@ -11,6 +11,7 @@
 #ifndef USE_C10D_NCCL
 #define USE_C10D_NCCL 1
 #endif
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #define LF_HAVE_NCCL 1
 #endif
@@ -327,6 +328,18 @@ void Group::fail(const char* op, const std::exception& e) const {
               who + "; " + what);
 }
 
+// The device the group's backend takes tensors on: NCCL the current CUDA device, Gloo the CPU. Tensors elsewhere are
+// staged there and back (small host-side values under NCCL; GPU tensors under Gloo, e.g. several ranks sharing one
+// GPU in tests), so callers need not care which backend runs.
+at::Device Group::backend_device() const {
+#ifdef LF_HAVE_NCCL
+  if (comm_ && comm_->backend_name() == "nccl") return at::Device(at::kCUDA, c10::cuda::current_device());
+#endif
+  return at::Device(at::kCPU);
+}
+
+bool Group::staged(const at::Tensor& t) const { return backend_ && t.device() != backend_device(); }
+
 #define LF_COLLECTIVE(opname, ...)                  \
   try {                                              \
     __VA_ARGS__;                                     \
@@ -338,6 +351,12 @@ void Group::fail(const char* op, const std::exception& e) const {
 
 void Group::all_reduce(at::Tensor& t, Reduce op) const {
   if (!backend_) return;
+  if (staged(t)) {
+    at::Tensor s = t.to(backend_device()).contiguous();
+    all_reduce(s, op);
+    t.copy_(s);
+    return;
+  }
   bump();
   TORCH_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
   LF_COLLECTIVE("all_reduce", {
@@ -352,6 +371,7 @@ void Group::all_reduce(at::Tensor& t, Reduce op) const {
 
 at::Tensor Group::all_gather(const at::Tensor& t, int64_t dim) const {
   if (!backend_) return t;
+  if (staged(t)) return all_gather(t.to(backend_device()), dim).to(t.device());
   bump();
   at::Tensor in = t.contiguous();
   std::vector<int64_t> shape = in.sizes().vec();
@@ -370,6 +390,7 @@ at::Tensor Group::all_gather(const at::Tensor& t, int64_t dim) const {
 
 at::Tensor Group::reduce_scatter(const at::Tensor& t, int64_t dim) const {
   if (!backend_) return t;
+  if (staged(t)) return reduce_scatter(t.to(backend_device()), dim).to(t.device());
   bump();
   if (dim < 0) dim += t.dim();
   TORCH_CHECK(t.size(dim) % size() == 0, "reduce_scatter: dim ", dim, " of size ", t.size(dim), " is not divisible by ", size());
@@ -401,6 +422,7 @@ at::Tensor Group::all_to_all(const at::Tensor& t) const {
 at::Tensor Group::all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& send_counts,
                                const std::vector<int64_t>& recv_counts) const {
   if (!backend_) return t;
+  if (staged(t)) return all_to_all_v(t.to(backend_device()), send_counts, recv_counts).to(t.device());
   bump();
   at::Tensor in = t.contiguous();
   std::vector<int64_t> shape = in.sizes().vec();
@@ -419,6 +441,12 @@ at::Tensor Group::all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& 
 
 void Group::broadcast(at::Tensor& t, int root) const {
   if (!backend_) return;
+  if (staged(t)) {
+    at::Tensor s = t.to(backend_device()).contiguous();
+    broadcast(s, root);
+    t.copy_(s);
+    return;
+  }
   bump();
   LF_COLLECTIVE("broadcast", {
     std::vector<at::Tensor> v{t};
@@ -500,9 +528,25 @@ void Pending::wait() {
   }
 }
 
+// Staged asynchronous collectives run on a copy; the copy back follows the wait (Pending::then_).
+void Group::then_copy(Pending& p, at::Tensor dst, at::Tensor src, at::Tensor keep) const {
+  auto prev = std::move(p.then_);
+  p.then_ = [prev, dst, src, keep]() mutable {
+    if (prev) prev();
+    dst.copy_(src.view(dst.sizes()));
+    (void)keep;  // the staged input stays alive until the collective is done
+  };
+}
+
 Pending Group::all_reduce_async(at::Tensor& t, Reduce op) const {
   Pending p;
   if (!backend_) return p;
+  if (staged(t)) {
+    at::Tensor s = t.to(backend_device()).contiguous();
+    p = all_reduce_async(s, op);
+    then_copy(p, t, s, at::Tensor());
+    return p;
+  }
   bump();
   TORCH_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
   p.group_ = this;
@@ -529,6 +573,13 @@ Pending Group::all_gather_async(at::Tensor& out, const at::Tensor& in) const {
     return p;
   }
   TORCH_CHECK(out.is_contiguous() && in.is_contiguous() && out.numel() == in.numel() * size(), "all_gather_async: shapes");
+  if (staged(out) || staged(in)) {
+    at::Tensor si = in.to(backend_device()).contiguous();
+    at::Tensor so = at::empty(out.sizes(), out.options().device(backend_device()));
+    p = all_gather_async(so, si);
+    then_copy(p, out, so, si);
+    return p;
+  }
   p.group_ = this;
   p.op_ = "all_gather";
   bump();
@@ -548,6 +599,13 @@ Pending Group::reduce_scatter_async(at::Tensor& out, const at::Tensor& in) const
     return p;
   }
   TORCH_CHECK(out.is_contiguous() && in.is_contiguous() && in.numel() == out.numel() * size(), "reduce_scatter_async: shapes");
+  if (staged(out) || staged(in)) {
+    at::Tensor si = in.to(backend_device()).contiguous();
+    at::Tensor so = at::empty(out.sizes(), out.options().device(backend_device()));
+    p = reduce_scatter_async(so, si);
+    then_copy(p, out, so, si);
+    return p;
+  }
   p.group_ = this;
   p.op_ = "reduce_scatter";
   bump();

@@ -7,6 +7,9 @@
 // master being the first host of the step's node list unless MASTER_ADDR is set). Without any of them the world
 // is one process and every collective is the identity.
 //
+// Tensors may live on either device whatever the backend: a collective on a tensor the backend cannot take (a CPU
+// tensor under NCCL, a CUDA tensor under Gloo) runs on a copy on the backend's device and copies the result back.
+//
 // A rank that exits or hangs never leaves the others hanging: every collective has the timeout given at init
 // and every failure becomes an lf::Error that names the group, the operation and the ranks that stopped
 // answering (each rank keeps a heartbeat in the rendezvous store).
@@ -108,6 +111,9 @@ class Group {
   friend class Comm;
   friend class Pending;
   [[noreturn]] void fail(const char* op, const std::exception& e) const;
+  at::Device backend_device() const;
+  bool staged(const at::Tensor& t) const;  // t must be copied to backend_device() for the backend to take it
+  void then_copy(Pending& p, at::Tensor dst, at::Tensor src, at::Tensor keep) const;
   void bump() const { ++seq_; }
   mutable std::atomic<int64_t> seq_{0};
   std::string name_;

@@ -59,6 +59,7 @@
 #include "loongforge/io/hf_model.h"
 #include "loongforge/io/peft.h"
 #include "loongforge/io/safetensors.h"
+#include "loongforge/kernels/cuda_ops.h"
 #include "loongforge/optim/distributed.h"
 #include "loongforge/parallel/comm.h"
 #include "loongforge/parallel/context_parallel.h"
@@ -161,7 +162,8 @@ std::string rank_file(const std::string& stem, int rank) {
 
 class DistEngine : public Engine {
  public:
-  DistEngine(const json& r, ModelBundle b) : b_(std::move(b)), layout_(layout_of(r)) {
+  DistEngine(const json& r, ModelBundle b, at::Device device)
+      : b_(std::move(b)), layout_(layout_of(r)), device_(device) {
     auto& model = *b_.model;
     const auto& cfg = model.config();
     parallel::validate(layout_, cfg, r["data"]["seq_len"], r["train"]["grad_accum"], b_.trainable.lora.has_value());
@@ -189,6 +191,14 @@ class DistEngine : public Engine {
       for (auto* blk : model.moe_blocks()) blk->force_stats = true;
     parallel::Comm::Options co;
     co.timeout = std::chrono::milliseconds(layout_.timeout_s * 1000);
+    // NCCL for GPUs, Gloo for the CPU (auto); Gloo with GPU tensors stages them through the host (several ranks on
+    // one GPU, for tests); NCCL needs the GPUs.
+    const std::string backend = r["parallel"]["backend"];
+    if (backend == "nccl" && !device_.is_cuda())
+      throw Error("recipe: field 'parallel.backend': nccl needs GPUs (device: cuda, a data-parallel layout); this run "
+                  "is on the CPU");
+    co.backend = backend == "auto" ? (device_.is_cuda() ? "nccl" : "gloo") : backend;
+    if (device_.is_cuda()) kernels::cuda::set_device(device_.index());
     comm_ = parallel::Comm::init(parallel::detect_launch(), co);
     if (comm_->world() != layout_.world())
       throw Error(std::string("recipe: field 'parallel.") +
@@ -208,6 +218,8 @@ class DistEngine : public Engine {
     ep_ = &mesh_->group("ep");
     dp_index_ = (mesh_->coord("dp_rep") * layout_.ep + mesh_->coord("ep")) * layout_.dp_shard() + mesh_->coord("dp_shard");
     mb_ = r["train"]["micro_batch_size"];
+    // On a GPU (data-parallel layouts): the model there before the optimizers lay out their buckets and state.
+    if (device_.is_cuda()) model.to(device_);
 
     // Which parameters train (by name) and their weight decay, from the bundle.
     std::map<std::string, double> wd;
@@ -325,6 +337,12 @@ class DistEngine : public Engine {
       b.position_ids = parallel::cp_shard(b.position_ids, *cp_);
       if (b.segment_ids.defined()) b.segment_ids = parallel::cp_shard(b.segment_ids, *cp_);
     }
+    if (device_.is_cuda()) {  // host -> GPU from pinned memory, queued without waiting
+      auto mv = [&](const at::Tensor& t) {
+        return t.defined() && t.device() != device_ ? t.pin_memory().to(device_, /*non_blocking=*/true) : t;
+      };
+      b = Batch{mv(b.input_ids), mv(b.targets), mv(b.position_ids), mv(b.segment_ids)};
+    }
     return b;
   }
 
@@ -335,6 +353,9 @@ class DistEngine : public Engine {
       return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), targets.reshape({-1}), {},
                                     at::Reduction::Sum, -100);
     }
+    // Without a tensor-parallel vocabulary: the single-process loss (the fused linear + cross-entropy for large
+    // batches, no [N, V] logits kept).
+    if (tp_->size() == 1 && !layout_.sp) return token_loss_sum(model, hidden, targets);
     return parallel::lm_loss_sum(model, hidden, targets, *tp_, layout_.sp, -100);
   }
 
@@ -346,8 +367,8 @@ class DistEngine : public Engine {
   double forward_backward(const std::vector<Batch>& micro, int64_t counted, bool bf16) override {
     const double scale = static_cast<double>(std::max<int64_t>(1, counted));
     if (bf16) {
-      at::autocast::set_autocast_enabled(at::kCPU, true);
-      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+      at::autocast::set_autocast_enabled(device_.type(), true);
+      at::autocast::set_autocast_dtype(device_.type(), at::kBFloat16);
     }
     double local_sum = 0;
     try {
@@ -479,11 +500,11 @@ class DistEngine : public Engine {
         }
       }
     } catch (...) {
-      if (bf16) at::autocast::set_autocast_enabled(at::kCPU, false);
+      if (bf16) at::autocast::set_autocast_enabled(device_.type(), false);
       throw;
     }
     if (bf16) {
-      at::autocast::set_autocast_enabled(at::kCPU, false);
+      at::autocast::set_autocast_enabled(device_.type(), false);
       at::autocast::clear_cache();
     }
     // tp ranks hold the same value, pp ranks too (the pipeline broadcasts it); sum over data and context ranks.
@@ -735,6 +756,7 @@ class DistEngine : public Engine {
  private:
   ModelBundle b_;
   parallel::Layout layout_;
+  at::Device device_;
   std::shared_ptr<parallel::Comm> comm_;
   std::unique_ptr<parallel::Mesh> mesh_;
   const parallel::Group *tp_ = nullptr, *cp_ = nullptr, *pp_ = nullptr, *dp_cp_ = nullptr, *mp_ = nullptr, *dp_ = nullptr;
@@ -751,8 +773,8 @@ class DistEngine : public Engine {
 
 }  // namespace
 
-std::unique_ptr<Engine> make_distributed_engine(const json& r, ModelBundle bundle) {
-  return std::make_unique<DistEngine>(r, std::move(bundle));
+std::unique_ptr<Engine> make_distributed_engine(const json& r, ModelBundle bundle, at::Device device) {
+  return std::make_unique<DistEngine>(r, std::move(bundle), device);
 }
 
 }  // namespace lf::train

@@ -27,6 +27,9 @@ struct ModelBundle {
 // counted: b's counted tokens when known (< 0: b.counted(), which waits for the device when b lives on a GPU).
 std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b, double backward_scale = 0,
                                           int64_t counted = -1);
+// The summed token loss of the final hidden states h [B,T,H] (targets [B,T], -100 not counted): the fused linear +
+// cross-entropy over vocabulary chunks for large batches (no [N, V] logits kept), logits + cross_entropy otherwise.
+at::Tensor token_loss_sum(models::llama::CausalLMImpl& model, at::Tensor h, const at::Tensor& targets);
 
 class Engine {
  public:
@@ -64,6 +67,8 @@ class Engine {
 };
 
 // The distributed engine for the recipe's `parallel` block (dist_engine.cpp); takes the full model.
-std::unique_ptr<Engine> make_distributed_engine(const nlohmann::json& recipe, ModelBundle bundle);
+// device: where the model, batches and optimizer state live (CUDA for data-parallel layouts on GPUs, else the CPU).
+std::unique_ptr<Engine> make_distributed_engine(const nlohmann::json& recipe, ModelBundle bundle,
+                                                at::Device device = at::Device(at::kCPU));
 
 }  // namespace lf::train

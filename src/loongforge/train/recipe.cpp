@@ -45,6 +45,7 @@ const char* kDefaults = R"json({
   "log": {"every": 1, "progress": "auto", "tensorboard": true, "plot": true, "peak_tflops": 0.0},
   "eval": {"every": 0, "batches": 4},
   "parallel": {"dp": 1, "tp": 1, "pp": 1, "vpp": 1, "cp": 1, "cp_mode": "ring", "ep": 1, "sp": false, "zero": 0,
+               "backend": "auto",
                "hsdp_shard": 0, "pp_layout": [], "timeout_s": 300}
 })json";
 
@@ -58,6 +59,7 @@ const std::map<std::string, std::vector<std::string>> kChoices = {
     {"schedule.kind", {"cosine", "linear", "constant", "wsd"}},
     {"log.progress", {"auto", "bar", "lines", "off"}},
     {"parallel.cp_mode", {"ring", "a2a"}},
+    {"parallel.backend", {"auto", "nccl", "gloo"}},
     {"parallel.zero", {"0", "1", "3"}},
 };
 

@@ -29,6 +29,7 @@
 #include "loongforge/nn/lora.h"
 #include "loongforge/nn/loss.h"
 #include "loongforge/optim/schedule.h"
+#include "loongforge/parallel/comm.h"
 #include "loongforge/parallel/thread_split.h"
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/engine.h"
@@ -163,14 +164,21 @@ double validation_loss(Engine& engine, BatchSource& src, int64_t batches, int64_
 }
 
 // The recipe's device after checking what this machine has. device: cuda without a usable GPU prints one line and
-// gives the CPU (train.cuda_graphs then has nothing to capture and is ignored); precision: fp8 needs the GPU.
+// gives the CPU (train.cuda_graphs then has nothing to capture and is ignored); precision: fp8 needs the GPU. A
+// distributed run takes the GPUs for data-parallel layouts (dp, ZeRO-1): each rank its local rank's GPU (modulo the
+// GPUs it sees); other layouts run on the CPU for now (one line says so).
 at::Device choose_device(const json& r, bool distributed) {
   const bool want_cuda = r["device"] == "cuda", fp8 = r["precision"] == "fp8";
   if (r["train"]["cuda_graphs"].get<bool>() && !want_cuda)
     throw Error("recipe: field 'train.cuda_graphs': CUDA graphs need device: cuda");
+  const json& par = r["parallel"];
+  bool data_parallel_only = !par["sp"].get<bool>() && par["zero"].get<int64_t>() <= 1;
+  for (const char* k : {"tp", "pp", "vpp", "cp", "ep"}) data_parallel_only = data_parallel_only && par[k].get<int64_t>() == 1;
   std::string why;
   if (want_cuda && !kernels::cuda::available()) why = kernels::cuda::unavailable_reason();
-  else if (want_cuda && distributed) why = "the distributed engine runs on the CPU (Gloo) for now";
+  else if (want_cuda && distributed && !data_parallel_only)
+    why = "the distributed engine runs tensor, sequence, pipeline, context, expert and FSDP layouts on the CPU (Gloo) "
+          "for now (data parallelism and ZeRO-1 run on GPUs)";
   if (fp8 && (!want_cuda || !why.empty()))
     throw Error("recipe: field 'precision': fp8 needs a CUDA GPU (Hopper)" +
                 (want_cuda ? " (" + why + ")" : std::string(" and device: cuda")));
@@ -182,7 +190,8 @@ at::Device choose_device(const json& r, bool distributed) {
       std::fprintf(stderr, "loongforge: device 'cuda' requested but no usable GPU (%s); running on the CPU\n", why.c_str());
     return at::Device(at::kCPU);
   }
-  return at::Device(at::kCUDA, 0);
+  const int index = distributed ? parallel::detect_launch().local_rank % std::max(1, kernels::cuda::device_count()) : 0;
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
 // train.cuda_graphs on a model whose step cannot be captured: one line naming the field.
@@ -532,12 +541,16 @@ std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, co
     }
     return a.defined() ? l + a.to(l.scalar_type()) * static_cast<double>(counted) : l;
   };
+  return {with_aux(token_loss_sum(model, h, b.targets)), counted};
+}
+
+at::Tensor token_loss_sum(models::llama::CausalLMImpl& model, at::Tensor h, const at::Tensor& targets) {
   // The fused linear + cross-entropy (no [N, V] logits kept) computes what model.logits + cross_entropy compute, as
   // long as nothing hooks lm_head (LoRA adapter, layout input/output functions) and it has no bias. Below 1M logits
   // the composite version costs next to nothing, and staying on it keeps tiny runs bitwise equal to `dump` (the
   // fused one rounds differently: the gradient is scaled after the GEMMs).
   const auto& head = model.lm_head;
-  const bool large = b.targets.numel() * model.output_weight().size(0) >= (int64_t(1) << 20);
+  const bool large = targets.numel() * model.output_weight().size(0) >= (int64_t(1) << 20);
   if (large && (!head || (!head->adapter && !head->input_fn && !head->output_fn && !head->bias.defined()))) {
     at::Tensor w = model.output_weight();
     const auto dev_type = h.device().type();
@@ -546,12 +559,11 @@ std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, co
       h = h.to(dt);
       w = w.to(dt);
     }
-    return {with_aux(std::get<0>(kernels::linear_cross_entropy(h, w, b.targets, nn::kIgnoreIndex))), counted};
+    return std::get<0>(kernels::linear_cross_entropy(h, w, targets, nn::kIgnoreIndex));
   }
   at::Tensor logits = model.logits(h);
-  at::Tensor loss = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), b.targets.reshape({-1}),
-                                           {}, at::Reduction::Sum, nn::kIgnoreIndex);
-  return {with_aux(loss), counted};
+  return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), targets.reshape({-1}), {},
+                                at::Reduction::Sum, nn::kIgnoreIndex);
 }
 
 
@@ -578,7 +590,7 @@ TrainOutcome train(const json& r, bool resume) {
   distributed = distributed || par["zero"].get<int64_t>() != 0 || par["sp"].get<bool>();
   const at::Device device = choose_device(r, distributed);
   if (r["precision"] == "fp8") use_fp8_linears(*b.model, r["fp8_scaling"] == "blockwise");
-  std::unique_ptr<Engine> engine = distributed ? make_distributed_engine(r, std::move(b))
+  std::unique_ptr<Engine> engine = distributed ? make_distributed_engine(r, std::move(b), device)
                                                : std::make_unique<SingleEngine>(r, std::move(b), device,
                                                                                 r["train"]["cuda_graphs"].get<bool>());
   const bool main_rank = engine->is_main();

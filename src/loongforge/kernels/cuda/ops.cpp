@@ -110,6 +110,10 @@ void synchronize() {
   if (available()) c10::cuda::device_synchronize();
 }
 
+int device_count() { return available() ? static_cast<int>(c10::cuda::device_count()) : 0; }
+
+void set_device(int index) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(index)); }
+
 bool supported(const at::Tensor& t) {
   if (!t.defined() || !t.is_cuda()) return false;
   auto s = t.scalar_type();

@@ -18,6 +18,8 @@ std::string unavailable_reason() { return "this build has no CUDA support (LOONG
 bool supported(const at::Tensor&) { return false; }
 int64_t max_memory_allocated() { return 0; }
 void synchronize() {}
+int device_count() { return 0; }
+void set_device(int) { missing("set_device"); }
 
 at::Tensor rms_norm(const at::Tensor&, const at::Tensor&, double) { missing("rms_norm"); }
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {

@@ -247,7 +247,7 @@ CausalLMImpl::AuxStats CausalLMImpl::aux_stats(const std::function<void(at::Tens
   double rows = 0;
   for (const auto* b : blocks) {
     if (!b->lb_prob_sum.defined()) continue;
-    stats.slice(0, 0, e).add_(b->lb_counts.to(at::kDouble));
+    stats.slice(0, 0, e).add_(b->lb_counts.to(at::kCPU, at::kDouble));  // (on a GPU: brought to the host)
     rows += static_cast<double>(b->lb_rows);
   }
   stats[e] = rows;
