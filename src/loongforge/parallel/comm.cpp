@@ -538,6 +538,15 @@ void Group::then_copy(Pending& p, at::Tensor dst, at::Tensor src, at::Tensor kee
   };
 }
 
+Pending Group::staged_async(Pending (Group::*op)(at::Tensor&, const at::Tensor&) const, at::Tensor& out,
+                            const at::Tensor& in) const {
+  at::Tensor si = in.to(backend_device()).contiguous();
+  at::Tensor so = at::empty(out.sizes(), out.options().device(backend_device()));
+  Pending p = (this->*op)(so, si);
+  then_copy(p, out, so, si);
+  return p;
+}
+
 Pending Group::all_reduce_async(at::Tensor& t, Reduce op) const {
   Pending p;
   if (!backend_) return p;
@@ -573,13 +582,7 @@ Pending Group::all_gather_async(at::Tensor& out, const at::Tensor& in) const {
     return p;
   }
   TORCH_CHECK(out.is_contiguous() && in.is_contiguous() && out.numel() == in.numel() * size(), "all_gather_async: shapes");
-  if (staged(out) || staged(in)) {
-    at::Tensor si = in.to(backend_device()).contiguous();
-    at::Tensor so = at::empty(out.sizes(), out.options().device(backend_device()));
-    p = all_gather_async(so, si);
-    then_copy(p, out, so, si);
-    return p;
-  }
+  if (staged(out) || staged(in)) return staged_async(&Group::all_gather_async, out, in);
   p.group_ = this;
   p.op_ = "all_gather";
   bump();
@@ -599,13 +602,7 @@ Pending Group::reduce_scatter_async(at::Tensor& out, const at::Tensor& in) const
     return p;
   }
   TORCH_CHECK(out.is_contiguous() && in.is_contiguous() && in.numel() == out.numel() * size(), "reduce_scatter_async: shapes");
-  if (staged(out) || staged(in)) {
-    at::Tensor si = in.to(backend_device()).contiguous();
-    at::Tensor so = at::empty(out.sizes(), out.options().device(backend_device()));
-    p = reduce_scatter_async(so, si);
-    then_copy(p, out, so, si);
-    return p;
-  }
+  if (staged(out) || staged(in)) return staged_async(&Group::reduce_scatter_async, out, in);
   p.group_ = this;
   p.op_ = "reduce_scatter";
   bump();

@@ -114,6 +114,9 @@ class Group {
   at::Device backend_device() const;
   bool staged(const at::Tensor& t) const;  // t must be copied to backend_device() for the backend to take it
   void then_copy(Pending& p, at::Tensor dst, at::Tensor src, at::Tensor keep) const;
+  // op(out, in) on copies on backend_device(), out filled after the wait
+  Pending staged_async(Pending (Group::*op)(at::Tensor&, const at::Tensor&) const, at::Tensor& out,
+                       const at::Tensor& in) const;
   void bump() const { ++seq_; }
   mutable std::atomic<int64_t> seq_{0};
   std::string name_;

@@ -44,7 +44,6 @@
 // the format transformers reads), config and tokenizer. Since they hold whole tensors, any checkpoint loads into
 // any layout (and into transformers).
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 
 #include <cmath>
 #include <cstdio>
@@ -146,12 +145,6 @@ at::Tensor read_whole(const io::SafetensorsCheckpoint& ckpt, const models::llama
     models::llama::checkpoint_slice(whole, e).copy_(t);
   }
   return whole;
-}
-
-std::string fmt_double(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
 }
 
 std::string rank_file(const std::string& stem, int rank) {
@@ -366,12 +359,9 @@ class DistEngine : public Engine {
 
   double forward_backward(const std::vector<Batch>& micro, int64_t counted, bool bf16) override {
     const double scale = static_cast<double>(std::max<int64_t>(1, counted));
-    if (bf16) {
-      at::autocast::set_autocast_enabled(device_.type(), true);
-      at::autocast::set_autocast_dtype(device_.type(), at::kBFloat16);
-    }
     double local_sum = 0;
-    try {
+    {
+      Bf16Autocast autocast(device_.type(), bf16);
       std::vector<Batch> mine;
       for (const auto& g : micro) mine.push_back(local(g));
       // Router losses: each micro-batch's global share (as one process computes them on the whole micro-batch),
@@ -499,13 +489,6 @@ class DistEngine : public Engine {
           local_sum += value;
         }
       }
-    } catch (...) {
-      if (bf16) at::autocast::set_autocast_enabled(device_.type(), false);
-      throw;
-    }
-    if (bf16) {
-      at::autocast::set_autocast_enabled(device_.type(), false);
-      at::autocast::clear_cache();
     }
     // tp ranks hold the same value, pp ranks too (the pipeline broadcasts it); sum over data and context ranks.
     at::Tensor t = at::full({1}, local_sum, at::kDouble);

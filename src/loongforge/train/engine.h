@@ -27,6 +27,19 @@ struct ModelBundle {
 // counted: b's counted tokens when known (< 0: b.counted(), which waits for the device when b lives on a GPU).
 std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b, double backward_scale = 0,
                                           int64_t counted = -1);
+// bf16 autocast on `device` while it lives (on = false: nothing); leaving turns it off and drops the cached casts.
+class Bf16Autocast {
+ public:
+  Bf16Autocast(at::DeviceType device, bool on);
+  ~Bf16Autocast();
+  Bf16Autocast(const Bf16Autocast&) = delete;
+  Bf16Autocast& operator=(const Bf16Autocast&) = delete;
+
+ private:
+  at::DeviceType device_;
+  bool on_;
+};
+
 // The summed token loss of the final hidden states h [B,T,H] (targets [B,T], -100 not counted): the fused linear +
 // cross-entropy over vocabulary chunks for large batches (no [N, V] logits kept), logits + cross_entropy otherwise.
 at::Tensor token_loss_sum(models::llama::CausalLMImpl& model, at::Tensor h, const at::Tensor& targets);

@@ -278,10 +278,7 @@ class SingleEngine : public Engine {
     const double denom = static_cast<double>(std::max<int64_t>(1, counted)), scale = 1.0 / denom;
     double loss_sum = 0;
     for (const Batch& mbatch : micro) {
-      if (bf16) {
-        at::autocast::set_autocast_enabled(at::kCPU, true);
-        at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-      }
+      Bf16Autocast autocast(at::kCPU, bf16);
       const int64_t parts = cpu_parts(mbatch.input_ids.size(0));
       if (parts > 1) {  // rows split over the CPU threads (parallel/thread_split.h)
         std::vector<double> losses(static_cast<size_t>(parts));
@@ -296,10 +293,6 @@ class SingleEngine : public Engine {
         at::Tensor l = micro_loss(model, mbatch, scale).first;
         (l / denom).backward();
         loss_sum += l.item<double>();
-      }
-      if (bf16) {
-        at::autocast::set_autocast_enabled(at::kCPU, false);
-        at::autocast::clear_cache();
       }
     }
     return loss_sum;
@@ -355,19 +348,8 @@ class SingleEngine : public Engine {
                              bool bf16) {
     auto& model = *b_.model;
     at::Tensor l;
-    if (bf16) {  // bf16 (fp8: the Linear layers' matmul_fn) with fp32 master weights
-      at::autocast::set_autocast_enabled(at::kCUDA, true);
-      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-      try {
-        l = micro_loss(model, mbatch, backward_scale, counted).first;
-      } catch (...) {
-        at::autocast::set_autocast_enabled(at::kCUDA, false);
-        at::autocast::clear_cache();
-        throw;
-      }
-      at::autocast::set_autocast_enabled(at::kCUDA, false);
-      at::autocast::clear_cache();
-    } else {
+    {  // bf16 (fp8: the Linear layers' matmul_fn) with fp32 master weights; the backward runs outside autocast
+      Bf16Autocast autocast(at::kCUDA, bf16);
       l = micro_loss(model, mbatch, backward_scale, counted).first;
     }
     (l / divisor).backward();
@@ -542,6 +524,18 @@ std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, co
     return a.defined() ? l + a.to(l.scalar_type()) * static_cast<double>(counted) : l;
   };
   return {with_aux(token_loss_sum(model, h, b.targets)), counted};
+}
+
+Bf16Autocast::Bf16Autocast(at::DeviceType device, bool on) : device_(device), on_(on) {
+  if (!on_) return;
+  at::autocast::set_autocast_enabled(device_, true);
+  at::autocast::set_autocast_dtype(device_, at::kBFloat16);
+}
+
+Bf16Autocast::~Bf16Autocast() {
+  if (!on_) return;
+  at::autocast::set_autocast_enabled(device_, false);
+  at::autocast::clear_cache();
 }
 
 at::Tensor token_loss_sum(models::llama::CausalLMImpl& model, at::Tensor h, const at::Tensor& targets) {

@@ -49,26 +49,27 @@ void Graph::capture(const std::function<void()>& fn) {
   c10::cuda::CUDACachingAllocator::emptyCache();
   impl_->graph.emplace();
   impl_->graph->capture_begin();
+  // The capture is ended whatever fn did (a failed fn leaves it invalidated, and capture_end then throws too); the
+  // first error is the one reported.
+  std::string why;
+  auto first_line = [](const char* what) {
+    std::string w = what;
+    return w.substr(0, w.find('\n'));
+  };
   try {
     fn();
   } catch (const std::exception& e) {
-    std::string why = e.what();
-    why = why.substr(0, why.find('\n'));
-    try {
-      impl_->graph->capture_end();  // ends the (invalidated) capture; it throws as well
-    } catch (...) {
-    }
-    impl_->graph.reset();
-    (void)cudaGetLastError();
-    throw std::runtime_error("capturing the step in a CUDA graph failed: " + why);
+    why = first_line(e.what());
   }
   try {
     impl_->graph->capture_end();
   } catch (const std::exception& e) {
-    std::string why = e.what();
+    if (why.empty()) why = first_line(e.what());
+  }
+  if (!why.empty()) {
     impl_->graph.reset();
     (void)cudaGetLastError();
-    throw std::runtime_error("capturing the step in a CUDA graph failed: " + why.substr(0, why.find('\n')));
+    throw std::runtime_error("capturing the step in a CUDA graph failed: " + why);
   }
 }
 
