@@ -5,7 +5,8 @@
 #      dependencies the machine lacks come from the Debian 12 .deb files of scripts/fetch_gpu_debs.sh
 #      (third_party_debs/, carried along), unpacked with dpkg -x into the build folder;
 #   2. run the CUDA gtests (kernels; whole steps: CUDA graphs, packed documents, the distributed engine on NCCL) and
-#      the data-parallel check (bench/gpu_dist_check.py: dp2 with both ranks on the GPU, ZeRO-1 = one process);
+#      the distributed check (bench/gpu_dist_check.py: every layout with both ranks on the GPU, ZeRO-1 on NCCL, each
+#      = the one-process GPU run; GPU_CHECK_DIST=dp for the data-parallel cases alone);
 #   3. the training benchmark (bench/gpu_train.py): LoongForge vs PyTorch eager / torch.compile, tokens/s, MFU, peak
 #      memory, ratios (table in $OUT/gpu_train.md, JSON in $OUT/gpu_train.json): issue 4's dense shapes, then issue
 #      6's Qwen3-MoE shape against transformers' Qwen3MoeForCausalLM (goal >= 2 x 54.9k tok/s);
@@ -188,19 +189,21 @@ for group in kernels steps; do
 done
 fi
 
-# ---- 2b. data parallelism on the GPU (bench/gpu_dist_check.py): dp2 and dp2 + ZeRO-1 with both ranks on the one GPU
-# (Gloo), ZeRO-1 at world size 1 (NCCL), each against the single-process GPU run.
+# ---- 2b. distributed training on the GPU (bench/gpu_dist_check.py): dp2, dp2 + ZeRO-1, tp2, tp2 + sp, pp2, pp2 x vpp2,
+# cp2 ring / a2a, FSDP, ep2 with both ranks on the one GPU (Gloo), ZeRO-1 at world size 1 (NCCL), each against the
+# single-process GPU run.
 T=$(date +%s)
 if [ "${GPU_CHECK_ONLY:-}" = bench ]; then
-  row "data parallel on GPU" SKIP 0 "GPU_CHECK_ONLY=bench"
+  row "distributed on GPU" SKIP 0 "GPU_CHECK_ONLY=bench"
 else
-  timeout 300 "$PY" bench/gpu_dist_check.py --lf "$BUILD/loongforge" --out "$OUT" >"$OUT/gpu_dist.log" 2>&1
+  timeout 300 "$PY" bench/gpu_dist_check.py --lf "$BUILD/loongforge" --out "$OUT" --layouts "${GPU_CHECK_DIST:-all}" \
+    >"$OUT/gpu_dist.log" 2>&1
   rc=$?
   cat "$OUT/gpu_dist.log"
   if [ $rc -eq 0 ]; then
-    row "data parallel on GPU" ok "$(elapsed "$T")" "dp2, dp2 + ZeRO-1 (gloo), ZeRO-1 (nccl) = one process"
+    row "distributed on GPU" ok "$(elapsed "$T")" "layouts ${GPU_CHECK_DIST:-all} (gloo), ZeRO-1 (nccl) = one process"
   else
-    row "data parallel on GPU" FAIL "$(elapsed "$T")" "rc $rc, see $OUT/gpu_dist.log"
+    row "distributed on GPU" FAIL "$(elapsed "$T")" "rc $rc, see $OUT/gpu_dist.log"
   fi
 fi
 

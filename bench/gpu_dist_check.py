@@ -1,12 +1,16 @@
-"""Data parallelism on the GPU (issue 5, with a GPU lent): the distributed engine with the model, batches and
-optimizer state on the GPU trains as one process does. The GPU machine has one GPU, so the multi-rank runs put both
-ranks on it and communicate through Gloo (parallel.backend: gloo, which stages GPU tensors through the host; NCCL
-refuses two ranks on one device); NCCL itself runs at world size 1 (ZeRO-1), as in the gtest
-CudaKernels.DataParallelZero1OnGpuMatchesSingle. fp32, 6 steps of a tiny Llama, clipping on, ~20 % of the labels
-ignored; per-step losses within 1e-5 and grad norms within 1e-4 (relative) of the single-process GPU run.
+"""Distributed training on the GPU (issue 5, with a GPU lent): the distributed engine with the model, batches and
+optimizer state on the GPU trains as one process does, for every layout. The GPU machine has one GPU, so the
+multi-rank runs put both ranks on it and communicate through Gloo (parallel.backend: gloo, which stages GPU tensors
+through the host; NCCL refuses two ranks on one device); NCCL itself runs at world size 1 (ZeRO-1), as in the gtest
+CudaKernels.DataParallelZero1OnGpuMatchesSingle. fp32, 6 steps of a tiny Llama (a tiny Qwen3-MoE for ep), clipping
+on, ~20 % of the labels ignored; per-step losses within 1e-5 and grad norms within 1e-4 (relative) of the
+single-process GPU run.
 
-    python3 bench/gpu_dist_check.py --lf build-gpu/loongforge [--out DIR]
+    python3 bench/gpu_dist_check.py --lf build-gpu/loongforge [--out DIR] [--layouts dp|all]
     .venv/bin/python bench/gpu_dist_check.py --lf build/loongforge --device cpu   # the same logic on the CPU
+
+--layouts dp: dp2, dp2 + ZeRO-1, ZeRO-1 on NCCL; all (default): also tp2, tp2 + sp, pp2 (1F1B), pp2 x vpp2, cp2 ring,
+cp2 a2a, FSDP (dp2, ZeRO-3) and ep2 (MoE).
 """
 import argparse
 import json
@@ -19,13 +23,19 @@ import tempfile
 import torch
 from safetensors.torch import save_file
 
-CONFIG = dict(model_type="llama", vocab_size=8192, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+CONFIG = dict(model_type="llama", vocab_size=8192, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
               tie_word_embeddings=False)
+MOE_CONFIG = dict(model_type="qwen3_moe", vocab_size=8192, hidden_size=128, intermediate_size=256,
+                  moe_intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+                  mlp_only_layers=[], max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                  router_aux_loss_coef=0.01, output_router_logits=True)
 
 
 def write_inputs(work):
     (work / "config.json").write_text(json.dumps(CONFIG))
+    (work / "moe_config.json").write_text(json.dumps(MOE_CONFIG))
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 8192, (8, 64), generator=g)
     labels = ids.clone()
@@ -64,24 +74,43 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--layouts", default="all", choices=["dp", "all"])
     a = ap.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="lf-gpu-dist-"))
     write_inputs(work)
+    gloo = ["parallel.backend=gloo", "train.micro_batch_size=2"]
     cases = [("dp2 (gloo, both ranks on one device)", 2, ["parallel.dp=2", "parallel.backend=gloo",
                                                            "train.micro_batch_size=1"]),
              ("dp2 + ZeRO-1 (gloo)", 2, ["parallel.dp=2", "parallel.zero=1", "parallel.backend=gloo",
                                           "train.micro_batch_size=1"]),
              ("ZeRO-1, one rank (auto: nccl on cuda)", 1, ["parallel.zero=1", "train.micro_batch_size=2"])]
+    if a.layouts == "all":
+        cases += [("tp2", 2, ["parallel.tp=2"] + gloo),
+                  ("tp2 + sp", 2, ["parallel.tp=2", "parallel.sp=true"] + gloo),
+                  ("pp2 (1F1B)", 2, ["parallel.pp=2"] + gloo),
+                  ("pp2 x vpp2 (interleaved)", 2, ["parallel.pp=2", "parallel.vpp=2"] + gloo),
+                  ("cp2 ring", 2, ["parallel.cp=2", "parallel.cp_mode=ring"] + gloo),
+                  ("cp2 a2a", 2, ["parallel.cp=2", "parallel.cp_mode=a2a"] + gloo),
+                  ("FSDP (dp2, ZeRO-3)", 2, ["parallel.dp=2", "parallel.zero=3", "parallel.backend=gloo",
+                                              "train.micro_batch_size=1"]),
+                  ("ep2 (MoE, vs its own one-process run)", 2, ["parallel.ep=2", "parallel.dp=2",
+                                                               "parallel.backend=gloo", "train.micro_batch_size=1"])]
+    moe_sets = [f"model.config={work / 'moe_config.json'}"]
     results, ok = [], True
+    refs = {}
     try:
-        ref, log = run(a, work, "single", 1, ["train.micro_batch_size=2"], 29671)
+        refs["dense"], log = run(a, work, "single", 1, ["train.micro_batch_size=2"], 29671)
+        if a.layouts == "all":
+            refs["moe"], log = run(a, work, "single-moe", 1, ["train.micro_batch_size=2"] + moe_sets, 29670)
     except Exception as e:  # noqa: BLE001
         print(f"single-process reference failed: {e}")
         return 1
     for i, (name, ranks, sets) in enumerate(cases):
         row = {"case": name}
+        moe = name.startswith("ep")
+        ref = refs["moe" if moe else "dense"]
         try:
-            got, log = run(a, work, f"case{i}", ranks, sets, 29672 + i)
+            got, log = run(a, work, f"case{i}", ranks, sets + (moe_sets if moe else []), 29672 + i)
             dl = max(abs(x[0] - y[0]) / abs(y[0]) for x, y in zip(got, ref))
             dg = max(abs(x[1] - y[1]) / abs(y[1]) for x, y in zip(got, ref))
             fallback = [l for l in log.splitlines() if l.startswith("loongforge: device")]

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <set>
 #include <sstream>
@@ -86,6 +87,95 @@ bool schedules_complete(int pp, int vpp, int64_t micros, std::string* why) {
   return ops_complete(ops, pp, vpp, micros, why);
 }
 
+using Plan = std::vector<std::vector<PipelineTransfer>>;
+
+// Plays every rank's point-to-point batches under NCCL's rules: a rank posts its next batch only when its previous one
+// has finished (the pipeline waits for each); a batch finishes when each of its operations is matched; the k-th send
+// from rank a to rank b matches the k-th receive on b from a whatever its tag, and must be the same message. Every
+// send must be received. Returns "" or what went wrong.
+std::string play_nccl(const std::vector<Plan>& plans) {
+  const int P = static_cast<int>(plans.size());
+  struct Posted {
+    PipelineMessage m;
+    int rank;
+  };
+  std::map<std::pair<int, int>, std::deque<Posted>> sends, recvs;  // (from, to)
+  std::vector<size_t> at(static_cast<size_t>(P), 0);
+  std::vector<int> unmatched(static_cast<size_t>(P), -1);  // -1: the current batch is not posted yet
+  auto str = [](const PipelineMessage& m) {
+    return "(kind " + std::to_string(m.kind) + ", micro " + std::to_string(m.micro) + ", stage " + std::to_string(m.stage) + ")";
+  };
+  for (;;) {
+    bool moved = false;
+    for (int r = 0; r < P; ++r) {
+      if (at[r] >= plans[r].size() || unmatched[r] >= 0) continue;
+      const auto& batch = plans[r][at[r]];
+      for (const auto& t : batch) {
+        if (t.peer == r || t.peer < 0 || t.peer >= P) return "rank " + std::to_string(r) + " addresses rank " + std::to_string(t.peer);
+        if (t.send) sends[{r, t.peer}].push_back({t.message, r});
+        else recvs[{t.peer, r}].push_back({t.message, r});
+      }
+      unmatched[r] = static_cast<int>(batch.size());
+      moved = true;
+    }
+    for (auto& [pair, q] : sends) {
+      auto& rq = recvs[pair];
+      while (!q.empty() && !rq.empty()) {
+        if (!(q.front().m == rq.front().m))
+          return "rank " + std::to_string(pair.first) + " sends " + str(q.front().m) + " where rank " +
+                 std::to_string(pair.second) + " receives " + str(rq.front().m);
+        --unmatched[pair.first];
+        --unmatched[pair.second];
+        q.pop_front();
+        rq.pop_front();
+        moved = true;
+      }
+    }
+    for (int r = 0; r < P; ++r)
+      if (unmatched[r] == 0) {
+        unmatched[r] = -1;
+        ++at[r];
+        moved = true;
+      }
+    bool done = true;
+    for (int r = 0; r < P; ++r) done = done && at[r] == plans[r].size();
+    if (done) break;
+    if (!moved) {
+      std::string w = "deadlock at batches";
+      for (int r = 0; r < P; ++r) w += " " + std::to_string(at[r]);
+      return w;
+    }
+  }
+  for (auto& [pair, q] : sends)
+    if (!q.empty()) return "rank " + std::to_string(pair.first) + "'s " + str(q.front().m) + " is never received";
+  for (auto& [pair, q] : recvs)
+    if (!q.empty()) return "rank " + std::to_string(pair.second) + " waits for " + str(q.front().m) + " forever";
+  return "";
+}
+
+// Every rank's batches, one line each ("S>1:0(m0,s1)": send to rank 1 of message kind 0, micro 0, stage 1).
+std::string describe(const std::vector<Plan>& plans) {
+  std::string out;
+  for (size_t r = 0; r < plans.size(); ++r) {
+    out += "rank " + std::to_string(r) + ":";
+    for (const auto& b : plans[r]) {
+      out += " [";
+      for (const auto& t : b)
+        out += std::string(" ") + (t.send ? "S>" : "R<") + std::to_string(t.peer) + ":" + std::to_string(t.message.kind) +
+               "(m" + std::to_string(t.message.micro) + ",s" + std::to_string(t.message.stage) + ")";
+      out += " ]";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+std::vector<Plan> plans_of(int pp, int vpp, int64_t micros, bool carry, bool forward_only) {
+  std::vector<Plan> out;
+  for (int r = 0; r < pp; ++r) out.push_back(pipeline_comm_plan(pp, vpp, micros, r, carry, forward_only));
+  return out;
+}
+
 }  // namespace
 
 TEST(Pipeline, LayerCounts) {
@@ -145,6 +235,51 @@ TEST(Pipeline, SchedulesCannotDeadlock) {
     }
     EXPECT_EQ(peak, 4 - r);
   }
+}
+
+
+TEST(Pipeline, CommPlanRunsUnderNcclRules) {
+  // Every layout's batches complete when each wait blocks, sends wait for their receives and messages between two
+  // ranks match in posting order (NCCL), with and without carries, forward-backward and forward-only.
+  for (int pp : {2, 3, 4})
+    for (int vpp : {1, 2, 3})
+      for (int64_t m : {1, 2, 3, 4, 6, 8})
+        for (bool carry : {false, true})
+          for (bool fwd_only : {false, true}) {
+            if (vpp > 1 && m % pp != 0 && !fwd_only) continue;
+            const auto plans = plans_of(pp, vpp, m, carry, fwd_only);
+            EXPECT_EQ(play_nccl(plans), "") << "pp " << pp << " vpp " << vpp << " m " << m << " carry " << carry
+                                            << " forward-only " << fwd_only << "\n" << describe(plans);
+          }
+  // 1F1B, pp 2, two micro-batches: rank 0 warms up with one forward; the steady pair (forward 1, backward 0) starts by
+  // sending forward 0's activation with backward 0's gradient receive, the cool-down backward likewise
+  using M = PipelineMessage;
+  auto p0 = pipeline_comm_plan(2, 1, 2, 0, false, false);
+  ASSERT_EQ(p0.size(), 2u) << describe({p0});
+  EXPECT_EQ(p0[0], (std::vector<PipelineTransfer>{{true, 1, {M::Activation, 0, 1}}, {false, 1, {M::Gradient, 0, 0}}}));
+  EXPECT_EQ(p0[1], (std::vector<PipelineTransfer>{{true, 1, {M::Activation, 1, 1}}, {false, 1, {M::Gradient, 1, 0}}}));
+  EXPECT_TRUE(pipeline_comm_plan(1, 2, 2, 0, true, false).empty());  // one rank: nothing goes over the wire
+
+  // The player catches what NCCL would: each message posted alone as the schedule makes it (the Gloo way: rank 0 sends
+  // both activations, then waits for gradients) deadlocks, rank 1's first gradient waiting behind rank 0's second send...
+  using T = PipelineTransfer;
+  std::vector<Plan> eager = {
+      {{T{true, 1, {M::Activation, 0, 1}}}, {T{true, 1, {M::Activation, 1, 1}}}, {T{false, 1, {M::Gradient, 0, 0}}},
+       {T{false, 1, {M::Gradient, 1, 0}}}},
+      {{T{false, 0, {M::Activation, 0, 1}}}, {T{true, 0, {M::Gradient, 0, 0}}}, {T{false, 0, {M::Activation, 1, 1}}},
+       {T{true, 0, {M::Gradient, 1, 0}}}}};
+  EXPECT_NE(play_nccl(eager).find("deadlock"), std::string::npos) << play_nccl(eager);
+  // ... and a carry sent before its activation is received as the activation.
+  auto swapped = plans_of(3, 1, 2, true, false);
+  bool swapped_one = false;
+  for (auto& b : swapped[0])
+    for (size_t i = 0; i + 1 < b.size() && !swapped_one; ++i)
+      if (b[i].send && b[i].message.kind == M::Activation && b[i + 1].message.kind == M::CarryForward) {
+        std::swap(b[i], b[i + 1]);
+        swapped_one = true;
+      }
+  ASSERT_TRUE(swapped_one);
+  EXPECT_NE(play_nccl(swapped).find("where rank 1 receives"), std::string::npos) << play_nccl(swapped);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

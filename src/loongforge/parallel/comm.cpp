@@ -458,20 +458,11 @@ void Group::broadcast(at::Tensor& t, int root) const {
 }
 
 void Group::send(const at::Tensor& t, int dst) const {
-  TORCH_CHECK(size() > 1 && dst != rank_, "send to self");
-  LF_COLLECTIVE("send", {
-    std::vector<at::Tensor> v{t.contiguous()};
-    (*backend_)->send(v, dst, 0)->wait(comm_->timeout());
-  });
+  isend(t.contiguous(), dst).wait();
 }
 
 void Group::recv(at::Tensor& t, int src) const {
-  TORCH_CHECK(size() > 1 && src != rank_, "recv from self");
-  TORCH_CHECK(t.is_contiguous(), "recv needs a contiguous tensor");
-  LF_COLLECTIVE("recv", {
-    std::vector<at::Tensor> v{t};
-    (*backend_)->recv(v, src, 0)->wait(comm_->timeout());
-  });
+  irecv(t, src).wait();
 }
 
 void Group::barrier() const {
@@ -491,14 +482,18 @@ void Group::barrier() const {
 
 Pending::Pending() = default;
 Pending::Pending(Pending&& o) noexcept
-    : work_(std::move(o.work_)), group_(o.group_), op_(o.op_), then_(std::move(o.then_)) {}
+    : work_(std::move(o.work_)), more_(std::move(o.more_)), group_(o.group_), op_(o.op_), then_(std::move(o.then_)) {
+  o.more_.clear();
+}
 
 Pending& Pending::operator=(Pending&& o) noexcept {
   if (this != &o) {
-    if (work_) {
+    if (!done()) {
       try { wait(); } catch (...) {}
     }
     work_ = std::move(o.work_);
+    more_ = std::move(o.more_);
+    o.more_.clear();
     group_ = o.group_;
     op_ = o.op_;
     then_ = std::move(o.then_);
@@ -507,17 +502,20 @@ Pending& Pending::operator=(Pending&& o) noexcept {
 }
 
 Pending::~Pending() {
-  if (work_) {
+  if (!done()) {
     try { wait(); } catch (...) {}
   }
 }
 
 void Pending::wait() {
-  if (!work_) return;
+  if (done()) return;
   auto w = std::move(work_);
   work_.reset();
+  auto more = std::move(more_);
+  more_.clear();
   try {
-    w->wait(group_->comm_->timeout());
+    if (w) w->wait(group_->comm_->timeout());
+    for (auto& m : more) m->wait(group_->comm_->timeout());
   } catch (const std::exception& e) {
     group_->fail(op_, e);
   }
@@ -617,28 +615,57 @@ Pending Group::reduce_scatter_async(at::Tensor& out, const at::Tensor& in) const
 }
 
 Pending Group::isend(const at::Tensor& t, int dst, int tag) const {
-  TORCH_CHECK(size() > 1 && dst != rank_, "send to self");
-  TORCH_CHECK(t.is_contiguous(), "isend needs a contiguous tensor");
-  Pending p;
-  p.group_ = this;
-  p.op_ = "send";
-  LF_COLLECTIVE("send", {
-    std::vector<at::Tensor> v{t};
-    p.work_ = (*backend_)->send(v, dst, tag);
-  });
-  return p;
+  return batch_p2p({P2POp{true, t, dst, tag}});
 }
 
 Pending Group::irecv(at::Tensor& t, int src, int tag) const {
-  TORCH_CHECK(size() > 1 && src != rank_, "recv from self");
-  TORCH_CHECK(t.is_contiguous(), "irecv needs a contiguous tensor");
+  return batch_p2p({P2POp{false, t, src, tag}});
+}
+
+Pending Group::batch_p2p(const std::vector<P2POp>& ops) const {
   Pending p;
+  if (ops.empty()) return p;
   p.group_ = this;
-  p.op_ = "recv";
-  LF_COLLECTIVE("recv", {
-    std::vector<at::Tensor> v{t};
-    p.work_ = (*backend_)->recv(v, src, tag);
+  p.op_ = ops.size() == 1 ? (ops[0].send ? "send" : "recv") : "send/recv";
+  std::vector<at::Tensor> bufs;  // what the backend takes: the tensors, or their copies on its device
+  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (receiver, staged buffer)
+  for (const auto& op : ops) {
+    TORCH_CHECK(size() > 1 && op.peer != rank_ && op.peer >= 0 && op.peer < size(), op.send ? "send" : "recv",
+                " to/from group rank ", op.peer, " of a group of ", size(), " (this rank: ", rank_, ")");
+    TORCH_CHECK(op.tensor.is_contiguous(), op.send ? "send" : "recv", " needs a contiguous tensor");
+    if (!staged(op.tensor)) {
+      bufs.push_back(op.tensor);
+    } else if (op.send) {
+      bufs.push_back(op.tensor.to(backend_device()).contiguous());
+    } else {
+      bufs.push_back(at::empty(op.tensor.sizes(), op.tensor.options().device(backend_device())));
+      copy_back.emplace_back(op.tensor, bufs.back());
+    }
+  }
+  LF_COLLECTIVE(p.op_, {
+    auto& be = *backend_;
+    const bool group = ops.size() > 1 && be->supportsCoalescing();
+    if (group) be->startCoalescing();
+    try {
+      for (size_t i = 0; i < ops.size(); ++i) {
+        std::vector<at::Tensor> v{bufs[i]};
+        auto w = ops[i].send ? be->send(v, ops[i].peer, ops[i].tag) : be->recv(v, ops[i].peer, ops[i].tag);
+        if (group) continue;  // the group's work covers it
+        if (!p.work_) p.work_ = w;
+        else p.more_.push_back(w);
+      }
+    } catch (...) {
+      if (group) {  // leave the backend out of its coalescing state
+        try { be->endCoalescing(); } catch (...) {}
+      }
+      throw;
+    }
+    if (group) p.work_ = be->endCoalescing();
   });
+  // staged sends stay alive until they are done; staged receives are copied where they were asked for
+  p.then_ = [bufs, copy_back]() {
+    for (const auto& [dst, src] : copy_back) dst.copy_(src);
+  };
   return p;
 }
 

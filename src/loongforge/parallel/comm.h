@@ -7,8 +7,9 @@
 // master being the first host of the step's node list unless MASTER_ADDR is set). Without any of them the world
 // is one process and every collective is the identity.
 //
-// Tensors may live on either device whatever the backend: a collective on a tensor the backend cannot take (a CPU
-// tensor under NCCL, a CUDA tensor under Gloo) runs on a copy on the backend's device and copies the result back.
+// Tensors may live on either device whatever the backend: a collective or point-to-point operation on a tensor the
+// backend cannot take (a CPU tensor under NCCL, a CUDA tensor under Gloo) runs on a copy on the backend's device and
+// copies the result back.
 //
 // A rank that exits or hangs never leaves the others hanging: every collective has the timeout given at init
 // and every failure becomes an lf::Error that names the group, the operation and the ranks that stopped
@@ -58,14 +59,23 @@ class Pending {
   Pending& operator=(Pending&&) noexcept;
   ~Pending();
   void wait();
-  bool done() const { return !work_; }
+  bool done() const { return !work_ && more_.empty(); }
 
  private:
   friend class Group;
   c10::intrusive_ptr<c10d::Work> work_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> more_;  // a batch's further operations (Group::batch_p2p)
   const Group* group_ = nullptr;
   const char* op_ = "";
   std::function<void()> then_;  // runs after the wait (e.g. the division of an average)
+};
+
+// One point-to-point operation of a batch (Group::batch_p2p).
+struct P2POp {
+  bool send;          // false: receive into `tensor`
+  at::Tensor tensor;  // contiguous
+  int peer;           // group rank
+  int tag = 0;
 };
 
 // One process group: the ranks (global numbers, in group order) and this rank's place among them.
@@ -106,6 +116,11 @@ class Group {
   Pending reduce_scatter_async(at::Tensor& out, const at::Tensor& in) const;
   Pending isend(const at::Tensor& t, int dst, int tag = 0) const;
   Pending irecv(at::Tensor& t, int src, int tag = 0) const;
+  // Sends and receives started together; the Pending finishes them all. Under NCCL they form one group
+  // (ncclGroupStart/End), so a send and a receive between the same two ranks cannot wait for each other (NCCL runs
+  // the point-to-point operations of a pair of ranks in order, a send waiting for its receive). NCCL ignores tags:
+  // messages between two ranks match in the order they are posted, so both sides must post them in the same order.
+  Pending batch_p2p(const std::vector<P2POp>& ops) const;
 
  private:
   friend class Comm;

@@ -55,19 +55,16 @@ const Group& group_of(AutogradContext* ctx) {
   return *reinterpret_cast<const Group*>(ctx->saved_data["group"].toInt());
 }
 
-// Posts the exchange of `send` with the ring neighbours (to rank+1, from rank-1); `recv` gets the block.
+// Posts the exchange of `send` with the ring neighbours (to rank+1, from rank-1) as one batch (under NCCL a send
+// and a receive between the same two ranks, cp = 2, must not wait for each other); `recv` gets the block.
 struct RingHop {
-  Pending s, r;
+  Pending p;
   void start(const Group& g, const at::Tensor& send, at::Tensor& recv, int tag) {
     const int n = g.size(), me = g.rank();
     recv = at::empty_like(send);
-    s = g.isend(send, (me + 1) % n, tag);
-    r = g.irecv(recv, (me - 1 + n) % n, tag);
+    p = g.batch_p2p({P2POp{true, send, (me + 1) % n, tag}, P2POp{false, recv, (me - 1 + n) % n, tag}});
   }
-  void wait() {
-    s.wait();
-    r.wait();
-  }
+  void wait() { p.wait(); }
 };
 
 struct RingAttention : torch::autograd::Function<RingAttention> {

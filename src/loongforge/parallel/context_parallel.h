@@ -6,7 +6,7 @@
 // holds chunks i and 2*cp-1-i, concatenated (2c local tokens). Every rank then does about the same causal work.
 //
 // Ring ("ring"): each rank keeps its queries; key/value blocks (with their segment ids) travel around the ring
-// with Group::isend/irecv (next = rank+1, prev = rank-1), overlapped with the block computation. Blockwise
+// with Group::batch_p2p (to rank+1 and from rank-1 in one batch), overlapped with the block computation. Blockwise
 // attention with a log-sum-exp merge; (query chunk, key chunk) pairs that the causal mask hides entirely are
 // skipped. Backward is fully blockwise as well (flash-attention style, recomputing the probabilities from the
 // saved log-sum-exp): key/value blocks travel around the ring a second time together with their dK/dV

@@ -103,6 +103,7 @@ FullyShardedModel::FullyShardedModel(models::llama::CausalLMImpl& model, const G
     const int64_t k = (total + S - 1) / S;
     auto opts = unit.members.empty() ? at::TensorOptions(at::kFloat) : params_[unit.members[0]].options();
     opts = opts.requires_grad(false);
+    if (o.device) opts = opts.device(*o.device);
     at::Tensor flat = at::zeros({S * k}, opts);
     for (size_t j = 0; j < unit.members.size(); ++j) {
       const at::Tensor& p = params_[unit.members[j]];
@@ -158,7 +159,8 @@ void FullyShardedModel::free_unit(size_t u) {
   Unit& unit = units_[u];
   unit.gathering.wait();
   at::NoGradGuard no_grad;
-  for (size_t i : unit.members) params_[i].set_data(at::empty({0}, params_[i].options().dtype(at::kFloat).requires_grad(false)));
+  for (size_t i : unit.members)
+    params_[i].set_data(at::empty({0}, shards_[u].param.options().dtype(at::kFloat).requires_grad(false)));
   unit.full = at::Tensor();
   unit.gathered = false;
 }

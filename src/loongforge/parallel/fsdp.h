@@ -19,6 +19,7 @@
 // whose layers are empty) and `fsdp->logits(...)`, backward, `fsdp->finish_backward()`, then
 // optim::DataParallelOptimizer(fsdp, ...) clips and steps. Activations are always recomputed (per layer).
 #pragma once
+#include <optional>
 #include "loongforge/models/llama/model.h"
 #include "loongforge/parallel/data_parallel.h"
 
@@ -32,6 +33,10 @@ struct FsdpOptions {
   // the exact master values, as under autocast). The bf16 GEMMs' gradients are converted to fp32 before the
   // reduce-scatter (sums over ranks in fp32). kFloat: everything fp32.
   at::ScalarType compute_dtype = at::kFloat;
+  // Where the shards (and so the gathered layers and their gradients) live; the model may still be on the CPU when it
+  // is wrapped (each rank then moves only its shards and the unsharded buffers, not the whole model). Default: the
+  // parameters' device.
+  std::optional<at::Device> device;
 };
 
 class FullyShardedModel : public GradSync, public std::enable_shared_from_this<FullyShardedModel> {

@@ -5,9 +5,13 @@
 //
 // The stages run the model's pieces (CausalLMImpl::embed/rotary/run_layers/final_norm) so layouts applied through
 // the model's hooks (tensor/sequence/context parallel) compose with this one. Activations and their gradients travel
-// with Group::isend/irecv (each message has its own tag: (micro-batch, virtual stage, direction)); sends are never
-// waited for before the end of forward_backward, so a rank only ever waits for a message the schedule guarantees
-// its peer has produced (see pipeline_schedule and the deadlock check in tests/cpp/test_pp.cpp).
+// with Group::batch_p2p (each message has its own tag: (micro-batch, virtual stage, direction), which Gloo uses). As in
+// Megatron, a rank communicates once per segment of its schedule (a warm-up forward, a steady-state forward + backward
+// pair, a cool-down backward): one batch with the previous segment's sends and every receive of the next. Under NCCL
+// the operations between two ranks run in order and a send waits for its receive, so a rank that sends before
+// receiving from a peer doing the same would deadlock, and messages match in posting order (tags are ignored).
+// pipeline_comm_plan lists every rank's batches; tests/cpp/test_pp.cpp plays them against each other under those
+// rules, and forward_backward / forward_only check that what they posted is that plan.
 //
 // Parameters this rank does not hold are released (replaced by empty tensors with requires_grad false); the kept
 // ones are owned_parameter_names(). With tied embeddings and pp > 1 the first stage (embedding) and the last stage
@@ -47,6 +51,26 @@ struct PipelineOp {
 // interleaved order otherwise (micros must then be a multiple of pp: lf::Error naming 'parallel.pp').
 std::vector<PipelineOp> pipeline_schedule(int pp, int vpp, int64_t micros, int rank);
 
+// A message between virtual stages: the activation entering `stage` or the gradient going back to it, and a
+// ChunkLoss carry's running sum (forward) or total (backward) travelling with them.
+struct PipelineMessage {
+  enum Kind : int { Activation, Gradient, CarryForward, CarryBackward };
+  Kind kind;
+  int64_t micro, stage;
+  bool operator==(const PipelineMessage&) const = default;
+};
+struct PipelineTransfer {
+  bool send;
+  int peer;  // pp rank
+  PipelineMessage message;
+  bool operator==(const PipelineTransfer&) const = default;
+};
+// The point-to-point batches rank `rank` posts in forward_backward (forward_only: false) or forward_only, in order:
+// before each segment of its schedule the sends of the previous segment and the receives of this one, then the last
+// sends. `carry`: the chunks return a ChunkLoss carry. Messages a rank sends itself (pp == 1) are not listed.
+std::vector<std::vector<PipelineTransfer>> pipeline_comm_plan(int pp, int vpp, int64_t micros, int rank, bool carry,
+                                                              bool forward_only);
+
 class Pipeline {
  public:
   // Splits `model` over `pp` (this rank's place: pp.rank()) with `vpp` chunks per rank and `layer_counts` layers per
@@ -77,7 +101,8 @@ class Pipeline {
   // synchronized here: call sync_tied_grads() after the last forward_backward of a step (before the norm/optimizer).
   //
   // chunk_loss_fn (optional), called on every stage right after a chunk's forward with (micro, first layer, end
-  // layer), returns the losses made inside those layers (MoE router losses) as a ChunkLoss.
+  // layer), returns the losses made inside those layers (MoE router losses) as a ChunkLoss; carry_size: the number of
+  // elements of every chunk's carry (0: none), so receives can be posted before the chunks run.
   struct ChunkLoss {
     at::Tensor loss;   // scalar to backpropagate with the chunk's output (divided by loss_scale), or undefined
     double value = 0;  // added to the returned sum
@@ -93,7 +118,7 @@ class Pipeline {
   double forward_backward(const std::vector<MicroBatch>& micro_batches,
                           const std::function<at::Tensor(const at::Tensor&, size_t)>& loss_fn, double loss_scale,
                           const std::function<std::vector<int64_t>(size_t)>& act_shape,
-                          const ChunkLossFn& chunk_loss_fn = nullptr);
+                          const ChunkLossFn& chunk_loss_fn = nullptr, int64_t carry_size = 0);
   // Forward only (validation: call under at::NoGradGuard): every micro-batch goes through the virtual stages in
   // order, no activations are kept and nothing flows backwards. Each rank walks (micro, chunk) in increasing order
   // and every receive waits for an earlier item of that order, so the schedule cannot deadlock. loss_fn as above
@@ -105,8 +130,13 @@ class Pipeline {
   // with the same sum). No-op otherwise; every pp rank may call it.
   void sync_tied_grads();
   bool tied() const { return tied_; }
+  // The batches the last forward_backward / forward_only posted (pipeline_comm_plan's form).
+  const std::vector<std::vector<PipelineTransfer>>& last_comm() const { return comm_log_; }
 
  private:
+  // Device and dtype of the activations sent between stages: the embedding's (held or released), read when used so
+  // the model may move to its device after the split.
+  at::TensorOptions act_opts() const { return model_.model->embed_tokens->weight.options().requires_grad(false); }
   // Layers [begin, end) of the micro-batch on h (positions 0..T-1 when the batch has none).
   at::Tensor run_chunk(const MicroBatch& mb, const at::Tensor& h, int64_t begin, int64_t end);
 
@@ -117,7 +147,7 @@ class Pipeline {
   std::vector<std::pair<int64_t, int64_t>> ranges_;  // per local chunk
   std::vector<std::string> owned_;
   bool tied_ = false;
-  at::TensorOptions act_opts_;
+  std::vector<std::vector<PipelineTransfer>> comm_log_;
 };
 
 }  // namespace lf::parallel

@@ -188,8 +188,7 @@ class DistEngine : public Engine {
     // one GPU, for tests); NCCL needs the GPUs.
     const std::string backend = r["parallel"]["backend"];
     if (backend == "nccl" && !device_.is_cuda())
-      throw Error("recipe: field 'parallel.backend': nccl needs GPUs (device: cuda, a data-parallel layout); this run "
-                  "is on the CPU");
+      throw Error("recipe: field 'parallel.backend': nccl needs GPUs (device: cuda); this run is on the CPU");
     co.backend = backend == "auto" ? (device_.is_cuda() ? "nccl" : "gloo") : backend;
     if (device_.is_cuda()) kernels::cuda::set_device(device_.index());
     comm_ = parallel::Comm::init(parallel::detect_launch(), co);
@@ -211,8 +210,6 @@ class DistEngine : public Engine {
     ep_ = &mesh_->group("ep");
     dp_index_ = (mesh_->coord("dp_rep") * layout_.ep + mesh_->coord("ep")) * layout_.dp_shard() + mesh_->coord("dp_shard");
     mb_ = r["train"]["micro_batch_size"];
-    // On a GPU (data-parallel layouts): the model there before the optimizers lay out their buckets and state.
-    if (device_.is_cuda()) model.to(device_);
 
     // Which parameters train (by name) and their weight decay, from the bundle.
     std::map<std::string, double> wd;
@@ -222,7 +219,9 @@ class DistEngine : public Engine {
     if (layout_.zero == 3) {  // FSDP / HSDP (data parallel only; validated)
       parallel::FsdpOptions fo;
       if (r["precision"] == "bf16") fo.compute_dtype = at::kBFloat16;  // bf16 copies of the gathered matmul weights
+      if (device_.is_cuda()) fo.device = device_;  // only this rank's shards go to the GPU
       fsdp_ = parallel::fully_shard(model, shard, mesh_->group("dp_rep"), fo);
+      if (device_.is_cuda()) model.to(device_);  // the buffers (and the released parameters' empty placeholders)
       std::vector<double> decay;
       for (const auto& n : fsdp_->names()) decay.push_back(wd.count(n) ? wd[n] : 0.0);
       opt_ = std::make_unique<optim::DataParallelOptimizer>(fsdp_, decay, ao);
@@ -264,6 +263,9 @@ class DistEngine : public Engine {
       counted = owned;
     }
     if (layout_.ep > 1) ep_plan_ = parallel::apply_expert_parallel(model, *ep_, guests);  // before the buckets
+    // On a GPU: the model moves once the layouts have split it (each rank carries only its slices and stage), before
+    // the optimizers lay out their buckets and state there.
+    if (device_.is_cuda()) model.to(device_);
     std::set<std::string> counted_set(counted.begin(), counted.end());
     std::vector<std::string> names, enames;
     std::vector<at::Tensor> params, eparams;
@@ -446,7 +448,7 @@ class DistEngine : public Engine {
         local_sum = pipe_->forward_backward(
             mbs, [&](const at::Tensor& h, size_t i) { return loss_of(h, mine[i].targets); }, scale,
             [&](size_t i) { return std::vector<int64_t>{mine[i].input_ids.size(0), seq, hidden_size}; },
-            router_losses);
+            router_losses, lb_experts > 0 ? lb_experts + 1 : 0);
         b_.model->layer_loss_fn = nullptr;
         pipe_->sync_tied_grads();
         set_sync(true);

@@ -80,7 +80,7 @@ class Engine {
 };
 
 // The distributed engine for the recipe's `parallel` block (dist_engine.cpp); takes the full model.
-// device: where the model, batches and optimizer state live (CUDA for data-parallel layouts on GPUs, else the CPU).
+// device: where the model, batches and optimizer state live (each rank's local GPU, or the CPU).
 std::unique_ptr<Engine> make_distributed_engine(const nlohmann::json& recipe, ModelBundle bundle,
                                                 at::Device device = at::Device(at::kCPU));
 

@@ -165,29 +165,19 @@ double validation_loss(Engine& engine, BatchSource& src, int64_t batches, int64_
 
 // The recipe's device after checking what this machine has. device: cuda without a usable GPU prints one line and
 // gives the CPU (train.cuda_graphs then has nothing to capture and is ignored); precision: fp8 needs the GPU. A
-// distributed run takes the GPUs for data-parallel layouts (dp, ZeRO-1): each rank its local rank's GPU (modulo the
-// GPUs it sees); other layouts run on the CPU for now (one line says so).
+// distributed run (any layout) gives each rank its local rank's GPU (modulo the GPUs it sees).
 at::Device choose_device(const json& r, bool distributed) {
   const bool want_cuda = r["device"] == "cuda", fp8 = r["precision"] == "fp8";
   if (r["train"]["cuda_graphs"].get<bool>() && !want_cuda)
     throw Error("recipe: field 'train.cuda_graphs': CUDA graphs need device: cuda");
-  const json& par = r["parallel"];
-  bool data_parallel_only = !par["sp"].get<bool>() && par["zero"].get<int64_t>() <= 1;
-  for (const char* k : {"tp", "pp", "vpp", "cp", "ep"}) data_parallel_only = data_parallel_only && par[k].get<int64_t>() == 1;
   std::string why;
   if (want_cuda && !kernels::cuda::available()) why = kernels::cuda::unavailable_reason();
-  else if (want_cuda && distributed && !data_parallel_only)
-    why = "the distributed engine runs tensor, sequence, pipeline, context, expert and FSDP layouts on the CPU (Gloo) "
-          "for now (data parallelism and ZeRO-1 run on GPUs)";
   if (fp8 && (!want_cuda || !why.empty()))
     throw Error("recipe: field 'precision': fp8 needs a CUDA GPU (Hopper)" +
                 (want_cuda ? " (" + why + ")" : std::string(" and device: cuda")));
   if (!want_cuda) return at::Device(at::kCPU);
   if (!why.empty()) {
-    if (kernels::cuda::available())  // a GPU is there but the layout cannot use it yet
-      std::fprintf(stderr, "loongforge: device 'cuda' requested but %s; running on the CPU\n", why.c_str());
-    else
-      std::fprintf(stderr, "loongforge: device 'cuda' requested but no usable GPU (%s); running on the CPU\n", why.c_str());
+    std::fprintf(stderr, "loongforge: device 'cuda' requested but no usable GPU (%s); running on the CPU\n", why.c_str());
     return at::Device(at::kCPU);
   }
   const int index = distributed ? parallel::detect_launch().local_rank % std::max(1, kernels::cuda::device_count()) : 0;
