@@ -6,7 +6,7 @@
 #      (third_party_debs/, carried along), unpacked with dpkg -x into the build folder;
 #   2. run the CUDA gtests (kernels; whole steps: CUDA graphs, packed documents, the distributed engine on NCCL) and
 #      the distributed check (bench/gpu_dist_check.py: every layout with both ranks on the GPU, ZeRO-1 on NCCL, each
-#      = the one-process GPU run; GPU_CHECK_DIST=dp for the data-parallel cases alone);
+#      = the one-process GPU run; by default the data-parallel cases, GPU_CHECK_DIST=all for every layout);
 #   3. the training benchmark (bench/gpu_train.py): LoongForge vs PyTorch eager / torch.compile, tokens/s, MFU, peak
 #      memory, ratios (table in $OUT/gpu_train.md, JSON in $OUT/gpu_train.json): issue 4's dense shapes, then issue
 #      6's Qwen3-MoE shape against transformers' Qwen3MoeForCausalLM (goal >= 2 x 54.9k tok/s);
@@ -20,6 +20,7 @@
 #   GPU_CHECK_ONLY=configure   stop after configuring (to check the script on a machine without a GPU)
 #   GPU_CHECK_ONLY=bench       skip the CUDA tests (a second call on a warm machine: the build is a no-op, the
 #                              benchmark gets the time; GPU_BENCH_BUDGET=s sets it)
+#   GPU_CHECK_ONLY=dist        the distributed check alone (with GPU_CHECK_DIST=all: every layout, ~2 minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -163,8 +164,8 @@ row build ok "$(elapsed "$T")" "loongforge_tests, loongforge ($JOBS jobs)"
 # Two processes: the kernel tests, then the whole-step ones (CUDA graphs, packed-document flash attention, the model
 # on the GPU, the distributed engine with NCCL at world size 1), so a device error in one group cannot take the other's results with it.
 T=$(date +%s)
-if [ "${GPU_CHECK_ONLY:-}" = bench ]; then
-  row "cuda tests" SKIP 0 "GPU_CHECK_ONLY=bench"
+if [ -n "${GPU_CHECK_ONLY:-}" ]; then
+  row "cuda tests" SKIP 0 "GPU_CHECK_ONLY=$GPU_CHECK_ONLY"
 else
 STEP_TESTS='CudaKernels.Graph*:CudaKernels.CausalLM*:CudaKernels.Document*:CudaKernels.DataParallel*'
 for group in kernels steps; do
@@ -196,12 +197,12 @@ T=$(date +%s)
 if [ "${GPU_CHECK_ONLY:-}" = bench ]; then
   row "distributed on GPU" SKIP 0 "GPU_CHECK_ONLY=bench"
 else
-  timeout 300 "$PY" bench/gpu_dist_check.py --lf "$BUILD/loongforge" --out "$OUT" --layouts "${GPU_CHECK_DIST:-all}" \
+  timeout 300 "$PY" bench/gpu_dist_check.py --lf "$BUILD/loongforge" --out "$OUT" --layouts "${GPU_CHECK_DIST:-dp}" \
     >"$OUT/gpu_dist.log" 2>&1
   rc=$?
   cat "$OUT/gpu_dist.log"
   if [ $rc -eq 0 ]; then
-    row "distributed on GPU" ok "$(elapsed "$T")" "layouts ${GPU_CHECK_DIST:-all} (gloo), ZeRO-1 (nccl) = one process"
+    row "distributed on GPU" ok "$(elapsed "$T")" "layouts ${GPU_CHECK_DIST:-dp} (gloo), ZeRO-1 (nccl) = one process"
   else
     row "distributed on GPU" FAIL "$(elapsed "$T")" "rc $rc, see $OUT/gpu_dist.log"
   fi
@@ -218,7 +219,9 @@ fi
 # curves, 200 steps of the small shape: ~2 more minutes, so off by default).
 T=$(date +%s)
 BUDGET=${GPU_BENCH_BUDGET:-$(( 460 - $(elapsed "$T_START") ))}
-if [ "$BUDGET" -lt 60 ]; then
+if [ "${GPU_CHECK_ONLY:-}" = dist ]; then
+  row "training benchmark" SKIP 0 "GPU_CHECK_ONLY=dist"
+elif [ "$BUDGET" -lt 60 ]; then
   row "training benchmark" SKIP 0 "only $BUDGET s left of the 8 minutes"
 else
   FP8_BLOCK=""

@@ -232,7 +232,9 @@ c10::intrusive_ptr<c10d::Backend> Comm::make_backend(const std::string& prefix, 
 #ifdef LF_HAVE_NCCL
   if (opts_.backend == "nccl") {
     auto o = c10d::ProcessGroupNCCL::Options::create();
-    o->timeout = opts_.timeout;
+    // Our waits pass the timeout (a blocking wait that throws, which Group::fail turns into the error naming the
+    // silent ranks); NCCL's watchdog, which aborts the process on its own timeout, comes a minute later.
+    o->timeout = opts_.timeout + std::chrono::seconds(60);
     return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, o);
   }
 #endif
