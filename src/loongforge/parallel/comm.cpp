@@ -646,7 +646,10 @@ Pending Group::batch_p2p(const std::vector<P2POp>& ops) const {
   }
   LF_COLLECTIVE(p.op_, {
     auto& be = *backend_;
-    const bool group = ops.size() > 1 && be->supportsCoalescing();
+    // Under NCCL every batch is a group, even of one operation: c10d sends a lone send/recv over a two-rank
+    // communicator of its own and a grouped one over the group's communicator, so a message sent in one way and
+    // received in the other would never meet.
+    const bool group = be->supportsCoalescing();
     if (group) be->startCoalescing();
     try {
       for (size_t i = 0; i < ops.size(); ++i) {

@@ -120,6 +120,9 @@ class Group {
   // (ncclGroupStart/End), so a send and a receive between the same two ranks cannot wait for each other (NCCL runs
   // the point-to-point operations of a pair of ranks in order, a send waiting for its receive). NCCL ignores tags:
   // messages between two ranks match in the order they are posted, so both sides must post them in the same order.
+  // isend/irecv/send/recv are batches of one (under NCCL also a group, so they meet messages posted in batches). The
+  // first batch on a group initializes its NCCL communicator, which every member must do: start with a collective
+  // on the group (e.g. barrier) when only some members exchange messages first.
   Pending batch_p2p(const std::vector<P2POp>& ops) const;
 
  private:

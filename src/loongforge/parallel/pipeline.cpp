@@ -253,6 +253,9 @@ Pipeline::Pipeline(models::llama::CausalLMImpl& model, const Group& pp, int vpp,
   tied_ = cfg.tie_word_embeddings && P > 1;
 
   bool first = is_first(), last = is_last();
+  // Every pp rank meets here once: under NCCL this creates the group's communicator, which the first and last stages'
+  // exchange below would otherwise create without the middle ones (comm.h, batch_p2p).
+  if (P > 1) pp.barrier();
   at::NoGradGuard ng;
   for (auto& item : model.named_parameters(true)) {
     const std::string& name = item.key();
@@ -333,6 +336,7 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
   const int64_t M = static_cast<int64_t>(mbs.size());
   const int64_t S = int64_t{P} * vpp_;  // virtual stages
   const bool carry = carry_size > 0;
+  if (carry && !chunk_loss_fn) throw Error("pipeline: a carry of " + std::to_string(carry_size) + " elements without a chunk_loss_fn");
   const auto ops = pipeline_schedule(P, vpp_, M, r);
   const auto segs = pipeline_segments(P, vpp_, M, r, /*forward_only=*/false);
   using Msg = PipelineMessage;
