@@ -15,6 +15,7 @@
 #include "loongforge/io/safetensors.h"
 #include "loongforge/kernels/cuda_graph.h"
 #include "loongforge/kernels/cuda_ops.h"
+#include "loongforge/models/generate.h"
 #include "loongforge/models/llama/model.h"
 #include "loongforge/train/recipe.h"
 #include "loongforge/train/trainer.h"
@@ -42,26 +43,53 @@ TEST(CudaKernels, GraphReplaysCapturedWorkOnNewInputs) {
   }
 }
 
-// A model moved to the GPU takes its rotary frequencies along (a forward copies nothing from the host, which a
-// graph could not capture) and computes what it computes on the CPU.
-TEST(CudaKernels, CausalLMOnCudaMatchesCpu) {
-  SKIP_WITHOUT_CUDA();
+namespace {
+
+// A tiny Llama (llama3 rope scaling when `scaled`) on the CPU and its copy on GPU 0.
+std::pair<lf::models::llama::CausalLM, lf::models::llama::CausalLM> cpu_and_gpu_llama(bool scaled, uint64_t seed) {
   nlohmann::json j = {{"model_type", "llama"}, {"vocab_size", 300}, {"hidden_size", 64}, {"intermediate_size", 96},
                       {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-                      {"max_position_embeddings", 64}, {"rms_norm_eps", 1e-6},
-                      {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                                        {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16}}}};
-  torch::manual_seed(2);
+                      {"max_position_embeddings", 64}, {"rms_norm_eps", 1e-6}};
+  if (scaled)
+    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 16}};
+  torch::manual_seed(seed);
   lf::models::llama::CausalLM cpu(lf::models::llama::DecoderConfig::from_json(j));
   lf::models::llama::CausalLM gpu(lf::models::llama::DecoderConfig::from_json(j));
   torch::NoGradGuard no_grad;
   for (auto& item : gpu->named_parameters()) item.value().copy_(cpu->named_parameters()[item.key()]);
   gpu->to(at::Device(at::kCUDA, 0));
+  return {cpu, gpu};
+}
+
+}  // namespace
+
+// A model moved to the GPU takes its rotary frequencies along (a forward copies nothing from the host, which a
+// graph could not capture) and computes what it computes on the CPU.
+TEST(CudaKernels, CausalLMOnCudaMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  auto [cpu, gpu] = cpu_and_gpu_llama(/*scaled=*/true, 2);
+  torch::NoGradGuard no_grad;
   at::Tensor ids = at::randint(0, 300, {2, 40}, at::kLong);
   auto [c, s] = gpu->rotary(at::arange(40, at::kLong).unsqueeze(0).to(at::kCUDA), at::kFloat);
   EXPECT_TRUE(c.is_cuda() && s.is_cuda());
   at::Tensor want = cpu->forward(ids), got = gpu->forward(ids.to(at::kCUDA));
   EXPECT_TRUE(at::allclose(got.cpu(), want, 1e-4, 1e-4)) << (got.cpu() - want).abs().max().item<double>();
+}
+
+// Generation with the key/value cache on the GPU continues a prompt as on the CPU (greedy; the logits come to the
+// host for sampling either way).
+TEST(CudaKernels, CausalLMGeneratesOnCudaAsOnCpu) {
+  SKIP_WITHOUT_CUDA();
+  auto [cpu, gpu] = cpu_and_gpu_llama(/*scaled=*/false, 4);
+  cpu->eval();
+  gpu->eval();
+  lf::models::GenerateOptions o;
+  o.max_new_tokens = 12;
+  const std::vector<int64_t> prompt = {3, 17, 42, 5, 99};
+  const auto want = lf::models::generate(*cpu, prompt, o), got = lf::models::generate(*gpu, prompt, o);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(want.size(), 12u);
 }
 
 namespace {

@@ -1,5 +1,5 @@
-"""`device: cuda` on a machine without a usable GPU (CI: CUDA toolkit, no driver): `loongforge train` says so in
-exactly one line and runs the CPU run (same losses as `device: cpu`, bitwise; `train.cuda_graphs` is then moot); the
+"""`device: cuda` on a machine without a usable GPU (CI: CUDA toolkit, no driver): `loongforge train` (and `eval`,
+`generate --device cuda`) says so in exactly one line and runs the CPU run (same losses as `device: cpu`, bitwise; `train.cuda_graphs` is then moot); the
 GPU-only options (`precision: fp8` without a GPU, `train.cuda_graphs` with `device: cpu`) are one-line errors naming
 their field."""
 import json
@@ -85,6 +85,11 @@ def test_cuda_without_gpu_says_so_once_and_trains_as_cpu(tmp_path, data_dir, pre
         e_gpu = run_lf("eval", r, "--model", ck, "--set", "eval.batches=2", "--set", "device=cuda")
         assert e_cpu.stdout == e_gpu.stdout and "device" not in e_cpu.stderr
         assert [l for l in e_gpu.stderr.splitlines() if l.strip()] == [line]
+        # and `generate --device cuda`: the same line, then the CPU's continuation
+        gen = ["generate", "--model", ck, "--prompt-ids", "1,5,6", "--max-new-tokens", 6, "--ids"]
+        g_cpu, g_gpu = run_lf(*gen), run_lf(*gen, "--device", "cuda")
+        assert 0 < len(json.loads(g_cpu.stdout)) <= 6 and g_cpu.stdout == g_gpu.stdout and "device" not in g_cpu.stderr
+        assert [l for l in g_gpu.stderr.splitlines() if l.strip()] == [line]
 
 
 @pytest.mark.parametrize("sets, needle", [

@@ -11,13 +11,14 @@
 #include "loongforge/core/json.h"
 #include "loongforge/data/tokenizer/tokenizer.h"
 #include "loongforge/io/hf_model.h"
+#include "loongforge/kernels/cuda_ops.h"
 #include "loongforge/models/generate.h"
 
 namespace lf::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model, tokenizer, prompt, prompt_ids;
+  std::string model, tokenizer, prompt, prompt_ids, device = "cpu";
   models::GenerateOptions opts;
   bool print_ids = false;
 };
@@ -39,6 +40,13 @@ std::vector<int64_t> parse_ids(const std::string& s, const std::string& flag) {
 void run_generate(GenerateArgs a) {
   auto model = io::load_causal_lm(a.model, at::kFloat);
   model->eval();
+  if (a.device == "cuda") {  // as `train`: without a usable GPU one line says why and the CPU does the work
+    if (kernels::cuda::available())
+      model->to(at::Device(at::kCUDA, 0));
+    else
+      std::fprintf(stderr, "loongforge: device 'cuda' requested but no usable GPU (%s); running on the CPU\n",
+                   kernels::cuda::unavailable_reason().c_str());
+  }
   std::unique_ptr<data::Tokenizer> tok;
   std::vector<int64_t> prompt;
   if (!a.prompt_ids.empty()) {
@@ -75,7 +83,7 @@ void run_generate(GenerateArgs a) {
 
 void add_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
-  auto* sub = app.add_subcommand("generate", "Continue a prompt with a Hugging Face checkpoint (KV cache, CPU)");
+  auto* sub = app.add_subcommand("generate", "Continue a prompt with a Hugging Face checkpoint (KV cache)");
   sub->add_option("--model", args->model, "Hugging Face model folder")->required();
   sub->add_option("--tokenizer", args->tokenizer, "tokenizer folder or file (default: the model folder)");
   auto* p = sub->add_option("--prompt", args->prompt, "prompt text");
@@ -85,6 +93,9 @@ void add_generate(CLI::App& app) {
   sub->add_option("--temperature", args->opts.temperature, "sampling temperature; 0 = greedy")->capture_default_str()->check(CLI::NonNegativeNumber);
   sub->add_option("--top-p", args->opts.top_p, "nucleus sampling mass")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   sub->add_option("--seed", args->opts.seed, "sampling seed")->capture_default_str();
+  sub->add_option("--device", args->device, "cpu or cuda (GPU 0, fp32; without a usable GPU: one line, then the CPU)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_flag("--ids", args->print_ids, "print the generated ids as a JSON array instead of text");
   sub->callback([args] { run_generate(*args); });
 }
