@@ -190,6 +190,13 @@ class DistEngine : public Engine {
     if (backend == "nccl" && !device_.is_cuda())
       throw Error("recipe: field 'parallel.backend': nccl needs GPUs (device: cuda); this run is on the CPU");
     co.backend = backend == "auto" ? (device_.is_cuda() ? "nccl" : "gloo") : backend;
+    if (co.backend == "nccl") {  // NCCL takes one GPU per rank (choose_device shares GPUs round-robin for Gloo)
+      const int local = parallel::detect_launch().local_rank, gpus = kernels::cuda::device_count();
+      if (local >= gpus)
+        throw Error("recipe: field 'parallel.backend': nccl needs a GPU per rank; this is local rank " +
+                    std::to_string(local) + " on a node with " + std::to_string(gpus) +
+                    " GPU(s) (parallel.backend: gloo lets ranks share a GPU)");
+    }
     if (device_.is_cuda()) kernels::cuda::set_device(device_.index());
     comm_ = parallel::Comm::init(parallel::detect_launch(), co);
     if (comm_->world() != layout_.world())
