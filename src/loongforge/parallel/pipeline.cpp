@@ -128,10 +128,6 @@ std::vector<std::pair<size_t, size_t>> pipeline_segments(int pp, int vpp, int64_
   return segs;
 }
 
-}  // namespace
-
-namespace {
-
 // What step `op` of `rank` receives and sends over the wire, each in the order the step uses or makes them (an
 // activation before its carry; a backward takes the carry's total before the gradient, and passes them on in that
 // order). Messages to itself (pp == 1) are left out.
@@ -173,7 +169,8 @@ class SegmentComm {
  public:
   SegmentComm(const Group& pp, std::vector<std::vector<PipelineTransfer>>& log) : pp_(pp), log_(log) { log_.clear(); }
   // recvs: the segment's receives, with the tensor each fills
-  void begin(const std::vector<std::pair<PipelineTransfer, at::Tensor>>& recvs, const std::function<int(const PipelineMessage&)>& tag) {
+  void begin(const std::vector<std::pair<PipelineTransfer, at::Tensor>>& recvs,
+             const std::function<int(const PipelineMessage&)>& tag) {
     for (const auto& [t, buf] : recvs) {
       ops_.push_back({false, buf, t.peer, tag(t.message)});
       entries_.push_back(t);
@@ -192,8 +189,8 @@ class SegmentComm {
         inbox_.erase(it);
         return t;
       }
-    throw Error("pipeline: message (kind " + std::to_string(m.kind) + ", micro " + std::to_string(m.micro) + ", stage " +
-                std::to_string(m.stage) + ") was never received (schedule bug)");
+    throw Error("pipeline: message (kind " + std::to_string(m.kind) + ", micro " + std::to_string(m.micro) +
+                ", stage " + std::to_string(m.stage) + ") was never received (schedule bug)");
   }
   void finish() { post(); }
 
@@ -336,7 +333,8 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
   const int64_t M = static_cast<int64_t>(mbs.size());
   const int64_t S = int64_t{P} * vpp_;  // virtual stages
   const bool carry = carry_size > 0;
-  if (carry && !chunk_loss_fn) throw Error("pipeline: a carry of " + std::to_string(carry_size) + " elements without a chunk_loss_fn");
+  if (carry && !chunk_loss_fn)
+    throw Error("pipeline: a carry of " + std::to_string(carry_size) + " elements without a chunk_loss_fn");
   const auto ops = pipeline_schedule(P, vpp_, M, r);
   const auto segs = pipeline_segments(P, vpp_, M, r, /*forward_only=*/false);
   using Msg = PipelineMessage;
