@@ -10,7 +10,8 @@ single-process GPU run.
     .venv/bin/python bench/gpu_dist_check.py --lf build/loongforge --device cpu   # the same logic on the CPU
 
 --layouts dp: dp2, dp2 + ZeRO-1, ZeRO-1 on NCCL; all (default): also tp2, tp2 + sp, pp2 (1F1B), pp2 x vpp2, cp2 ring,
-cp2 a2a, FSDP (dp2, ZeRO-3) and ep2 (MoE).
+cp2 a2a, FSDP (dp2, ZeRO-3) and ep2 (MoE), and two checkpoint round trips on the GPU (FSDP saved at step 3 and
+resumed; tp2 saved at step 3 and resumed at pp2): the resumed runs' six steps = the one-process run's.
 """
 import argparse
 import json
@@ -44,7 +45,7 @@ def write_inputs(work):
     (work / "r.yaml").write_text("")
 
 
-def run(a, work, tag, ranks, sets, port):
+def run(a, work, tag, ranks, sets, port, resume=False):
     out = work / tag
     base = [a.lf, "train", str(work / "r.yaml"), "--set", f"output_dir={out}", "--set", f"device={a.device}",
             "--set", "seed=3", "--set", f"model.config={work / 'config.json'}", "--set", "data.format=batch",
@@ -54,6 +55,8 @@ def run(a, work, tag, ranks, sets, port):
             "--set", "log.tensorboard=false", "--set", "log.plot=false"]
     for s in sets:
         base += ["--set", s]
+    if resume:
+        base.append("--resume")
     procs = []
     for r in range(ranks):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
@@ -79,6 +82,7 @@ def main():
     work = pathlib.Path(tempfile.mkdtemp(prefix="lf-gpu-dist-"))
     write_inputs(work)
     gloo = ["parallel.backend=gloo", "train.micro_batch_size=2"]
+    fsdp = ["parallel.dp=2", "parallel.zero=3", "parallel.backend=gloo", "train.micro_batch_size=1"]
     cases = [("dp2 (gloo, both ranks on one device)", 2, ["parallel.dp=2", "parallel.backend=gloo",
                                                            "train.micro_batch_size=1"]),
              ("dp2 + ZeRO-1 (gloo)", 2, ["parallel.dp=2", "parallel.zero=1", "parallel.backend=gloo",
@@ -94,7 +98,9 @@ def main():
                   ("FSDP (dp2, ZeRO-3)", 2, ["parallel.dp=2", "parallel.zero=3", "parallel.backend=gloo",
                                               "train.micro_batch_size=1"]),
                   ("ep2 (MoE, vs its own one-process run)", 2, ["parallel.ep=2", "parallel.dp=2",
-                                                               "parallel.backend=gloo", "train.micro_batch_size=1"])]
+                                                               "parallel.backend=gloo", "train.micro_batch_size=1"]),
+                  ("FSDP, saved at step 3, resumed", 2, (fsdp, fsdp)),
+                  ("tp2 saved at step 3, resumed at pp2", 2, (["parallel.tp=2"] + gloo, ["parallel.pp=2"] + gloo))]
     moe_sets = [f"model.config={work / 'moe_config.json'}"]
     results, ok = [], True
     refs = {}
@@ -110,7 +116,12 @@ def main():
         moe = name.startswith("ep")
         ref = refs["moe" if moe else "dense"]
         try:
-            got, log = run(a, work, f"case{i}", ranks, sets + (moe_sets if moe else []), 29672 + i)
+            if isinstance(sets, tuple):  # (first layout, resumed layout): 3 steps, a checkpoint, 3 more after --resume
+                first, then = sets
+                run(a, work, f"case{i}", ranks, first + ["train.steps=3", "checkpoint.every=3"], 29672 + i)
+                got, log = run(a, work, f"case{i}", ranks, then + ["checkpoint.every=3"], 29700 + i, resume=True)
+            else:
+                got, log = run(a, work, f"case{i}", ranks, sets + (moe_sets if moe else []), 29672 + i)
             dl = max(abs(x[0] - y[0]) / abs(y[0]) for x, y in zip(got, ref))
             dg = max(abs(x[1] - y[1]) / abs(y[1]) for x, y in zip(got, ref))
             fallback = [l for l in log.splitlines() if l.startswith("loongforge: device")]

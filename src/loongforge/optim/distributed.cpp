@@ -127,8 +127,9 @@ std::map<std::string, at::Tensor> DataParallelOptimizer::full_state(const std::s
     if (fs.params.empty()) continue;
     at::Tensor full = engine_->shard_group().size() > 1 ? engine_->shard_group().all_gather(local[s], 0) : local[s];
     for (size_t j = 0; j < fs.params.size(); ++j)
-      out[engine_->names()[fs.params[j]]] =
-          full.narrow(0, fs.offsets[j], fs.numels[j]).view(engine_->shapes()[fs.params[j]]).clone();
+      out[engine_->names()[fs.params[j]]] = full.narrow(0, fs.offsets[j], fs.numels[j])
+                                                .view(engine_->shapes()[fs.params[j]])
+                                                .to(at::kCPU, full.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   }
   return out;
 }

@@ -60,7 +60,7 @@ class DataParallelOptimizer {
   parallel::GradSync& engine() { return *engine_; }
 
   // Collective over the shard group: the whole "exp_avg", "exp_avg_sq" or "param" (master values) of every
-  // parameter, by name (for checkpoints; steps() is the step count).
+  // parameter, by name, in host memory (for checkpoints; steps() is the step count).
   std::map<std::string, at::Tensor> full_state(const std::string& which) const;
   // Sets this rank's shard of `which` from whole tensors by name (same values on every rank); "param" also
   // refreshes the model's parameters (collective).

@@ -176,7 +176,10 @@ std::shared_ptr<Comm> Comm::init(const LaunchEnv& env, const Options& opts) {
     throw Error("parallel backend '" + opts.backend + "': unknown (gloo | nccl)");
   if (env.world == 1 && !nccl) return c;  // one process on the CPU: every collective is the identity
 #ifdef LF_HAVE_NCCL
-  if (nccl) c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));  // one GPU per local rank
+  if (nccl) {  // the local rank's GPU among those this process sees (one each when the launcher isolates them)
+    const int gpus = std::max<int>(1, c10::cuda::device_count());
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank % gpus));
+  }
 #endif
 
   try {
@@ -515,11 +518,22 @@ void Pending::wait() {
   work_.reset();
   auto more = std::move(more_);
   more_.clear();
-  try {
-    if (w) w->wait(group_->comm_->timeout());
-    for (auto& m : more) m->wait(group_->comm_->timeout());
-  } catch (const std::exception& e) {
-    group_->fail(op_, e);
+  // every operation is waited for (a staged buffer must outlive all of them), the first error reported
+  std::exception_ptr first;
+  if (w) more.insert(more.begin(), w);
+  for (auto& m : more) {
+    try {
+      m->wait(group_->comm_->timeout());
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) {
+    try {
+      std::rethrow_exception(first);
+    } catch (const std::exception& e) {
+      group_->fail(op_, e);
+    }
   }
   if (then_) {
     auto f = std::move(then_);

@@ -304,7 +304,8 @@ std::map<std::string, at::Tensor> FullyShardedModel::full_parameters() const {
     if (fs.param.numel() == 0) continue;
     at::Tensor full = shard_->all_gather(fs.param, 0);
     for (size_t j = 0; j < fs.params.size(); ++j)
-      out[names_[fs.params[j]]] = full.narrow(0, fs.offsets[j], fs.numels[j]).view(shapes_[fs.params[j]]).clone();
+      out[names_[fs.params[j]]] = full.narrow(0, fs.offsets[j], fs.numels[j]).view(shapes_[fs.params[j]]).to(
+          at::kCPU, full.scalar_type(), /*non_blocking=*/false, /*copy=*/true);  // whole models live on the host
   }
   return out;
 }

@@ -61,7 +61,7 @@ class FullyShardedModel : public GradSync, public std::enable_shared_from_this<F
   void set_compute_dtype(at::ScalarType t);
   at::ScalarType compute_dtype() const { return opts_.compute_dtype; }
 
-  // Collective over `shard`: every trainable parameter whole, by HF name (for saving / export).
+  // Collective over `shard`: every trainable parameter whole, by HF name, in host memory (for saving / export).
   std::map<std::string, at::Tensor> full_parameters() const;
   // Sets the shards from whole parameters (every rank passes the same values); missing names are an error.
   void load_full_parameters(const std::map<std::string, at::Tensor>& params);

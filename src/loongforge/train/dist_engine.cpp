@@ -190,13 +190,6 @@ class DistEngine : public Engine {
     if (backend == "nccl" && !device_.is_cuda())
       throw Error("recipe: field 'parallel.backend': nccl needs GPUs (device: cuda); this run is on the CPU");
     co.backend = backend == "auto" ? (device_.is_cuda() ? "nccl" : "gloo") : backend;
-    if (co.backend == "nccl") {  // NCCL takes one GPU per rank (choose_device shares GPUs round-robin for Gloo)
-      const int local = parallel::detect_launch().local_rank, gpus = kernels::cuda::device_count();
-      if (local >= gpus)
-        throw Error("recipe: field 'parallel.backend': nccl needs a GPU per rank; this is local rank " +
-                    std::to_string(local) + " on a node with " + std::to_string(gpus) +
-                    " GPU(s) (parallel.backend: gloo lets ranks share a GPU)");
-    }
     if (device_.is_cuda()) kernels::cuda::set_device(device_.index());
     comm_ = parallel::Comm::init(parallel::detect_launch(), co);
     if (comm_->world() != layout_.world())
@@ -578,7 +571,8 @@ class DistEngine : public Engine {
   std::map<std::string, at::Tensor> whole(const std::map<std::string, at::Tensor>& local_by_name) const {
     std::map<std::string, at::Tensor> out;
     for (const auto& [n, t] : local_by_name) {
-      out[n] = (layout_.tp > 1 || layout_.sp) ? parallel::unshard(n, t, plan_, *tp_) : t;
+      // gathered tensors go to the host at once (a whole model need not fit next to its shards on a GPU)
+      out[n] = (layout_.tp > 1 || layout_.sp) ? parallel::unshard(n, t, plan_, *tp_).cpu() : t;
     }
     return out;
   }
@@ -594,7 +588,7 @@ class DistEngine : public Engine {
       weights = whole(local_w);  // whole over tp; expert slices then all-gathered over ep
       if (layout_.ep > 1)
         for (auto& [n, t] : weights)
-          if (ep_plan_.is_expert_param(n)) t = ep_->all_gather(t.contiguous(), 0);
+          if (ep_plan_.is_expert_param(n)) t = ep_->all_gather(t.contiguous(), 0).cpu();
     }
     if (!b_.trainable.lora) weights = to_checkpoint_names(*b_.model, weights);
     // Persistent buffers that are checkpoint tensors (the MoE routers' correction biases), the same on every rank.
