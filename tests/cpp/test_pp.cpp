@@ -241,9 +241,9 @@ TEST(Pipeline, SchedulesCannotDeadlock) {
 TEST(Pipeline, CommPlanRunsUnderNcclRules) {
   // Every layout's batches complete when each wait blocks, sends wait for their receives and messages between two
   // ranks match in posting order (NCCL), with and without carries, forward-backward and forward-only.
-  for (int pp : {2, 3, 4})
-    for (int vpp : {1, 2, 3})
-      for (int64_t m : {1, 2, 3, 4, 6, 8})
+  for (int pp : {2, 3, 4, 8})
+    for (int vpp : {1, 2, 3, 4})
+      for (int64_t m : {1, 2, 3, 4, 6, 8, 16})
         for (bool carry : {false, true})
           for (bool fwd_only : {false, true}) {
             if (vpp > 1 && m % pp != 0 && !fwd_only) continue;
