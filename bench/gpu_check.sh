@@ -159,6 +159,9 @@ if [ $rc -ne 0 ]; then
   exit 1
 fi
 row build ok "$(elapsed "$T")" "loongforge_tests, loongforge ($JOBS jobs)"
+"$BUILD/loongforge" env >"$OUT/loongforge_env.txt" 2>&1
+row "loongforge env" "$([ "$(grep -c '^gpu [0-9]' "$OUT/loongforge_env.txt")" -gt 0 ] && echo ok || echo FAIL)" 0 \
+  "$(grep -E '^(gpu 0|gpus)' "$OUT/loongforge_env.txt" | head -1)"
 
 # ---- 2. CUDA tests --------------------------------------------------------------------------------------------------
 # Two processes: the kernel tests, then the whole-step ones (CUDA graphs, packed-document flash attention, the model

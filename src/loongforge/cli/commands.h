@@ -13,6 +13,7 @@ void add_train(CLI::App& app);
 void add_eval(CLI::App& app);
 void add_data(CLI::App& app);
 void add_info(CLI::App& app);
+void add_env(CLI::App& app);
 void add_moe_plan(CLI::App& app);
 
 }  // namespace lf::cli

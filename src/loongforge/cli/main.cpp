@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   lf::cli::add_eval(app);
   lf::cli::add_data(app);
   lf::cli::add_info(app);
+  lf::cli::add_env(app);
   lf::cli::add_moe_plan(app);
   try {
     app.parse(argc, argv);

@@ -31,6 +31,10 @@ int64_t max_memory_allocated();
 // CUDA devices usable by this process (0 without); set_device makes `index` the current device.
 int device_count();
 void set_device(int index);
+// "NVIDIA H200, 139.8 GiB, sm_90" for a usable device index (for `loongforge env`).
+std::string device_description(int index);
+// The CUDA runtime version LoongForge's kernels were built with, e.g. "13.0" (empty without CUDA).
+std::string runtime_version();
 // Blocks the host until the current device's work is done (no-op without a device).
 void synchronize();
 // t is a CUDA tensor of float32/bfloat16/float16.

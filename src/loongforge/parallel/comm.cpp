@@ -107,6 +107,14 @@ std::string first_slurm_host(const std::string& nodelist) {
   return first.substr(0, lb) + lo + first.substr(rb + 1);
 }
 
+std::vector<std::string> available_backends() {
+#ifdef LF_HAVE_NCCL
+  return {"gloo", "nccl"};
+#else
+  return {"gloo"};
+#endif
+}
+
 LaunchEnv detect_launch(const std::map<std::string, std::string>& env_in) {
   const auto env = env_in.empty() ? process_env() : env_in;
   LaunchEnv e;

@@ -40,6 +40,9 @@ struct LaunchEnv {
   std::string launcher = "single";  // single | torchrun | mpirun | srun
 };
 
+// The c10d backends this build can use: "gloo", and "nccl" in CUDA builds.
+std::vector<std::string> available_backends();
+
 // Reads the launcher's variables from `env` (the process environment when empty).
 LaunchEnv detect_launch(const std::map<std::string, std::string>& env = {});
 // The first host name of a Slurm node list ("node[03-05,9],gpu1" -> "node03").

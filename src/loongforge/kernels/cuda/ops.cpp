@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "loongforge/kernels/cuda/launch.h"
@@ -113,6 +114,18 @@ void synchronize() {
 int device_count() { return available() ? static_cast<int>(c10::cuda::device_count()) : 0; }
 
 void set_device(int index) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(index)); }
+
+std::string device_description(int index) {
+  const cudaDeviceProp* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index));
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s, %.1f GiB, sm_%d%d", p->name,
+                static_cast<double>(p->totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), p->major, p->minor);
+  return buf;
+}
+
+std::string runtime_version() {
+  return std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10);
+}
 
 bool supported(const at::Tensor& t) {
   if (!t.defined() || !t.is_cuda()) return false;

@@ -20,6 +20,8 @@ int64_t max_memory_allocated() { return 0; }
 void synchronize() {}
 int device_count() { return 0; }
 void set_device(int) { missing("set_device"); }
+std::string device_description(int) { missing("device_description"); }
+std::string runtime_version() { return ""; }
 
 at::Tensor rms_norm(const at::Tensor&, const at::Tensor&, double) { missing("rms_norm"); }
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {
