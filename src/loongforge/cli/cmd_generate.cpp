@@ -40,13 +40,8 @@ std::vector<int64_t> parse_ids(const std::string& s, const std::string& flag) {
 void run_generate(GenerateArgs a) {
   auto model = io::load_causal_lm(a.model, at::kFloat);
   model->eval();
-  if (a.device == "cuda") {  // as `train`: without a usable GPU one line says why and the CPU does the work
-    if (kernels::cuda::available())
-      model->to(at::Device(at::kCUDA, 0));
-    else
-      std::fprintf(stderr, "loongforge: device 'cuda' requested but no usable GPU (%s); running on the CPU\n",
-                   kernels::cuda::unavailable_reason().c_str());
-  }
+  const at::Device device = kernels::cuda::usable_device(a.device == "cuda");  // as `train`
+  if (device.is_cuda()) model->to(device);
   std::unique_ptr<data::Tokenizer> tok;
   std::vector<int64_t> prompt;
   if (!a.prompt_ids.empty()) {

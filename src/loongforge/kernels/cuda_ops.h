@@ -11,6 +11,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -31,6 +32,15 @@ int64_t max_memory_allocated();
 // CUDA devices usable by this process (0 without); set_device makes `index` the current device.
 int device_count();
 void set_device(int index);
+// The device for a run that asks for CUDA (want_cuda) on GPU `index`: that GPU when one is usable, else the CPU
+// after one line on stderr saying why (`train`, `eval` and `generate` fall back alike).
+inline at::Device usable_device(bool want_cuda, int index = 0) {
+  if (!want_cuda) return at::Device(at::kCPU);
+  if (available()) return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+  std::fprintf(stderr, "loongforge: device 'cuda' requested but no usable GPU (%s); running on the CPU\n",
+               unavailable_reason().c_str());
+  return at::Device(at::kCPU);
+}
 // "NVIDIA H200, 139.8 GiB, sm_90" for a usable device index (for `loongforge env`).
 std::string device_description(int index);
 // The CUDA runtime version LoongForge's kernels were built with, e.g. "13.0" (empty without CUDA).

@@ -170,18 +170,11 @@ at::Device choose_device(const json& r, bool distributed) {
   const bool want_cuda = r["device"] == "cuda", fp8 = r["precision"] == "fp8";
   if (r["train"]["cuda_graphs"].get<bool>() && !want_cuda)
     throw Error("recipe: field 'train.cuda_graphs': CUDA graphs need device: cuda");
-  std::string why;
-  if (want_cuda && !kernels::cuda::available()) why = kernels::cuda::unavailable_reason();
-  if (fp8 && (!want_cuda || !why.empty()))
+  if (fp8 && !(want_cuda && kernels::cuda::available()))
     throw Error("recipe: field 'precision': fp8 needs a CUDA GPU (Hopper)" +
-                (want_cuda ? " (" + why + ")" : std::string(" and device: cuda")));
-  if (!want_cuda) return at::Device(at::kCPU);
-  if (!why.empty()) {
-    std::fprintf(stderr, "loongforge: device 'cuda' requested but no usable GPU (%s); running on the CPU\n", why.c_str());
-    return at::Device(at::kCPU);
-  }
+                (want_cuda ? " (" + kernels::cuda::unavailable_reason() + ")" : std::string(" and device: cuda")));
   const int index = distributed ? parallel::detect_launch().local_rank % std::max(1, kernels::cuda::device_count()) : 0;
-  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+  return kernels::cuda::usable_device(want_cuda, index);
 }
 
 // train.cuda_graphs on a model whose step cannot be captured: one line naming the field.
