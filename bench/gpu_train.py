@@ -61,6 +61,10 @@ SHAPES = {
     "tiny_moe": dict(name="tiny MoE (CPU check) d64 L2 h4 kv2 hd16, 8 experts top-2 ffn32, V512, 2x64",
                      family="qwen3_moe", d=64, layers=2, heads=4, kv=2, head_dim=16, ffn=128, experts=8, top_k=2,
                      moe_ffn=32, vocab=512, tied=False, batch=2, seq=64, goal=0),
+    # the MoE row scaled down for a CPU comparison (same experts / top-k / expert-ffn proportions)
+    "cpu_moe": dict(name="CPU MoE d256 L4 h8 kv4 hd32, 32 experts top-4 ffn128, V8192, 4x256",
+                    family="qwen3_moe", d=256, layers=4, heads=8, kv=4, head_dim=32, ffn=768, experts=32, top_k=4,
+                    moe_ffn=128, vocab=8192, tied=False, batch=4, seq=256, goal=0),
 }
 
 

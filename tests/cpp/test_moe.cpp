@@ -60,8 +60,9 @@ TEST(MoE, GroupedExpertsMatchPerExpertLoop) {
 }
 
 // Under CPU bf16 autocast (precision bf16) the grouped experts compute in bf16 from the fp32 master weights, like
-// autocast's Linear: output bf16, equal (bf16 rounding) to the per-expert loop run under the same autocast, and the
-// fp32 weights receive fp32 gradients close to the fp32 run's.
+// autocast's Linear: output bf16, equal (bf16 rounding) to the per-expert loop run under the same autocast (oneDNN's
+// bf16 GEMMs; ours multiply the bf16 values in float32 on the CPU), and the fp32 weights receive fp32 gradients close
+// to the fp32 run's.
 TEST(MoE, GroupedExpertsFollowAutocast) {
   at::manual_seed(1);
   const int64_t n = 48, d = 32, e = 4, k = 2, f = 16;

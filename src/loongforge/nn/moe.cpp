@@ -147,6 +147,17 @@ at::Tensor grouped_expert_ffn(const at::Tensor& x_in, const at::Tensor& gate_up_
   }
   const int64_t e = gate_up.size(0), ffn = gate_up.size(1) / 2, d = gate_up.size(2);
   if (grouped_mm_ok(x, d, ffn) && gate_up.scalar_type() == x.scalar_type() && down.scalar_type() == x.scalar_type()) {
+    if (dev == at::kCPU && x.scalar_type() != at::kFloat) {
+      // CPU bf16/fp16: the same products in float32 on bf16 values (exact widening), rounded back: what a bf16 GEMM
+      // with float32 accumulation gives, up to the order of the sums. ATen's CPU grouped GEMM runs every group as a
+      // oneDNN matmul whose primitive is built (JIT-compiled) anew for each group's row count, every step.
+      const auto dt = x.scalar_type();
+      at::Tensor h = at::_grouped_mm(x.to(at::kFloat).contiguous(), gate_up.to(at::kFloat).transpose(1, 2), offsets);
+      h = contiguous_grad(h).to(dt);
+      at::Tensor a = activate(h.slice(1, 0, ffn), h.slice(1, ffn, 2 * ffn), act);
+      return contiguous_grad(at::_grouped_mm(a.to(at::kFloat).contiguous(), down.to(at::kFloat).transpose(1, 2), offsets))
+          .to(dt);
+    }
     at::Tensor xin = x.contiguous();
     at::Tensor h = contiguous_grad(at::_grouped_mm(xin, gate_up.transpose(1, 2), offsets));  // [M, 2*ffn]
     at::Tensor a = activate(h.slice(1, 0, ffn), h.slice(1, ffn, 2 * ffn), act);
