@@ -26,8 +26,13 @@ TEST(Launch, ReadsTorchrunMpirunAndSlurmVariables) {
   EXPECT_EQ(m.rank, 2);
   EXPECT_EQ(m.world, 8);
   EXPECT_EQ(m.master_addr, "127.0.0.1");
-  EXPECT_THROW(detect_launch({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}),
-               lf::Error);
+  EXPECT_FALSE(m.master_unknown);
+  EXPECT_FALSE(m.master_port_set);
+  // mpirun over two nodes without MASTER_ADDR: only MPI can tell where rank 0 is (Comm::init asks it)
+  EXPECT_TRUE(detect_launch({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "8"},
+                             {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}).master_unknown);
+  EXPECT_TRUE(detect_launch({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"MASTER_PORT", "29400"},
+                             {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}).master_port_set);
   auto s = detect_launch({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"},
                           {"SLURM_STEP_NODELIST", "gpu[07-08,11],cpu1"}});
   EXPECT_EQ(s.launcher, "srun");
@@ -54,6 +59,14 @@ TEST(Mesh, SingleProcessGroupsAreIdentities) {
 }
 
 namespace {
+// The hooks' backend: gloo, or LF_DIST_HOOK_BACKEND (mpi when tests/python/test_dist_comm.py starts them by mpirun).
+Comm::Options hook_options(int timeout_ms = 300000) {
+  Comm::Options o;
+  if (const char* b = std::getenv("LF_DIST_HOOK_BACKEND")) o.backend = b;
+  o.timeout = std::chrono::milliseconds(timeout_ms);
+  return o;
+}
+
 // Every rank's data is a function of its rank, so each rank can compute the expected results alone.
 at::Tensor data_of(int rank, std::vector<int64_t> shape) {
   at::manual_seed(1000 + rank);
@@ -63,7 +76,7 @@ at::Tensor data_of(int rank, std::vector<int64_t> shape) {
 
 TEST(DistHook, Collectives) {
   if (!std::getenv("LF_DIST_HOOK")) GTEST_SKIP() << "run by tests/python/test_dist_comm.py";
-  auto comm = Comm::init();
+  auto comm = Comm::init(detect_launch(), hook_options());
   const int n = comm->world(), r = comm->rank();
   ASSERT_EQ(n, 4);
   Mesh mesh(comm, {{"a", 2}, {"b", 2}});
@@ -79,6 +92,18 @@ TEST(DistHook, Collectives) {
   w.all_reduce(x, Reduce::Max);
   EXPECT_TRUE(at::equal(x, std::get<0>(at::stack(all).max(0))));
   EXPECT_TRUE(at::equal(w.all_gather(all[static_cast<size_t>(r)], 1), at::cat(all, 1)));
+  // other dtypes: bf16 sums (exact small integers), int64 max, float32 min
+  at::Tensor hb = at::full({5}, r + 1, at::kBFloat16);
+  w.all_reduce(hb);
+  EXPECT_TRUE(at::equal(hb, at::full({5}, n * (n + 1) / 2, at::kBFloat16)));
+  at::Tensor li = at::arange(3, at::kLong) * (r + 1);
+  w.all_reduce(li, Reduce::Max);
+  EXPECT_TRUE(at::equal(li, at::arange(3, at::kLong) * n));
+  at::Tensor fm = all[static_cast<size_t>(r)].to(at::kFloat);
+  w.all_reduce(fm, Reduce::Min);
+  EXPECT_TRUE(at::equal(fm, std::get<0>(at::stack(all).min(0)).to(at::kFloat)));
+  at::Tensor rsb = w.reduce_scatter(at::full({n * 2}, r + 1, at::kBFloat16), 0);
+  EXPECT_TRUE(at::equal(rsb, at::full({2}, n * (n + 1) / 2, at::kBFloat16)));
   EXPECT_TRUE(at::allclose(w.reduce_scatter(all[static_cast<size_t>(r)], 0), sum.chunk(n, 0)[static_cast<size_t>(r)]));
   EXPECT_TRUE(at::allclose(w.reduce_scatter(all[static_cast<size_t>(r)].t().contiguous(), 1), sum.t().chunk(n, 1)[static_cast<size_t>(r)]));
   // all_to_all: rank i's rows 2j..2j+1 go to rank j
@@ -169,9 +194,7 @@ TEST(DistHook, Collectives) {
 
 TEST(DistHook, PeerExitIsAnErrorNamingTheRank) {
   if (!std::getenv("LF_DIST_HOOK_EXIT")) GTEST_SKIP() << "run by tests/python/test_dist_comm.py";
-  lf::parallel::Comm::Options o;
-  o.timeout = std::chrono::milliseconds(std::atoi(std::getenv("LF_DIST_HOOK_EXIT")));
-  auto comm = Comm::init(detect_launch(), o);
+  auto comm = Comm::init(detect_launch(), hook_options(std::atoi(std::getenv("LF_DIST_HOOK_EXIT"))));
   const Group& w = comm->world_group();
   at::Tensor x = at::ones({4});
   w.all_reduce(x);
@@ -188,9 +211,7 @@ TEST(DistHook, PeerExitIsAnErrorNamingTheRank) {
 
 TEST(DistHook, HungPeerIsNamedAfterTheTimeout) {
   if (!std::getenv("LF_DIST_HOOK_HANG")) GTEST_SKIP() << "run by tests/python/test_dist_comm.py";
-  lf::parallel::Comm::Options o;
-  o.timeout = std::chrono::milliseconds(std::atoi(std::getenv("LF_DIST_HOOK_HANG")));
-  auto comm = Comm::init(detect_launch(), o);
+  auto comm = Comm::init(detect_launch(), hook_options(std::atoi(std::getenv("LF_DIST_HOOK_HANG"))));
   const Group& w = comm->world_group();
   at::Tensor x = at::ones({4});
   w.all_reduce(x);

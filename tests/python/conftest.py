@@ -80,3 +80,10 @@ def run_gtest_hook_ranks(n, test, env, timeout=300):
         if "[  PASSED  ] 1 test" not in p.stdout:
             pytest.fail(f"rank {r} did not run {test} (stale binary? rebuild it):\n{p.stdout}")
     return res
+
+
+def lf_backends():
+    """The collective backends `loongforge env` lists (gloo; nccl in CUDA builds; mpi in builds with Open MPI)."""
+    out = subprocess.run([str(LF_BIN), "env"], capture_output=True, text=True, check=True).stdout
+    line = next(l for l in out.splitlines() if l.startswith("collectives:"))
+    return [b.strip() for b in line.split(":", 1)[1].split(",")]

@@ -2,12 +2,13 @@
 norms of one process (fp32, 1e-5), launched with torchrun-style variables or mpirun; checkpoints written by one
 layout resume in another with the same next-step loss; bad layouts fail with one line."""
 import json
+import os
 import shutil
 import subprocess
 
 import pytest
 
-from conftest import LF_BIN, free_port, launch_ranks, run_lf
+from conftest import LF_BIN, free_port, launch_ranks, lf_backends, run_lf
 
 MODEL = {
     "model_type": "llama", "vocab_size": 24, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
@@ -110,17 +111,57 @@ def test_layout_matches_one_process(tmp_path, data_dir, reference, name):
         assert m["tokens"] == ref["tokens"]
 
 
-def test_mpirun_launch(tmp_path, data_dir, reference):
+@pytest.mark.parametrize("backend", ["auto", "gloo"])
+def test_mpirun_launch(tmp_path, data_dir, reference, backend):
+    """mpirun -np 2: ranks from OMPI_COMM_WORLD_*; auto takes Open MPI's collectives when the build has them."""
     if not shutil.which("mpirun"):
         pytest.skip("no mpirun")
     rec = recipe(tmp_path, data_dir)
     proc = subprocess.run(["mpirun", "-np", "2", "--allow-run-as-root", "--oversubscribe", "-x", "OMP_NUM_THREADS=1",
                            "-x", f"MASTER_PORT={free_port()}", str(LF_BIN), "train", str(rec), "--set", "parallel.dp=2",
-                           "--set", "train.micro_batch_size=2"], capture_output=True, text=True, timeout=600)
+                           "--set", "train.micro_batch_size=2", "--set", f"parallel.backend={backend}"],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = metrics(tmp_path / "run")
     for m, ref in zip(got, reference):
         assert close(m["loss"], ref["loss"]) and close(m["grad_norm"], ref["grad_norm"])
+
+
+@pytest.mark.parametrize("name", ["dp4_zero3", "cp2_ring", "cp2_a2a", "dp2_tp2_pp2"])
+def test_layout_over_mpi_matches_one_process(tmp_path, data_dir, reference, name):
+    """parallel.backend: mpi (Open MPI's collectives and point-to-point instead of Gloo), started by mpirun without
+    MASTER_ADDR / MASTER_PORT: same per-step losses and grad norms as one process."""
+    if not shutil.which("mpirun"):
+        pytest.skip("no mpirun")
+    if "mpi" not in lf_backends():
+        pytest.skip("this build has no MPI backend")
+    n, sets = LAYOUTS[name]
+    rec = recipe(tmp_path, data_dir)
+    args = sum((["--set", s] for s in sets + ["parallel.backend=mpi"]), [])
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run(["mpirun", "-np", str(n), "--allow-run-as-root", "--oversubscribe", "-x", "OMP_NUM_THREADS=1",
+                           str(LF_BIN), "train", str(rec), *args], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = metrics(tmp_path / "run")
+    assert [m["step"] for m in got] == list(range(1, STEPS + 1))
+    for m, ref in zip(got, reference):
+        assert close(m["loss"], ref["loss"]), (name, m["step"], m["loss"], ref["loss"])
+        assert close(m["grad_norm"], ref["grad_norm"]), (name, m["step"], m["grad_norm"], ref["grad_norm"])
+
+
+def test_mpi_backend_needs_mpirun(tmp_path, data_dir):
+    """parallel.backend: mpi in a job started with torchrun-style variables: MPI's world (this process alone) is not
+    the job's, and one line says so instead of a hang."""
+    if "mpi" not in lf_backends():
+        pytest.skip("this build has no MPI backend")
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([str(LF_BIN), "train", str(recipe(tmp_path, data_dir)), "--set", "parallel.dp=2", "--set",
+                           "parallel.backend=mpi"], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'parallel.backend': mpi, but MPI sees rank 0 of 1 where the launcher says rank 1 of 2" \
+        in lines[0], proc.stderr
 
 
 def test_checkpoint_reshards(tmp_path, data_dir):

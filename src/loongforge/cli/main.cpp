@@ -4,6 +4,7 @@
 
 #include "loongforge/cli/commands.h"
 #include "loongforge/core/error.h"
+#include "loongforge/parallel/mpi_backend.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"LoongForge: train and run Hugging Face models in C++ on LibTorch"};
@@ -25,9 +26,11 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const lf::Error& e) {
     std::fprintf(stderr, "loongforge: error: %s\n", e.what());
+    lf::parallel::abort_mpi_job(1);  // under the MPI backend: end the other ranks now, not at their timeout
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loongforge: internal error: %s\n", e.what());
+    lf::parallel::abort_mpi_job(2);
     return 2;
   }
   return 0;

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "loongforge/core/error.h"
+#include "loongforge/parallel/mpi_backend.h"
 
 extern char** environ;
 
@@ -108,11 +109,12 @@ std::string first_slurm_host(const std::string& nodelist) {
 }
 
 std::vector<std::string> available_backends() {
+  std::vector<std::string> b{"gloo"};
 #ifdef LF_HAVE_NCCL
-  return {"gloo", "nccl"};
-#else
-  return {"gloo"};
+  b.push_back("nccl");
 #endif
+  if (mpi_compiled()) b.push_back("mpi");
+  return b;
 }
 
 LaunchEnv detect_launch(const std::map<std::string, std::string>& env_in) {
@@ -130,8 +132,7 @@ LaunchEnv detect_launch(const std::map<std::string, std::string>& env_in) {
     e.world = to_int(env, "OMPI_COMM_WORLD_SIZE", 1);
     e.local_rank = to_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0);
     int local_size = to_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", e.world);
-    if (!has("MASTER_ADDR") && local_size != e.world)
-      throw Error("environment: variable 'MASTER_ADDR': mpirun over several nodes needs MASTER_ADDR (rank 0's host)");
+    e.master_unknown = !has("MASTER_ADDR") && local_size != e.world;  // Comm::init asks MPI, or says so
   } else if (has("SLURM_PROCID") && has("SLURM_NTASKS")) {
     e.launcher = "srun";
     e.rank = to_int(env, "SLURM_PROCID", 0);
@@ -145,6 +146,7 @@ LaunchEnv detect_launch(const std::map<std::string, std::string>& env_in) {
   }
   if (has("MASTER_ADDR")) e.master_addr = env.at("MASTER_ADDR");
   e.master_port = to_int(env, "MASTER_PORT", 29500);
+  e.master_port_set = has("MASTER_PORT");
   if (e.world < 1) throw Error("environment: world size " + std::to_string(e.world) + " is not positive");
   if (e.rank < 0 || e.rank >= e.world)
     throw Error("environment: rank " + std::to_string(e.rank) + " is outside world size " + std::to_string(e.world));
@@ -180,9 +182,20 @@ std::shared_ptr<Comm> Comm::init(const LaunchEnv& env, const Options& opts) {
   const bool nccl = false;
   if (opts.backend == "nccl") throw Error("parallel backend 'nccl': this build has no CUDA (configure with -DLOONGFORGE_CUDA=ON)");
 #endif
-  if (opts.backend != "gloo" && opts.backend != "nccl")
-    throw Error("parallel backend '" + opts.backend + "': unknown (gloo | nccl)");
+  if (opts.backend != "gloo" && opts.backend != "nccl" && opts.backend != "mpi")
+    throw Error("parallel backend '" + opts.backend + "': unknown (gloo | nccl | mpi)");
+  if (opts.backend == "mpi") require_mpi();
   if (env.world == 1 && !nccl) return c;  // one process on the CPU: every collective is the identity
+  // MPI tells every rank where rank 0 is (and a free port for the store) when the backend is MPI, or when mpirun
+  // spread the job over several nodes without MASTER_ADDR (any backend: MPI + NCCL).
+  const bool mpi_boot = opts.backend == "mpi" || (env.launcher == "mpirun" && env.master_unknown && mpi_compiled());
+  if (env.master_unknown && !mpi_boot)
+    throw Error("environment: variable 'MASTER_ADDR': mpirun over several nodes needs MASTER_ADDR (rank 0's host) "
+                "in a build without MPI");
+  if (mpi_boot) {
+    const std::string host = mpi_bootstrap(env.rank, env.world).master_host;
+    if (env.master_unknown) c->env_.master_addr = host;  // else MASTER_ADDR, or the local job's loopback
+  }
 #ifdef LF_HAVE_NCCL
   if (nccl) {  // the local rank's GPU among those this process sees (one each when the launcher isolates them)
     const int gpus = std::max<int>(1, c10::cuda::device_count());
@@ -190,21 +203,36 @@ std::shared_ptr<Comm> Comm::init(const LaunchEnv& env, const Options& opts) {
   }
 #endif
 
+  const std::string master = c->env_.master_addr;
+  int port = env.master_port;
   try {
     c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(env.master_port);
     so.isServer = env.rank == 0;
     so.numWorkers = env.world;
     so.timeout = opts.timeout;
-    c->impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    if (mpi_boot && !env.master_port_set) {
+      // rank 0 listens on a port the system picks and MPI tells the others: no port to agree on beforehand
+      so.port = 0;
+      so.waitWorkers = false;
+      if (env.rank == 0) c->impl_->store = c10::make_intrusive<c10d::TCPStore>(master, so);
+      port = mpi_broadcast_int(env.rank == 0 ? static_cast<c10d::TCPStore*>(c->impl_->store.get())->getPort() : 0);
+      so.port = static_cast<uint16_t>(port);
+      if (env.rank != 0) c->impl_->store = c10::make_intrusive<c10d::TCPStore>(master, so);
+    } else {
+      so.port = static_cast<uint16_t>(port);
+      c->impl_->store = c10::make_intrusive<c10d::TCPStore>(master, so);
+    }
     c10d::TCPStoreOptions ho = so;
+    ho.port = static_cast<uint16_t>(port);
     ho.isServer = false;
     ho.numWorkers = std::nullopt;
     ho.waitWorkers = false;
-    c->impl_->hb_store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, ho);
+    c->impl_->hb_store = c10::make_intrusive<c10d::TCPStore>(master, ho);
+  } catch (const lf::Error&) {
+    throw;
   } catch (const std::exception& e) {
-    throw Error("rank " + std::to_string(env.rank) + ": cannot reach the rendezvous store at " + env.master_addr + ":" +
-                std::to_string(env.master_port) + " (" + env.launcher + "): " + first_line(e.what()));
+    throw Error("rank " + std::to_string(env.rank) + ": cannot reach the rendezvous store at " + master + ":" +
+                std::to_string(port) + " (" + env.launcher + "): " + first_line(e.what()));
   }
   // Heartbeat: every 500 ms a counter and how many collectives each group has started ("beat|name=seq;...").
   Impl* impl = c->impl_.get();
@@ -231,14 +259,17 @@ std::shared_ptr<Comm> Comm::init(const LaunchEnv& env, const Options& opts) {
   c->backends_.push_back(std::make_unique<c10::intrusive_ptr<c10d::Backend>>());
   g->backend_ = c->backends_.back().get();
   try {
-    *g->backend_ = c->make_backend("lf/world", env.rank, env.world);
+    *g->backend_ = c->make_backend("lf/world", c->world_group_.ranks_, env.rank);
   } catch (const std::exception& e) {
     g->fail("connect", e);
   }
   return c;
 }
 
-c10::intrusive_ptr<c10d::Backend> Comm::make_backend(const std::string& prefix, int rank, int size) const {
+c10::intrusive_ptr<c10d::Backend> Comm::make_backend(const std::string& prefix, const std::vector<int>& ranks,
+                                                    int group_rank) const {
+  if (opts_.backend == "mpi") return make_mpi_backend(ranks, group_rank);
+  const int rank = group_rank, size = static_cast<int>(ranks.size());
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, impl_->store);
 #ifdef LF_HAVE_NCCL
   if (opts_.backend == "nccl") {
@@ -280,7 +311,7 @@ const Group& Comm::group(const std::vector<int>& ranks) const {
     backends_.push_back(std::make_unique<c10::intrusive_ptr<c10d::Backend>>());
     g->backend_ = backends_.back().get();
     try {
-      *g->backend_ = make_backend("lf/g/" + join(ranks, "_"), g->rank_, static_cast<int>(ranks.size()));
+      *g->backend_ = make_backend("lf/g/" + join(ranks, "_"), ranks, g->rank_);
     } catch (const std::exception& e) {
       g->fail("connect", e);
     }

@@ -1,5 +1,5 @@
 // The communication layer: process groups over LibTorch's c10d engines (Gloo for CPU tensors; NCCL for CUDA
-// tensors in CUDA builds) and a device mesh with named dimensions. Nothing here is global: a Comm is created once
+// tensors in CUDA builds) or Open MPI (parallel/mpi_backend.h), and a device mesh with named dimensions. Nothing here is global: a Comm is created once
 // per process (Comm::init) and passed to whatever needs it.
 //
 // Ranks come from torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), from Open
@@ -38,9 +38,11 @@ struct LaunchEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string launcher = "single";  // single | torchrun | mpirun | srun
+  bool master_port_set = false;     // MASTER_PORT given (else the MPI bootstrap picks a free port)
+  bool master_unknown = false;      // mpirun over several nodes without MASTER_ADDR: only MPI can tell rank 0's host
 };
 
-// The c10d backends this build can use: "gloo", and "nccl" in CUDA builds.
+// The collective backends this build can use: "gloo", "nccl" in CUDA builds, "mpi" in builds with Open MPI.
 std::vector<std::string> available_backends();
 
 // Reads the launcher's variables from `env` (the process environment when empty).
@@ -152,7 +154,10 @@ class Comm {
  public:
   struct Options {
     std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-    std::string backend = "gloo";  // gloo (CPU tensors) | nccl (CUDA tensors; CUDA builds; world group even at size 1)
+    // gloo (CPU tensors) | nccl (CUDA tensors; CUDA builds; world group even at size 1) | mpi (CPU tensors over
+    // Open MPI; the job started by mpirun). With mpi, or mpirun over several nodes without MASTER_ADDR, MPI
+    // bootstraps the rendezvous store: rank 0's host, and a free port unless MASTER_PORT is set.
+    std::string backend = "gloo";
   };
   static std::shared_ptr<Comm> init(const LaunchEnv& env, const Options& opts);
   static std::shared_ptr<Comm> init() { return init(detect_launch(), Options{}); }
@@ -175,7 +180,8 @@ class Comm {
 
  private:
   Comm() = default;
-  c10::intrusive_ptr<c10d::Backend> make_backend(const std::string& prefix, int rank, int size) const;
+  c10::intrusive_ptr<c10d::Backend> make_backend(const std::string& prefix, const std::vector<int>& ranks,
+                                                 int group_rank) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
   LaunchEnv env_;

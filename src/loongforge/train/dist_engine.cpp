@@ -61,6 +61,7 @@
 #include "loongforge/kernels/cuda_ops.h"
 #include "loongforge/optim/distributed.h"
 #include "loongforge/parallel/comm.h"
+#include "loongforge/parallel/mpi_backend.h"
 #include "loongforge/parallel/context_parallel.h"
 #include "loongforge/parallel/expert_parallel.h"
 #include "loongforge/parallel/fsdp.h"
@@ -184,14 +185,17 @@ class DistEngine : public Engine {
       for (auto* blk : model.moe_blocks()) blk->force_stats = true;
     parallel::Comm::Options co;
     co.timeout = std::chrono::milliseconds(layout_.timeout_s * 1000);
-    // NCCL for GPUs, Gloo for the CPU (auto); Gloo with GPU tensors stages them through the host (several ranks on
-    // one GPU, for tests); NCCL needs the GPUs.
+    // auto: NCCL for GPUs; on the CPU Open MPI when mpirun started the job (shared-memory transport, bench/
+    // comm_bench.cpp), else Gloo. Gloo and MPI stage GPU tensors through the host (several ranks on one GPU, for
+    // tests); NCCL needs the GPUs.
     const std::string backend = r["parallel"]["backend"];
     if (backend == "nccl" && !device_.is_cuda())
       throw Error("recipe: field 'parallel.backend': nccl needs GPUs (device: cuda); this run is on the CPU");
-    co.backend = backend == "auto" ? (device_.is_cuda() ? "nccl" : "gloo") : backend;
+    const parallel::LaunchEnv launch = parallel::detect_launch();
+    const bool mpirun = launch.launcher == "mpirun" && parallel::mpi_compiled();
+    co.backend = backend == "auto" ? (device_.is_cuda() ? "nccl" : mpirun ? "mpi" : "gloo") : backend;
     if (device_.is_cuda()) kernels::cuda::set_device(device_.index());
-    comm_ = parallel::Comm::init(parallel::detect_launch(), co);
+    comm_ = parallel::Comm::init(launch, co);
     if (comm_->world() != layout_.world())
       throw Error(std::string("recipe: field 'parallel.") +
                   (layout_.dp > 1 ? "dp" : layout_.tp > 1 ? "tp" : layout_.pp > 1 ? "pp" : "cp") + "': layout " +

@@ -59,7 +59,7 @@ const std::map<std::string, std::vector<std::string>> kChoices = {
     {"schedule.kind", {"cosine", "linear", "constant", "wsd"}},
     {"log.progress", {"auto", "bar", "lines", "off"}},
     {"parallel.cp_mode", {"ring", "a2a"}},
-    {"parallel.backend", {"auto", "nccl", "gloo"}},
+    {"parallel.backend", {"auto", "nccl", "gloo", "mpi"}},
     {"parallel.zero", {"0", "1", "3"}},
 };
 
