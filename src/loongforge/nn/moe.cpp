@@ -147,21 +147,17 @@ at::Tensor grouped_expert_ffn(const at::Tensor& x_in, const at::Tensor& gate_up_
   }
   const int64_t e = gate_up.size(0), ffn = gate_up.size(1) / 2, d = gate_up.size(2);
   if (grouped_mm_ok(x, d, ffn) && gate_up.scalar_type() == x.scalar_type() && down.scalar_type() == x.scalar_type()) {
-    if (dev == at::kCPU && x.scalar_type() != at::kFloat) {
-      // CPU bf16/fp16: the same products in float32 on bf16 values (exact widening), rounded back: what a bf16 GEMM
-      // with float32 accumulation gives, up to the order of the sums. ATen's CPU grouped GEMM runs every group as a
-      // oneDNN matmul whose primitive is built (JIT-compiled) anew for each group's row count, every step.
-      const auto dt = x.scalar_type();
-      at::Tensor h = at::_grouped_mm(x.to(at::kFloat).contiguous(), gate_up.to(at::kFloat).transpose(1, 2), offsets);
-      h = contiguous_grad(h).to(dt);
-      at::Tensor a = activate(h.slice(1, 0, ffn), h.slice(1, ffn, 2 * ffn), act);
-      return contiguous_grad(at::_grouped_mm(a.to(at::kFloat).contiguous(), down.to(at::kFloat).transpose(1, 2), offsets))
-          .to(dt);
-    }
-    at::Tensor xin = x.contiguous();
-    at::Tensor h = contiguous_grad(at::_grouped_mm(xin, gate_up.transpose(1, 2), offsets));  // [M, 2*ffn]
+    // CPU bf16/fp16: the products in float32 on the 16-bit values (exact widening), rounded back: what a bf16 GEMM
+    // with float32 accumulation gives, up to the order of the sums. ATen's CPU grouped GEMM runs every group as a
+    // oneDNN matmul whose primitive is built (JIT-compiled) anew for each group's row count, every step.
+    const auto dt = x.scalar_type();
+    const bool widen = dev == at::kCPU && dt != at::kFloat;
+    auto mm_in = [&](const at::Tensor& t) { return widen ? t.to(at::kFloat) : t; };
+    at::Tensor h = contiguous_grad(at::_grouped_mm(mm_in(x).contiguous(), mm_in(gate_up).transpose(1, 2), offsets));
+    if (widen) h = h.to(dt);  // [M, 2*ffn]
     at::Tensor a = activate(h.slice(1, 0, ffn), h.slice(1, ffn, 2 * ffn), act);
-    return contiguous_grad(at::_grouped_mm(a.contiguous(), down.transpose(1, 2), offsets));  // [M, d]
+    at::Tensor y = contiguous_grad(at::_grouped_mm(mm_in(a).contiguous(), mm_in(down).transpose(1, 2), offsets));
+    return widen ? y.to(dt) : y;  // [M, d]
   }
   // Other dtypes (float64 for gradient checks) and unaligned shapes: one GEMM per expert over its contiguous rows.
   at::Tensor ends = offsets.to(at::kCPU, at::kLong);

@@ -223,7 +223,6 @@ std::shared_ptr<Comm> Comm::init(const LaunchEnv& env, const Options& opts) {
       c->impl_->store = c10::make_intrusive<c10d::TCPStore>(master, so);
     }
     c10d::TCPStoreOptions ho = so;
-    ho.port = static_cast<uint16_t>(port);
     ho.isServer = false;
     ho.numWorkers = std::nullopt;
     ho.waitWorkers = false;
