@@ -166,7 +166,7 @@ TEST(CP, BadLayoutsAreClearErrors) {
     par::apply_context_parallel(*m, one, "zigzag");
     FAIL() << "no error";
   } catch (const lf::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.cp_mode"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cp_mode: "), std::string::npos) << e.what();
   }
   (*m->model->layers)[1]->as<lf::models::llama::DecoderLayerImpl>()->self_attn->window = 8;
   try {

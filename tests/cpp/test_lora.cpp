@@ -175,7 +175,8 @@ TEST(LoraSave, PeftOracle) {
   const char* base = std::getenv("LF_LORA_SAVE_BASE");
   const char* out = std::getenv("LF_LORA_SAVE_OUT");
   if (!base || !out) GTEST_SKIP() << "set LF_LORA_SAVE_BASE and LF_LORA_SAVE_OUT";
-  auto m = lf::io::load_causal_lm(base, at::kFloat);
+  auto m = std::dynamic_pointer_cast<lf::models::llama::CausalLMImpl>(lf::io::load_model(base, at::kFloat));
+  ASSERT_TRUE(m);
   lf::nn::LoraConfig cfg;
   cfg.r = 4;
   cfg.alpha = 6;

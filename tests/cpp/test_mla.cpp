@@ -229,22 +229,18 @@ TEST(MLA, DeepSeekMoEConfig) {
   bad("num_experts_per_tok", 5, "num_experts_per_tok");  // only 1 group x 4 experts selectable
 }
 
-TEST(MLA, TensorAndContextParallelLayoutsAreRejected) {
-  auto c = DecoderConfig::from_json(tiny_json(true, true, false));
-  for (auto [field, tp, cp] : {std::tuple{"parallel.tp", 2, 1}, {"parallel.cp", 1, 2}}) {
+TEST(MLA, TensorAndContextParallelLayoutsAreAccepted) {
+  lf::models::llama::CausalLM m(DecoderConfig::from_json(tiny_json(true, true, false)));
+  for (auto [tp, cp, sp] : {std::tuple{2, 1, false}, {2, 1, true}, {1, 2, false}}) {
     lf::parallel::Layout l;
     l.tp = tp;
     l.cp = cp;
-    try {
-      lf::parallel::validate(l, c, 16, 1, false);
-      ADD_FAILURE() << field << ": expected an error";
-    } catch (const lf::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string("recipe: field '") + field + "'"), std::string::npos) << e.what();
-    }
+    l.sp = sp;
+    EXPECT_NO_THROW(lf::parallel::validate(l, *m, 16, 1, false)) << l.describe();
   }
-  lf::parallel::Layout dp;
-  dp.dp = 2;
-  EXPECT_NO_THROW(lf::parallel::validate(dp, c, 16, 1, false));
+  lf::parallel::Layout l;
+  l.tp = 3;  // 2 heads
+  EXPECT_THROW(lf::parallel::validate(l, *m, 16, 1, false), lf::Error);
 }
 
 }  // namespace

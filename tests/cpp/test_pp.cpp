@@ -184,18 +184,18 @@ TEST(Pipeline, LayerCounts) {
   EXPECT_EQ(pipeline_layer_counts(4, 2, 1, {1, 3}), (std::vector<int64_t>{1, 3}));
   EXPECT_EQ(pipeline_layer_counts(5, 2, 2, {1, 2, 1, 1}), (std::vector<int64_t>{1, 2, 1, 1}));
   std::string e = error_of([] { pipeline_layer_counts(4, 2, 1, {1, 2}); });
-  EXPECT_NE(e.find("field 'parallel.pp_layout'"), std::string::npos) << e;
+  EXPECT_NE(e.find("pp_layout: "), std::string::npos) << e;
   EXPECT_NE(e.find("sums to 3"), std::string::npos) << e;
   e = error_of([] { pipeline_layer_counts(4, 2, 1, {0, 4}); });
-  EXPECT_NE(e.find("field 'parallel.pp_layout'"), std::string::npos) << e;
+  EXPECT_NE(e.find("pp_layout: "), std::string::npos) << e;
   EXPECT_NE(e.find("at least one layer"), std::string::npos) << e;
   e = error_of([] { pipeline_layer_counts(4, 2, 2, {2, 2}); });
-  EXPECT_NE(e.find("field 'parallel.pp_layout'"), std::string::npos) << e;
+  EXPECT_NE(e.find("pp_layout: "), std::string::npos) << e;
   e = error_of([] { pipeline_layer_counts(6, 4, 1, {}); });
-  EXPECT_NE(e.find("field 'parallel.pp'"), std::string::npos) << e;
+  EXPECT_NE(e.find("pp: "), std::string::npos) << e;
   EXPECT_EQ(e.find('\n'), std::string::npos);
   e = error_of([] { pipeline_layer_counts(4, 0, 1, {}); });
-  EXPECT_NE(e.find("field 'parallel.pp'"), std::string::npos) << e;
+  EXPECT_NE(e.find("pp: "), std::string::npos) << e;
 }
 
 TEST(Pipeline, OneF1BOrder) {
@@ -208,7 +208,7 @@ TEST(Pipeline, OneF1BOrder) {
   auto last = pipeline_schedule(4, 1, 6, 3);
   for (size_t i = 0; i < last.size(); ++i) EXPECT_EQ(last[i].forward, i % 2 == 0);  // strictly 1F1B
   std::string e = error_of([] { pipeline_schedule(4, 2, 6, 0); });
-  EXPECT_NE(e.find("field 'parallel.pp'"), std::string::npos) << e;
+  EXPECT_NE(e.find("pp: "), std::string::npos) << e;
   EXPECT_NE(e.find("multiple of pp"), std::string::npos) << e;
 }
 
@@ -366,20 +366,20 @@ TEST(PipelineHook, MatchesOneProcess) {
   auto make_batches = [&](int step) {
     torch::manual_seed(100 + step);
     std::vector<MicroBatch> mbs;
-    for (int m = 0; m < micros; ++m) mbs.push_back({at::randint(V, {B, T}, at::kLong), {}, {}});
+    for (int m = 0; m < micros; ++m) mbs.push_back(MicroBatch{{"input_ids", at::randint(V, {B, T}, at::kLong)}});
     return mbs;
   };
   const double scale = static_cast<double>(micros * B * (T - 1));  // every token counted
   auto loss_fn_of = [&](const std::vector<MicroBatch>& mbs, CausalLM& m) {
     return [&mbs, &m](const at::Tensor& hidden, size_t i) {
-      return lf::nn::causal_lm_loss_sum(m->logits(hidden), mbs[i].input_ids).first;
+      return lf::nn::causal_lm_loss_sum(m->logits(hidden), mbs[i].at("input_ids")).first;
     };
   };
   auto act_shape = [&](size_t) { return std::vector<int64_t>{B, T, H}; };
   auto ref_forward_backward = [&](const std::vector<MicroBatch>& mbs) {
     double total = 0;
     for (auto& mb : mbs) {
-      at::Tensor l = lf::nn::causal_lm_loss_sum(ref->logits(ref->hidden_states(mb.input_ids)), mb.input_ids).first;
+      at::Tensor l = lf::nn::causal_lm_loss_sum(ref->logits(ref->hidden_states(mb.at("input_ids"))), mb.at("input_ids")).first;
       total += l.item<double>();
       (l / scale).backward();
     }

@@ -86,21 +86,21 @@ std::shared_ptr<par::Comm> single_comm() { return par::Comm::init(par::detect_la
 
 }  // namespace
 
-TEST(TensorParallel, DivisibilityErrorsNameTheRecipeField) {
+TEST(TensorParallel, DivisibilityErrorsNameTheOption) {
   auto c = DecoderConfig::from_json(config_json("llama"));
   try {
-    par::check_tensor_parallel(c, 3);
+    par::check_tensor_parallel(CausalLM(c)->tensor_parallel_spec(), 3);
     FAIL() << "no error";
   } catch (const lf::Error& e) {
-    EXPECT_STREQ(e.what(), "recipe: field 'parallel.tp': 3 does not divide num_attention_heads 4");
+    EXPECT_STREQ(e.what(), "tp: 3 does not divide num_attention_heads 4");
   }
   try {
-    par::check_tensor_parallel(c, 4);  // 4 heads but 2 key/value heads
+    par::check_tensor_parallel(CausalLM(c)->tensor_parallel_spec(), 4);  // 4 heads but 2 key/value heads
     FAIL() << "no error";
   } catch (const lf::Error& e) {
-    EXPECT_STREQ(e.what(), "recipe: field 'parallel.tp': 4 does not divide num_key_value_heads 2");
+    EXPECT_STREQ(e.what(), "tp: 4 does not divide num_key_value_heads 2");
   }
-  EXPECT_NO_THROW(par::check_tensor_parallel(c, 2));
+  EXPECT_NO_THROW(par::check_tensor_parallel(CausalLM(c)->tensor_parallel_spec(), 2));
 }
 
 // tp = 1 (a group of one): the layout changes nothing, with and without sp.
@@ -116,7 +116,7 @@ TEST(TensorParallel, GroupOfOneIsThePlainModel) {
     EXPECT_TRUE(plan.counted_in_norm("model.norm.weight"));
     Batch b = batch(0);
     at::Tensor r = ref_loss_sum(ref, b);
-    at::Tensor l = par::lm_loss_sum(*m, m->hidden_states(b.ids), b.targets, comm->world_group(), sp);
+    at::Tensor l = par::vocab_parallel_loss_sum(m->hidden_states(b.ids), m->output_weight(), b.targets, comm->world_group(), sp);
     EXPECT_LT(std::abs(l.item<double>() - r.item<double>()), 1e-5 * std::abs(r.item<double>()));
     EXPECT_THROW(par::apply_tensor_parallel(*m, comm->world_group(), sp), lf::Error);  // once per model
   }
@@ -159,7 +159,7 @@ void check_parity(const par::Group& tp, const std::string& variant, bool sp) {
 
   at::Tensor hidden = m->hidden_states(b.ids);
   EXPECT_EQ(hidden.size(1), sp ? kSeq / tp.size() : kSeq);
-  at::Tensor l = par::lm_loss_sum(*m, hidden, b.targets, tp, sp);
+  at::Tensor l = par::vocab_parallel_loss_sum(hidden, m->output_weight(), b.targets, tp, sp);
   (l / ntok).backward();
   par::sync_sequence_parallel_grads(*m, plan, tp);
   EXPECT_LT(std::abs(l.item<double>() - r.item<double>()), 1e-5 * std::abs(r.item<double>()));
@@ -186,7 +186,7 @@ void check_parity(const par::Group& tp, const std::string& variant, bool sp) {
 
   // Whole logits, for evaluation.
   at::NoGradGuard ng;
-  at::Tensor full_logits = par::gather_full_logits(*m, m->hidden_states(b.ids), tp, sp);
+  at::Tensor full_logits = par::gather_full_logits(m->output_weight(), m->hidden_states(b.ids), tp, sp);
   EXPECT_LT(rel_err(full_logits, ref->logits(ref->hidden_states(b.ids))), 1e-5);
 }
 
@@ -214,7 +214,7 @@ void check_training(const par::Group& tp, const std::string& variant, bool sp) {
     ref_opt.step();
     ref_opt.zero_grad();
 
-    at::Tensor l = par::lm_loss_sum(*m, m->hidden_states(b.ids), b.targets, tp, sp) / ntok;
+    at::Tensor l = par::vocab_parallel_loss_sum(m->hidden_states(b.ids), m->output_weight(), b.targets, tp, sp) / ntok;
     l.backward();
     par::sync_sequence_parallel_grads(*m, plan, tp);
     at::Tensor sq = at::zeros({1}, at::kDouble);
@@ -279,7 +279,7 @@ TEST(TpHook, SequenceParallelNeedsDivisibleLength) {
     m->hidden_states(b.ids);
     FAIL() << "no error";
   } catch (const lf::Error& e) {
-    EXPECT_STREQ(e.what(), "recipe: field 'parallel.sp': sequence length 15 is not divisible by tp 2");
+    EXPECT_STREQ(e.what(), "sp: sequence length 15 is not divisible by tp 2");
   }
   // and the same layout without sp takes any length
   auto m2 = build("llama");

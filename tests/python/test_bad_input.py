@@ -120,3 +120,20 @@ def test_old_rotary_buffers_are_ignored(model_dir, batch, tmp_path):
     sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
     save_file(sd, str(model_dir / "model.safetensors"))
     run_lf("dump", "--model", model_dir, "--batch", batch, "--out", tmp_path / "o.safetensors")
+
+
+@pytest.mark.parametrize("cfg, field, known", [
+    ({"model_type": "gpt_neox"}, "model_type", "deepseek_v3, llama, mistral, mixtral, qwen2, qwen3, qwen3_moe"),
+    ({"_class_name": "NoSuchTransformer2DModel"}, "_class_name", None),
+    ({"type": "no_such_policy"}, "type", None),
+    ({"hidden_size": 8}, "model_type", "llama"),
+])
+def test_unknown_family_is_one_line_naming_the_field_and_the_known_values(tmp_path, cfg, field, known):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    proc = run_lf("info", p, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert str(p) in lines[0] and f"'{field}'" in lines[0] and "known" in lines[0], lines[0]
+    if known:
+        assert known in lines[0], lines[0]

@@ -111,6 +111,78 @@ def test_layout_matches_one_process(tmp_path, data_dir, reference, name):
         assert m["tokens"] == ref["tokens"]
 
 
+# DeepSeek-V3's multi-head latent attention (and its MoE layer) under tensor, sequence and context parallelism: the
+# latent projections stay whole (their outputs feed every head), the per-head up-projections split; ring attention
+# carries values narrower than the keys (v_head_dim 12 < 16) zero-padded.
+DEEPSEEK = {
+    "model_type": "deepseek_v3", "vocab_size": 24, "hidden_size": 32, "intermediate_size": 48,
+    "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "kv_lora_rank": 16, "q_lora_rank": 24,
+    "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 12, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "n_group": 1, "topk_group": 1, "n_shared_experts": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+}
+MLA_LAYOUTS = {
+    "tp2": (2, ["parallel.tp=2", "train.micro_batch_size=4"]),
+    "tp2_sp": (2, ["parallel.tp=2", "parallel.sp=true", "train.micro_batch_size=4"]),
+    "cp2_ring": (2, ["parallel.cp=2", "parallel.cp_mode=ring", "train.micro_batch_size=4"]),
+    "cp2_a2a": (2, ["parallel.cp=2", "parallel.cp_mode=a2a", "train.micro_batch_size=4"]),
+}
+
+
+@pytest.fixture(scope="module", params=["q_lora", "q_proj"])
+def deepseek(request, tmp_path_factory, data_dir):
+    tmp = tmp_path_factory.mktemp("ds_ref")
+    cfg = dict(DEEPSEEK, q_lora_rank=None) if request.param == "q_proj" else DEEPSEEK
+    (tmp / "model.json").write_text(json.dumps(cfg))
+    rec = recipe(tmp, data_dir, model=tmp / "model.json")
+    run_lf("train", rec, "--set", "train.micro_batch_size=4")
+    return tmp / "model.json", metrics(tmp / "run")
+
+
+@pytest.mark.parametrize("name", list(MLA_LAYOUTS))
+def test_mla_layout_matches_one_process(tmp_path, data_dir, deepseek, name):
+    model, reference = deepseek
+    n, sets = MLA_LAYOUTS[name]
+    rec = recipe(tmp_path, data_dir, model=model)
+    train_ranks(n, rec, sets)
+    got = metrics(tmp_path / "run")
+    assert [m["step"] for m in got] == list(range(1, STEPS + 1))
+    for m, ref in zip(got, reference):
+        assert close(m["loss"], ref["loss"]), (name, m["step"], m["loss"], ref["loss"])
+        assert close(m["grad_norm"], ref["grad_norm"]), (name, m["step"], m["grad_norm"], ref["grad_norm"])
+
+
+# A vocabulary tp does not divide (the quickstart's 17 tokens): tensor parallelism pads the output and embedding rows
+# (to a multiple of tp x parallel.vocab_granule); the padding never reaches the loss or the checkpoint.
+@pytest.fixture(scope="module")
+def odd_vocab(tmp_path_factory, data_dir):
+    tmp = tmp_path_factory.mktemp("v17_ref")
+    (tmp / "model.json").write_text(json.dumps(dict(MODEL, vocab_size=17, pad_token_id=None)))
+    rec = recipe(tmp, data_dir, model=tmp / "model.json")
+    run_lf("train", rec, "--set", "train.micro_batch_size=4")
+    return tmp / "model.json", metrics(tmp / "run")
+
+
+@pytest.mark.parametrize("sets", [["parallel.tp=2"], ["parallel.tp=2", "parallel.sp=true", "parallel.vocab_granule=8"]])
+def test_tp_pads_a_vocabulary_it_does_not_divide(tmp_path, data_dir, odd_vocab, sets):
+    model, reference = odd_vocab
+    rec = recipe(tmp_path, data_dir, model=model)
+    train_ranks(2, rec, sets + ["train.micro_batch_size=4"])
+    got = metrics(tmp_path / "run")
+    for m, ref in zip(got, reference):
+        assert close(m["loss"], ref["loss"]), (sets, m["step"], m["loss"], ref["loss"])
+        assert close(m["grad_norm"], ref["grad_norm"]), (sets, m["step"], m["grad_norm"], ref["grad_norm"])
+    ckpt = tmp_path / "run" / "checkpoints" / f"step_{STEPS:08d}"
+    from safetensors import safe_open
+    shapes = {}
+    for f in ckpt.glob("model-rank-*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            shapes.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})
+    assert shapes["model.embed_tokens.weight"] == (17, MODEL["hidden_size"])
+    assert shapes["lm_head.weight"] == (17, MODEL["hidden_size"])
+
+
 @pytest.mark.parametrize("backend", ["auto", "gloo"])
 def test_mpirun_launch(tmp_path, data_dir, reference, backend):
     """mpirun -np 2: ranks from OMPI_COMM_WORLD_*; auto takes Open MPI's collectives when the build has them."""

@@ -18,3 +18,14 @@ def test_includes_respect_layers():
             if ORDER.index(inc) > ORDER.index(layer):
                 bad.append(f"{f.relative_to(ROOT)} includes loongforge/{inc}")
     assert not bad, bad
+
+
+def test_nothing_above_models_names_a_family():
+    """train/, parallel/, io/, optim/ and cli/ see the model contract (models/model.h) and the registry only."""
+    src = ROOT / "src" / "loongforge"
+    bad = []
+    for layer in ["train", "parallel", "io", "optim", "cli"]:
+        for f in (src / layer).rglob("*"):
+            if f.suffix in (".h", ".cpp", ".cu", ".cuh") and "models/llama" in f.read_text():
+                bad.append(str(f.relative_to(ROOT)))
+    assert not bad, bad

@@ -32,12 +32,12 @@ void run_convert(const ConvertArgs& a) {
   namespace fs = std::filesystem;
   if (fs::exists(a.out) && fs::equivalent(a.model, a.out)) throw Error("--out: must differ from --model (" + a.out + ")");
   at::ScalarType dt = a.dtype == "fp32" ? at::kFloat : a.dtype == "fp16" ? at::kHalf : at::kBFloat16;
-  auto model = io::load_causal_lm(a.model, at::kFloat);
+  auto model = io::load_model(a.model, at::kFloat);
   if (!a.lora.empty()) {
     io::load_peft_adapter(a.lora, *model);
     nn::merge_lora(*model);
   }
-  io::export_hf(*model, a.out, dt, parse_size(a.shard), a.model);
+  io::export_model(*model, a.out, dt, parse_size(a.shard), a.model);
 }
 
 }  // namespace

@@ -243,7 +243,7 @@ void add_data(CLI::App& app) {
       "Writes PREFIX.bin/.idx atomically (temporary files renamed at the end): a failed run leaves any existing\n"
       "shard untouched. Empty documents are skipped. File layout: docs/data_format.md.\n"
       "Example:\n"
-      "  loongforge data tokenize --tokenizer models/llama3 --input corpus/*.jsonl --out data/corpus");
+      "  loongforge data tokenize --tokenizer path/to/llama3 --input corpus/*.jsonl --out data/corpus");
   sub->callback([o, eos_flag] { run(*o, eos_flag->count() > 0); });
 
   struct SynthOptions {

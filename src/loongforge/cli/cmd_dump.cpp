@@ -7,7 +7,6 @@
 #include "loongforge/io/hf_model.h"
 #include "loongforge/io/peft.h"
 #include "loongforge/io/safetensors.h"
-#include "loongforge/nn/loss.h"
 #include "loongforge/optim/adamw.h"
 
 namespace lf::cli {
@@ -20,25 +19,14 @@ struct DumpArgs {
   std::string dtype = "fp32";
 };
 
-at::Tensor batch_tensor(const io::SafetensorsFile& f, const std::string& name, const at::Tensor& like = {}) {
-  at::Tensor t = f.tensor(name);
-  if (t.scalar_type() != at::kLong || t.dim() != 2)
-    throw file_error(f.path(), name, "expected int64 [B,T], got " + io::dtype_name(t.scalar_type()) + " with " +
-                                         std::to_string(t.dim()) + " dims");
-  if (like.defined() && t.sizes() != like.sizes()) throw file_error(f.path(), name, "shape differs from input_ids");
-  return t;
-}
-
 void run_dump(const DumpArgs& a) {
   at::ScalarType dtype = a.dtype == "fp64" ? at::kDouble : at::kFloat;
-  auto model = io::load_causal_lm(a.model, dtype);
-  auto batch = io::SafetensorsFile::open(a.batch);
-  if (!batch->contains("input_ids")) throw file_error(a.batch, "input_ids", "missing");
-  at::Tensor ids = batch_tensor(*batch, "input_ids");
-  at::Tensor labels = batch->contains("labels") ? batch_tensor(*batch, "labels", ids) : ids;
-  int64_t vocab = model->config().vocab_size;
-  if (ids.numel() && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= vocab))
-    throw file_error(a.batch, "input_ids", "ids must lie in [0, " + std::to_string(vocab) + ")");
+  auto model = io::load_model(a.model, dtype);
+  std::map<std::string, at::Tensor> batch;
+  {
+    auto f = io::SafetensorsFile::open(a.batch);
+    for (const auto& e : f->entries()) batch[e.name] = f->tensor(e.name).clone();
+  }
 
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
@@ -58,15 +46,15 @@ void run_dump(const DumpArgs& a) {
   }
   io::NamedTensors out;
   auto forward_backward = [&]() {
-    at::Tensor logits = model->forward(ids);
-    at::Tensor loss = nn::causal_lm_loss(logits, labels);
-    loss.backward();
+    models::Model::ReferenceOutput r = model->reference_forward(batch, a.batch);
+    r.loss.backward();
     for (auto& p : params)  // parameters the loss does not reach still get a (zero) gradient
       if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-    return std::pair{logits, loss};
+    return r;
   };
-  auto [logits, loss] = forward_backward();
-  out.emplace_back("logits", logits.detach().to(at::kFloat).contiguous());
+  auto first = forward_backward();
+  at::Tensor loss = first.loss;
+  for (const auto& [n, t] : first.outputs) out.emplace_back(n, t.detach().to(at::kFloat).contiguous());
   out.emplace_back("loss", loss.detach().to(at::kFloat).reshape({1}));
   for (size_t i = 0; i < params.size(); ++i) out.emplace_back("grad." + names[i], params[i].grad().to(at::kFloat).contiguous());
 
@@ -77,7 +65,7 @@ void run_dump(const DumpArgs& a) {
     for (int64_t s = 0; s < steps; ++s) {
       if (s > 0) {
         opt.zero_grad();
-        loss = forward_backward().second;
+        loss = forward_backward().loss;
       }
       losses[s] = loss.item<double>();
       norms[s] = optim::clip_grad_norm(params, a.steps > 0 ? a.clip : 0.0);

@@ -38,7 +38,7 @@ std::vector<int64_t> parse_ids(const std::string& s, const std::string& flag) {
 }
 
 void run_generate(GenerateArgs a) {
-  auto model = io::load_causal_lm(a.model, at::kFloat);
+  auto model = io::load_model(a.model, at::kFloat);
   model->eval();
   const at::Device device = kernels::cuda::usable_device(a.device == "cuda");  // as `train`
   if (device.is_cuda()) model->to(device);
@@ -52,8 +52,8 @@ void run_generate(GenerateArgs a) {
   }
   if (prompt.empty()) throw Error("generate: the prompt is empty (give --prompt or --prompt-ids)");
   for (int64_t id : prompt)
-    if (id < 0 || id >= model->config().vocab_size) throw Error("generate: prompt id " + std::to_string(id) + " outside the vocabulary");
-  a.opts.stop_ids = model->config().eos_token_ids;
+    if (id < 0 || id >= models::vocab_size(*model)) throw Error("generate: prompt id " + std::to_string(id) + " outside the vocabulary");
+  a.opts.stop_ids = models::eos_token_ids(*model);
   auto gen_cfg = std::filesystem::path(a.model) / "generation_config.json";
   if (std::filesystem::exists(gen_cfg)) {
     auto j = read_json_file(gen_cfg.string());

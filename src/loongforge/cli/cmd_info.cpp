@@ -5,7 +5,8 @@
 
 #include "loongforge/cli/commands.h"
 #include "loongforge/core/error.h"
-#include "loongforge/models/llama/config.h"
+#include "loongforge/core/json.h"
+#include "loongforge/models/registry.h"
 
 namespace lf::cli {
 
@@ -16,13 +17,8 @@ void add_info(CLI::App& app) {
   sub->callback([path] {
     std::string file = *path;
     if (std::filesystem::is_directory(file)) file = (std::filesystem::path(file) / "config.json").string();
-    auto c = models::llama::DecoderConfig::from_file(file);
-    nlohmann::json j = {{"model_type", c.model_type}, {"parameters", c.num_parameters()},
-                        {"layers", c.num_hidden_layers}, {"hidden_size", c.hidden_size},
-                        {"heads", c.num_attention_heads}, {"kv_heads", c.num_key_value_heads}, {"head_dim", c.head_dim},
-                        {"vocab_size", c.vocab_size}, {"tied_embeddings", c.tie_word_embeddings},
-                        {"rope", c.rope.type}, {"active_parameters", c.num_active_parameters()},
-                        {"train_flops_per_token_excl_attention", 6 * c.num_active_parameters()}};
+    const nlohmann::json config = read_json_file(file);
+    const nlohmann::json j = models::family_for(config, file).describe(config, file);
     std::printf("%s\n", j.dump(2).c_str());
   });
 }

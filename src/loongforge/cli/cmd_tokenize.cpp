@@ -114,9 +114,9 @@ void add_tokenize(CLI::App& app) {
       "Ids and text equal Hugging Face tokenizers' encode(text).ids / decode(ids) for tokenizer.json, and\n"
       "sentencepiece's encode/decode for tokenizer.model.\n"
       "Examples:\n"
-      "  loongforge tokenize --tokenizer models/llama3 --text 'Hello world'\n"
-      "  loongforge tokenize --tokenizer models/llama3/tokenizer.json --decode 128000,9906,1917\n"
-      "  echo '[\"a\", \"b c\"]' | loongforge tokenize --tokenizer models/llama3");
+      "  loongforge tokenize --tokenizer path/to/llama3 --text 'Hello world'\n"
+      "  loongforge tokenize --tokenizer path/to/llama3/tokenizer.json --decode 128000,9906,1917\n"
+      "  echo '[\"a\", \"b c\"]' | loongforge tokenize --tokenizer path/to/llama3");
   sub->callback([o, text, decode] { run(*o, text->count() > 0, decode->count() > 0); });
 }
 

@@ -1,5 +1,8 @@
 #include "loongforge/models/generate.h"
 
+#include "loongforge/core/error.h"
+#include "loongforge/models/llama/model.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -24,8 +27,22 @@ int64_t sample_token(const at::Tensor& logits, double temperature, double top_p,
   return at::multinomial(probs, 1, false, gen).item<int64_t>();
 }
 
-std::vector<int64_t> generate(llama::CausalLMImpl& model, const std::vector<int64_t>& prompt,
-                              const GenerateOptions& opts, const std::function<void(int64_t)>& on_token) {
+namespace {
+const llama::CausalLMImpl& lm_of(const Model& any) {
+  auto* lm = dynamic_cast<const llama::CausalLMImpl*>(&any);
+  if (!lm) throw Error("generate: the " + any.family() + " family (" + any.model_type() + ") does not generate text");
+  return *lm;
+}
+}  // namespace
+
+int64_t vocab_size(const Model& model) { return lm_of(model).config().vocab_size; }
+std::vector<int64_t> eos_token_ids(const Model& model) { return lm_of(model).config().eos_token_ids; }
+
+std::vector<int64_t> generate(Model& any, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
+                              const std::function<void(int64_t)>& on_token) {
+  auto* lm = dynamic_cast<llama::CausalLMImpl*>(&any);
+  if (!lm) throw Error("generate: the " + any.family() + " family (" + any.model_type() + ") does not generate text");
+  llama::CausalLMImpl& model = *lm;
   at::NoGradGuard no_grad;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
   nn::KVCache cache = model.new_cache();

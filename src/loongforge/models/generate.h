@@ -5,7 +5,7 @@
 #include <functional>
 #include <vector>
 
-#include "loongforge/models/llama/model.h"
+#include "loongforge/models/model.h"
 
 namespace lf::models {
 
@@ -18,8 +18,13 @@ struct GenerateOptions {
 };
 
 // Returns the new token ids (prompt excluded). on_token, when set, is called with each new id as it is produced.
-std::vector<int64_t> generate(llama::CausalLMImpl& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
+// Families that generate text (the decoder LMs); others: lf::Error.
+std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
                               const std::function<void(int64_t)>& on_token = {});
+
+// The vocabulary size and end-of-sequence ids of a model that generates text (lf::Error otherwise).
+int64_t vocab_size(const Model& model);
+std::vector<int64_t> eos_token_ids(const Model& model);
 
 // Samples one id from logits [V] (float32): argmax at temperature 0, else softmax(logits/T) restricted to the
 // smallest set of tokens whose probability reaches top_p (as transformers' TopPLogitsWarper).

@@ -70,7 +70,7 @@ at::Tensor document_attention(const at::Tensor& q, const at::Tensor& k, const at
                               int64_t window, double scale, const at::Tensor& segment_ids,
                               const at::Tensor& cu_seqlens, int64_t max_len) {
   const int64_t b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
-  if (cu_seqlens.defined() && q_offset == 0 && k.size(2) == t && q.is_cuda()) {
+  if (cu_seqlens.defined() && q_offset == 0 && k.size(2) == t && v.size(3) == d && q.is_cuda()) {
     // [B,H,T,D] -> [B*T, H, D]: the tokens of every row one after the other, as the ranges count them
     at::Tensor qf = q.transpose(1, 2).reshape({b * t, h, d});
     at::Tensor kf = k.transpose(1, 2).reshape({b * t, k.size(1), d});

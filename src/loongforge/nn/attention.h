@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <vector>
 
 namespace lf::nn {
@@ -23,6 +24,26 @@ struct KVCache {
 // only keys of its own segment (packed documents). Returns [B,H,Tq,D].
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t q_offset,
                             int64_t window, double scale, const at::Tensor& segment_ids = {});
+
+// The hook every attention module exposes (models::Model::attention_modules): its head counts, sliding window and
+// an optional replacement of the attention computation. Layouts install themselves here: tensor parallelism lowers
+// heads/kv_heads to this rank's share, context parallelism (ring, all-to-all) and packed-document kernels set
+// attention_fn. q [B,H,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv] (Dv may differ from D: DeepSeek's MLA).
+struct AttentionHook {
+  using AttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               int64_t q_offset, int64_t window, double scale,
+                                               const at::Tensor& segment_ids)>;
+  AttentionHook(int64_t heads, int64_t kv_heads, int64_t window) : heads(heads), kv_heads(kv_heads), window(window) {}
+  virtual ~AttentionHook() = default;
+  // attention_fn when set, else causal_attention.
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t q_offset, double scale,
+                    const at::Tensor& segment_ids) const {
+    return attention_fn ? attention_fn(q, k, v, q_offset, window, scale, segment_ids)
+                        : causal_attention(q, k, v, q_offset, window, scale, segment_ids);
+  }
+  int64_t heads, kv_heads, window;
+  AttentionFn attention_fn;
+};
 
 // Packed documents as token ranges of the flattened [B*T] batch, from segment_ids [B,T] (int64, CPU; a document
 // ends where the id changes or the row ends): cu_seqlens int32 [documents + 1] (0, every later document's start,

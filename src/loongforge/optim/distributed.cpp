@@ -14,11 +14,11 @@ std::shared_ptr<parallel::GradSync> make_engine(std::vector<std::string> names, 
                                                 const parallel::Group& replicate, const parallel::Group& shard,
                                                 const DataParallelOptions& dp) {
   if (dp.zero == 3)
-    throw Error("recipe: field 'parallel.zero': 3 (FSDP) needs parallel::fully_shard and the engine constructor");
+    throw OptionError("zero", "3 (FSDP) needs parallel::fully_shard and the engine constructor");
   if (dp.zero != 0 && dp.zero != 1)
-    throw Error("recipe: field 'parallel.zero': " + std::to_string(dp.zero) + " is not 0, 1 or 3");
+    throw OptionError("zero", std::to_string(dp.zero) + " is not 0, 1 or 3");
   if (dp.zero == 0 && shard.size() != 1)
-    throw Error("recipe: field 'parallel.zero': 0 (DDP) takes a shard group of one, got " +
+    throw OptionError("zero", "0 (DDP) takes a shard group of one, got " +
                 std::to_string(shard.size()) + " ranks");
   return std::make_shared<parallel::BucketedDataParallel>(std::move(names), std::move(params), replicate, shard,
                                                           dp.bucket_bytes);

@@ -19,12 +19,12 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-std::string cp_field() { return "recipe: field 'parallel.cp': "; }
+OptionError cp_error(const std::string& why) { return OptionError("cp", why); }
 
 void check_divisible(int64_t T, int cp_size) {
-  if (cp_size < 1) throw Error(cp_field() + "must be at least 1, got " + std::to_string(cp_size));
+  if (cp_size < 1) throw cp_error("must be at least 1, got " + std::to_string(cp_size));
   if (T % (2 * cp_size) != 0)
-    throw Error(cp_field() + "2*cp = " + std::to_string(2 * cp_size) + " does not divide the sequence length " +
+    throw cp_error("2*cp = " + std::to_string(2 * cp_size) + " does not divide the sequence length " +
                 std::to_string(T) + " (context parallel splits it in 2*cp load-balanced chunks)");
 }
 
@@ -233,10 +233,10 @@ at::Tensor a2a_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const int n = cp.size();
   const int64_t H = q.size(1), Hkv = k.size(1), Tl = q.size(2);
   if (H % n != 0)
-    throw Error(cp_field() + std::to_string(n) + " does not divide num_attention_heads " + std::to_string(H) +
+    throw cp_error(std::to_string(n) + " does not divide num_attention_heads " + std::to_string(H) +
                 " (cp_mode a2a)");
   if (Hkv % n != 0)
-    throw Error(cp_field() + std::to_string(n) + " does not divide num_key_value_heads " + std::to_string(Hkv) +
+    throw cp_error(std::to_string(n) + " does not divide num_key_value_heads " + std::to_string(Hkv) +
                 " (cp_mode a2a)");
   at::Tensor order = cp_layout_positions(Tl * n, n).to(q.device());  // global position of each gathered token
   at::Tensor inv = at::argsort(order);
@@ -248,24 +248,23 @@ at::Tensor a2a_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return all_to_all(o.index_select(2, order), cp, 2, 1);
 }
 
-void apply_context_parallel(models::llama::CausalLMImpl& model, const Group& cp, const std::string& mode) {
+void apply_context_parallel(models::Model& model, const Group& cp, const std::string& mode) {
   if (mode != "ring" && mode != "a2a")
-    throw Error("recipe: field 'parallel.cp_mode': unknown value '" + mode + "' (ring|a2a)");
+    throw OptionError("cp_mode", "unknown value '" + mode + "' (ring|a2a)");
   const bool ring = mode == "ring";
   const int n = cp.size();
-  std::vector<models::llama::AttentionImpl*> attns;
-  for (size_t i = 0; i < model.model->layers->size(); ++i) {
-    auto* attn = (*model.model->layers)[i]->as<models::llama::DecoderLayerImpl>()->self_attn.get();
+  std::vector<nn::AttentionHook*> attns = model.attention_modules();
+  for (size_t i = 0; i < attns.size(); ++i) {
+    nn::AttentionHook* attn = attns[i];
     if (attn->window > 0)
-      throw Error(cp_field() + "sliding-window attention (layer " + std::to_string(i) + ", window " +
+      throw cp_error("sliding-window attention (layer " + std::to_string(i) + ", window " +
                   std::to_string(attn->window) + ") is not supported with context parallelism");
     if (!ring && attn->heads % n != 0)
-      throw Error(cp_field() + std::to_string(n) + " does not divide num_attention_heads " +
+      throw cp_error(std::to_string(n) + " does not divide num_attention_heads " +
                   std::to_string(attn->heads) + " (cp_mode a2a)");
     if (!ring && attn->kv_heads % n != 0)
-      throw Error(cp_field() + std::to_string(n) + " does not divide num_key_value_heads " +
+      throw cp_error(std::to_string(n) + " does not divide num_key_value_heads " +
                   std::to_string(attn->kv_heads) + " (cp_mode a2a)");
-    attns.push_back(attn);
   }
   const Group* g = &cp;
   for (auto* attn : attns) {  // installed only once every layer passed the checks
@@ -273,22 +272,23 @@ void apply_context_parallel(models::llama::CausalLMImpl& model, const Group& cp,
                                    int64_t window, double scale, const at::Tensor& segment_ids) {
       if (q_offset != 0 || q.size(2) != k.size(2))
         throw Error("context parallel: a key/value cache (generation) is not supported");
-      if (window > 0) throw Error(cp_field() + "sliding-window attention is not supported with context parallelism");
-      return ring ? ring_attention(q, k, v, scale, segment_ids, *g) : a2a_attention(q, k, v, scale, segment_ids, *g);
+      if (window > 0) throw cp_error("sliding-window attention is not supported with context parallelism");
+      if (!ring) return a2a_attention(q, k, v, scale, segment_ids, *g);
+      // Ring attention moves keys and values as one tensor: values narrower than the keys (MLA's v_head_dim) travel
+      // zero-padded to the key width; the padded output columns are zero and cut off.
+      const int64_t dv = v.size(3), dk = k.size(3);
+      if (dv == dk) return ring_attention(q, k, v, scale, segment_ids, *g);
+      if (dv > dk) throw Error("context parallel: values wider than keys are not supported (ring)");
+      at::Tensor vp = at::constant_pad_nd(v, {0, dk - dv});
+      return ring_attention(q, k, vp, scale, segment_ids, *g).narrow(3, 0, dv);
     };
   }
 }
 
-at::Tensor next_token_targets(const at::Tensor& labels) {
-  at::Tensor pad = at::full({labels.size(0), 1}, nn::kIgnoreIndex, labels.options());
-  return at::cat({labels.narrow(1, 1, labels.size(1) - 1), pad}, 1);
-}
+at::Tensor next_token_targets(const at::Tensor& labels) { return nn::next_token_targets(labels); }
 
 std::pair<at::Tensor, int64_t> token_loss_sum(const at::Tensor& logits, const at::Tensor& targets) {
-  at::Tensor t = targets.reshape({-1});
-  int64_t counted = (t != nn::kIgnoreIndex).sum().item<int64_t>();
-  at::Tensor flat = logits.to(at::kFloat).reshape({-1, logits.size(-1)});
-  return {at::cross_entropy_loss(flat, t, {}, at::Reduction::Sum, nn::kIgnoreIndex), counted};
+  return {nn::token_loss_sum(logits, targets), (targets != nn::kIgnoreIndex).sum().item<int64_t>()};
 }
 
 }  // namespace lf::parallel

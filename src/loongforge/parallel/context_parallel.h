@@ -1,4 +1,4 @@
-// Context parallelism for the dense decoder (models/llama): the sequence of every batch is split over a cp group,
+// Context parallelism for any model whose attention modules expose the hook (models/model.h): the sequence of every batch is split over a cp group,
 // load-balanced for causal attention, and attention runs across the group either as ring attention or as
 // all-to-all (DeepSpeed-Ulysses).
 //
@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "loongforge/models/llama/model.h"
+#include "loongforge/models/model.h"
 #include "loongforge/parallel/comm.h"
 
 namespace lf::parallel {
@@ -54,10 +54,10 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 at::Tensor a2a_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                          const at::Tensor& segment_ids, const Group& cp);
 
-// Installs ring or a2a attention (mode "ring" | "a2a") as every layer's AttentionImpl::attention_fn. `cp` must
+// Installs ring or a2a attention (mode "ring" | "a2a") as every attention module's attention_fn (Model::attention_modules). `cp` must
 // outlive the model's use. Throws lf::Error (naming parallel.cp / parallel.cp_mode) for an unknown mode, sliding
 // windows, or (a2a) heads not divisible by cp. The installed function rejects a key/value cache (generation).
-void apply_context_parallel(models::llama::CausalLMImpl& model, const Group& cp, const std::string& mode);
+void apply_context_parallel(models::Model& model, const Group& cp, const std::string& mode);
 
 // labels[:, t+1] at position t and -100 at the last position: the next-token targets of the full sequence (the
 // shift of nn::causal_lm_loss), to be sharded with cp_shard like the inputs.

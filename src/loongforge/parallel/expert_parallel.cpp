@@ -43,19 +43,19 @@ bool ExpertParallelPlan::is_expert_param(const std::string& name) const {
 }
 
 void check_expert_parallel(int64_t num_experts, int ep) {
-  if (ep < 1) throw Error("recipe: field 'parallel.ep': must be >= 1, got " + std::to_string(ep));
+  if (ep < 1) throw OptionError("ep", "must be >= 1, got " + std::to_string(ep));
   if (num_experts <= 0)
-    throw Error("recipe: field 'parallel.ep': " + std::to_string(ep) + " needs a mixture-of-experts model (no experts)");
+    throw OptionError("ep", std::to_string(ep) + " needs a mixture-of-experts model (no experts)");
   if (num_experts % ep != 0)
-    throw Error("recipe: field 'parallel.ep': " + std::to_string(ep) + " does not divide num_experts " +
+    throw OptionError("ep", std::to_string(ep) + " does not divide num_experts " +
                 std::to_string(num_experts));
 }
 
 void check_guest_options(const moe::GuestOptions& guests, int ep) {
   if (guests.guest_slots < 0)
-    throw Error("recipe: field 'moe.guest_slots': " + std::to_string(guests.guest_slots) + " is negative");
+    throw OptionError("guest_slots", std::to_string(guests.guest_slots) + " is negative");
   if (guests.ranks_per_node < 0 || (guests.ranks_per_node > 0 && ep % guests.ranks_per_node != 0))
-    throw Error("recipe: field 'moe.ranks_per_node': " + std::to_string(guests.ranks_per_node) +
+    throw OptionError("ranks_per_node", std::to_string(guests.ranks_per_node) +
                 " does not divide parallel.ep " + std::to_string(ep) +
                 " (the expert-parallel ranks of a group, node by node)");
 }
@@ -199,10 +199,10 @@ void apply_expert_parallel(nn::MoEImpl& block, const Group& ep, const moe::Guest
   };
 }
 
-ExpertParallelPlan apply_expert_parallel(models::llama::CausalLMImpl& m, const Group& ep, const moe::GuestOptions& guests) {
+ExpertParallelPlan apply_expert_parallel(models::Model& m, const Group& ep, const moe::GuestOptions& guests) {
   auto blocks = m.moe_blocks();
   if (blocks.empty())
-    throw Error("recipe: field 'parallel.ep': " + std::to_string(ep.size()) +
+    throw OptionError("ep", std::to_string(ep.size()) +
                 " needs a mixture-of-experts model (this model has no MoE layers)");
   for (auto* b : blocks) {
     check_expert_parallel(b->options.num_experts, ep.size());
@@ -231,7 +231,7 @@ ExpertParallelPlan apply_expert_parallel(models::llama::CausalLMImpl& m, const G
   return plan;
 }
 
-void sync_non_expert_grads(models::llama::CausalLMImpl& m, const ExpertParallelPlan& plan, const Group& ep) {
+void sync_non_expert_grads(models::Model& m, const ExpertParallelPlan& plan, const Group& ep) {
   if (ep.size() == 1) return;
   for (auto& item : m.named_parameters(true)) {
     if (plan.is_expert_param(item.key())) continue;
@@ -243,7 +243,7 @@ void sync_non_expert_grads(models::llama::CausalLMImpl& m, const ExpertParallelP
   }
 }
 
-std::map<std::string, at::Tensor> gather_expert_params(models::llama::CausalLMImpl& m, const ExpertParallelPlan& plan,
+std::map<std::string, at::Tensor> gather_expert_params(models::Model& m, const ExpertParallelPlan& plan,
                                                        const Group& ep) {
   std::map<std::string, at::Tensor> out;
   auto params = m.named_parameters(true);

@@ -53,7 +53,7 @@
 #include <string>
 #include <vector>
 
-#include "loongforge/models/llama/model.h"
+#include "loongforge/models/model.h"
 #include "loongforge/nn/moe.h"
 #include "loongforge/parallel/comm.h"
 #include "loongforge/parallel/moe_plan.h"
@@ -100,7 +100,7 @@ void apply_expert_parallel(nn::MoEImpl& block, const Group& ep, const moe::Guest
 // of other stages, whose parameters were released, are skipped). Errors: a dense model, ep not dividing
 // num_experts (recipe field 'parallel.ep'), a block already expert-parallel, bad guest options (recipe fields
 // 'moe.guest_slots', 'moe.ranks_per_node'). Once per model.
-ExpertParallelPlan apply_expert_parallel(models::llama::CausalLMImpl& m, const Group& ep,
+ExpertParallelPlan apply_expert_parallel(models::Model& m, const Group& ep,
                                          const moe::GuestOptions& guests = guest_free());
 
 // The expert computation of one block under EP (what apply_expert_parallel installs as experts_fn): x [N,d] this
@@ -119,10 +119,10 @@ at::Tensor all_to_all_v(const at::Tensor& x, const std::vector<int64_t>& send_co
 
 // Sums the gradients of every non-expert parameter over ep (one all-reduce each; undefined grads count as zeros).
 // The data-parallel reduction over the ep ranks; with an outer dp dimension, reduce over the group of ep x dp.
-void sync_non_expert_grads(models::llama::CausalLMImpl& m, const ExpertParallelPlan& plan, const Group& ep);
+void sync_non_expert_grads(models::Model& m, const ExpertParallelPlan& plan, const Group& ep);
 
 // Whole expert tensors by HF name, all-gathered along dim 0 over ep (every rank gets all; checkpoints, export).
-std::map<std::string, at::Tensor> gather_expert_params(models::llama::CausalLMImpl& m, const ExpertParallelPlan& plan,
+std::map<std::string, at::Tensor> gather_expert_params(models::Model& m, const ExpertParallelPlan& plan,
                                                        const Group& ep);
 // This rank's slice along dim 0 of a whole expert tensor (a copy).
 at::Tensor expert_shard_of(const at::Tensor& full, const Group& ep);

@@ -8,19 +8,21 @@
 
 #include "loongforge/core/error.h"
 
+#include <set>
+#include <torch/nn/modules/embedding.h>
+
 namespace lf::parallel {
 namespace {
 
-using models::llama::DecoderLayerImpl;
-
-// A decoder layer run without keeping activations; backward re-gathers the layer, recomputes it with autograd and
+// A block run without keeping activations; backward re-gathers the layer, recomputes it with autograd and
 // hands the parameter gradients to the engine (reduce-scatter).
 struct LayerNode : torch::autograd::Node {
   FullyShardedModel* fsdp = nullptr;
   size_t unit = 0;
-  DecoderLayerImpl* layer = nullptr;
+  models::Model* model = nullptr;
   std::vector<at::Tensor> params;  // the unit's trainable parameters (module tensors; gathered in apply)
-  at::Tensor input, cos, sin, segment_ids;
+  models::Batch inputs;            // the blocks' other inputs (Model::block_inputs)
+  at::Tensor input;
   bool input_requires_grad = false;
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
@@ -30,7 +32,7 @@ struct LayerNode : torch::autograd::Node {
     at::Tensor y;
     {
       at::AutoGradMode enable(true);
-      y = layer->forward(x, cos, sin, nullptr, segment_ids);
+      y = model->block_forward(inputs, x, static_cast<int64_t>(unit));
     }
     std::vector<at::Tensor> inputs;
     if (input_requires_grad) inputs.push_back(x);
@@ -57,8 +59,8 @@ struct LayerNode : torch::autograd::Node {
   void release_variables() override { input = at::Tensor(); }
 };
 
-bool layer_index(const std::string& name, int64_t* idx) {
-  static const std::string pre = "model.layers.";
+// "<blocks>.12.mlp.up_proj.weight" -> 12.
+bool block_index(const std::string& name, const std::string& pre, int64_t* idx) {
   if (name.rfind(pre, 0) != 0) return false;
   size_t dot = name.find('.', pre.size());
   *idx = std::stoll(name.substr(pre.size(), dot - pre.size()));
@@ -67,17 +69,22 @@ bool layer_index(const std::string& name, int64_t* idx) {
 
 }  // namespace
 
-FullyShardedModel::FullyShardedModel(models::llama::CausalLMImpl& model, const Group& shard, const Group& replicate,
-                                     FsdpOptions o)
+FullyShardedModel::FullyShardedModel(models::Model& model, const Group& shard, const Group& replicate, FsdpOptions o)
     : model_(&model), opts_(o) {
   shard_ = &shard;
   replicate_ = &replicate;
-  const int64_t L = model.config().num_hidden_layers;
+  const int64_t L = model.num_blocks();
+  const std::string blocks = model.split().blocks + ".";
   units_.resize(static_cast<size_t>(L) + 1);
+  // Embedding tables are looked up, not multiplied: they keep fp32 under mixed precision.
+  std::set<std::string> tables;
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    if (item.value()->as<torch::nn::EmbeddingImpl>())
+      for (const auto& p : item.value()->named_parameters(false)) tables.insert(item.key() + "." + p.key());
   for (auto& item : model.named_parameters(true)) {
     if (!item.value().requires_grad()) continue;
     int64_t li = -1;
-    size_t u = layer_index(item.key(), &li) ? static_cast<size_t>(li) : static_cast<size_t>(L);
+    size_t u = block_index(item.key(), blocks, &li) ? static_cast<size_t>(li) : static_cast<size_t>(L);
     if (u > static_cast<size_t>(L)) throw Error("fsdp: parameter '" + item.key() + "' names a layer past the last");
     units_[u].members.push_back(names_.size());
     names_.push_back(item.key());
@@ -88,7 +95,7 @@ FullyShardedModel::FullyShardedModel(models::llama::CausalLMImpl& model, const G
     throw Error("fsdp: compute dtype must be float32, bfloat16 or float16");
   for (auto& unit : units_)
     for (size_t i : unit.members)
-      unit.low.push_back(shapes_[i].size() == 2 && names_[i] != "model.embed_tokens.weight");
+      unit.low.push_back(shapes_[i].size() == 2 && !tables.count(names_[i]));
   const int S = shard.size(), r = shard.rank();
   at::NoGradGuard no_grad;
   for (auto& unit : units_) {
@@ -209,21 +216,14 @@ void FullyShardedModel::flush_root_grads() {
   for (size_t i : units_[root].members) params_[i].mutable_grad() = at::Tensor();
 }
 
-at::Tensor FullyShardedModel::hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids_in,
-                                            const at::Tensor& segment_ids) {
+at::Tensor FullyShardedModel::forward_hidden(const models::Batch& b) {
   const size_t L = units_.size() - 1, root = L;
   flush_root_grads();  // a previous micro-batch's, if finish_backward() was not called
-  at::Tensor position_ids = position_ids_in;
-  if (!position_ids.defined())
-    position_ids = at::arange(input_ids.size(1), input_ids.options().dtype(at::kLong))
-                       .unsqueeze(0)
-                       .expand({input_ids.size(0), input_ids.size(1)});
   gather(root);
   if (opts_.prefetch && L > 0) prefetch(0);
-  at::Tensor h = model_->embed(input_ids);
-  auto [cos, sin] = model_->rotary(position_ids, h.scalar_type());
+  at::Tensor h = model_->embed(b);
+  const models::Batch inputs = model_->block_inputs(b, h.scalar_type());
   for (size_t i = 0; i < L; ++i) {
-    auto* layer = (*model_->model->layers)[i]->as<DecoderLayerImpl>();
     gather(i);
     if (opts_.prefetch && i + 1 < L) prefetch(i + 1);
     std::vector<at::Tensor> ps;
@@ -232,26 +232,24 @@ at::Tensor FullyShardedModel::hidden_states(const at::Tensor& input_ids, const a
     at::Tensor y;
     {
       at::NoGradGuard no_grad;
-      y = layer->forward(h, cos, sin, nullptr, segment_ids);
+      y = model_->block_forward(inputs, h, static_cast<int64_t>(i));
     }
     free_unit(i);
     if (needs_node) {
       auto node = std::shared_ptr<LayerNode>(new LayerNode(), torch::autograd::deleteNode);
       node->fsdp = this;
       node->unit = i;
-      node->layer = layer;
+      node->model = model_;
       node->params = std::move(ps);
       node->input = h.detach();
-      node->cos = cos;
-      node->sin = sin;
-      node->segment_ids = segment_ids;
+      node->inputs = inputs;
       node->input_requires_grad = h.requires_grad();
       node->set_next_edges(torch::autograd::collect_next_edges(h));
       torch::autograd::set_history(y, node);
     }
     h = y;
   }
-  return model_->final_norm(h);
+  return model_->post_blocks(h);
 }
 
 void FullyShardedModel::finish_backward() {
@@ -324,7 +322,7 @@ void FullyShardedModel::load_full_parameters(const std::map<std::string, at::Ten
   reshard();
 }
 
-std::shared_ptr<FullyShardedModel> fully_shard(models::llama::CausalLMImpl& model, const Group& shard,
+std::shared_ptr<FullyShardedModel> fully_shard(models::Model& model, const Group& shard,
                                                const Group& replicate, FsdpOptions opts) {
   return std::make_shared<FullyShardedModel>(model, shard, replicate, opts);
 }

@@ -1,7 +1,7 @@
-// The FSDP engine (ZeRO-3) and HSDP for the dense decoder LM, applied to a plain model from outside.
+// The FSDP engine (ZeRO-3) and HSDP for any model of the contract (models/model.h), applied from outside.
 //
-// fully_shard splits the trainable parameters in units: one per decoder layer and a root unit (embeddings, final
-// norm, output head). Each unit keeps only this rank's 1/shard.size() slice of its flat parameter vector (the
+// fully_shard splits the trainable parameters in units: one per block (Model::split) and a root unit (the pieces
+// before and after the blocks: embeddings, final norm, output head). Each unit keeps only this rank's 1/shard.size() slice of its flat parameter vector (the
 // optimizer's master copy); the module's parameters are empty tensors except while their unit is gathered.
 //
 //  - forward: the root is all-gathered at the start and stays gathered until the end of backward; each layer is
@@ -15,12 +15,12 @@
 // into the (accumulating) gradient shards; set_sync(false) only defers the replicate all-reduce.
 // Frozen parameters (requires_grad false) are left whole on every rank.
 //
-// Use: `auto fsdp = fully_shard(*model, shard, replicate)`; run `fsdp->hidden_states(...)` (not the model's own,
-// whose layers are empty) and `fsdp->logits(...)`, backward, `fsdp->finish_backward()`, then
+// Use: `auto fsdp = fully_shard(*model, shard, replicate)`; run `fsdp->forward_hidden(batch)` (not the model's own,
+// whose blocks are empty) and `model->head_loss_sum(...)`, backward, `fsdp->finish_backward()`, then
 // optim::DataParallelOptimizer(fsdp, ...) clips and steps. Activations are always recomputed (per layer).
 #pragma once
 #include <optional>
-#include "loongforge/models/llama/model.h"
+#include "loongforge/models/model.h"
 #include "loongforge/parallel/data_parallel.h"
 
 namespace lf::parallel {
@@ -41,18 +41,14 @@ struct FsdpOptions {
 
 class FullyShardedModel : public GradSync, public std::enable_shared_from_this<FullyShardedModel> {
  public:
-  FullyShardedModel(models::llama::CausalLMImpl& model, const Group& shard, const Group& replicate, FsdpOptions o);
+  FullyShardedModel(models::Model& model, const Group& shard, const Group& replicate, FsdpOptions o);
   ~FullyShardedModel() override;
   FullyShardedModel(const FullyShardedModel&) = delete;
   FullyShardedModel& operator=(const FullyShardedModel&) = delete;
 
-  // CausalLMImpl::hidden_states under FSDP (same arguments and result; no KV cache).
-  at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids = {},
-                           const at::Tensor& segment_ids = {});
-  at::Tensor logits(const at::Tensor& hidden) { return model_->logits(hidden); }
-  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids = {}) {
-    return logits(hidden_states(input_ids, position_ids));
-  }
+  // Model::forward_hidden under FSDP (same argument and result). The root unit (pre and post modules) stays
+  // gathered until finish_backward, so the model's head (Model::head_loss_sum) runs on its output as usual.
+  at::Tensor forward_hidden(const models::Batch& b);
 
   void finish_backward() override;
   void zero_grad() override;
@@ -69,7 +65,7 @@ class FullyShardedModel : public GradSync, public std::enable_shared_from_this<F
   void gather_all();
   void reshard();
   size_t num_units() const { return units_.size(); }
-  models::llama::CausalLMImpl& model() { return *model_; }
+  models::Model& model() { return *model_; }
 
   // Losses made inside a layer (MoE router losses): called in the layer's backward, right after its forward is
   // recomputed with gradients, with the layer index; a defined scalar is backpropagated with the layer's output
@@ -98,7 +94,7 @@ class FullyShardedModel : public GradSync, public std::enable_shared_from_this<F
   };
   void flush_root_grads();
   void drain(size_t keep);
-  models::llama::CausalLMImpl* model_;
+  models::Model* model_;
   FsdpOptions opts_;
   std::vector<at::Tensor> params_;
   std::vector<Unit> units_;  // units_[0..L-1]: layers; units_.back(): root
@@ -108,7 +104,7 @@ class FullyShardedModel : public GradSync, public std::enable_shared_from_this<F
 
 // Shards `model` over `shard` (replicated over `replicate`; a group of one for plain FSDP). Every rank must hold
 // the same full parameters when called (same seed or same checkpoint).
-std::shared_ptr<FullyShardedModel> fully_shard(models::llama::CausalLMImpl& model, const Group& shard,
+std::shared_ptr<FullyShardedModel> fully_shard(models::Model& model, const Group& shard,
                                                const Group& replicate, FsdpOptions opts = {});
 
 }  // namespace lf::parallel

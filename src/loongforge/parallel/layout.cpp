@@ -6,7 +6,7 @@ namespace lf::parallel {
 
 namespace {
 [[noreturn]] void bad(const std::string& field, const std::string& what) {
-  throw Error("recipe: field 'parallel." + field + "': " + what);
+  throw OptionError(field, what);
 }
 std::string s(int64_t v) { return std::to_string(v); }
 }  // namespace
@@ -26,11 +26,12 @@ std::string Layout::describe() const {
   return d.empty() ? "single process" : d;
 }
 
-void validate(const Layout& l, const models::llama::DecoderConfig& c, int64_t seq_len, int64_t micro_batches, bool lora) {
+void validate(const Layout& l, models::Model& m, int64_t seq_len, int64_t micro_batches, bool lora) {
   for (auto [name, v] : {std::pair{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"cp", l.cp}, {"ep", l.ep}})
     if (v < 1) bad(name, s(v) + " is not a positive size");
-  bool moe = false;
-  for (size_t i = 0; i < c.layer_moe.size(); ++i) moe = moe || c.is_moe_layer(static_cast<int64_t>(i));
+  const bool moe = !m.moe_layers().empty();
+  const int64_t blocks = m.num_blocks();
+  const auto attn = m.attention_modules();
   if (l.ep != 1 && !moe) bad("ep", s(l.ep) + ": expert parallelism needs a mixture-of-experts model; this one is dense");
   // MoE models: data parallelism (DDP, ZeRO-1, FSDP), tensor (+sequence) parallelism (experts split along their
   // ffn) expert parallelism over data-parallel ranks (DDP, ZeRO-1), pipeline and context parallelism in the trainer.
@@ -40,28 +41,22 @@ void validate(const Layout& l, const models::llama::DecoderConfig& c, int64_t se
     if (l.zero > 1) bad("ep", s(l.ep) + ": expert parallelism runs with parallel.zero 0 (DDP) or 1 (ZeRO-1), got zero " + s(l.zero));
   }
   if (l.timeout_s < 1) bad("timeout_s", s(l.timeout_s) + " is not a positive number of seconds");
-  if (c.mla && l.tp > 1) bad("tp", s(l.tp) + ": tensor parallelism does not support multi-head latent attention (deepseek_v3)");
-  if (c.mla && l.cp > 1) bad("cp", s(l.cp) + ": context parallelism does not support multi-head latent attention (deepseek_v3)");
-  if (l.tp > 1) {
-    if (c.num_attention_heads % l.tp) bad("tp", s(l.tp) + " does not divide num_attention_heads " + s(c.num_attention_heads));
-    if (c.num_key_value_heads % l.tp) bad("tp", s(l.tp) + " does not divide num_key_value_heads " + s(c.num_key_value_heads));
-    if (c.intermediate_size % l.tp) bad("tp", s(l.tp) + " does not divide intermediate_size " + s(c.intermediate_size));
-    if (c.vocab_size % l.tp) bad("tp", s(l.tp) + " does not divide vocab_size " + s(c.vocab_size));
-    if (moe && c.moe_intermediate_size % l.tp)
-      bad("tp", s(l.tp) + " does not divide moe_intermediate_size " + s(c.moe_intermediate_size));
-  }
+  if (l.tp > 1)
+    for (const auto& [field, n] : m.tensor_parallel_spec().divisible)
+      if (n % l.tp) bad("tp", s(l.tp) + " does not divide " + field + " " + s(n));
   if (l.sp && l.tp == 1) bad("sp", "sequence parallel splits over tensor-parallel ranks; it needs tp > 1");
   const int64_t seq_div = (l.cp > 1 ? 2 * l.cp : 1) * (l.sp ? l.tp : 1);
   if (seq_len % seq_div)
     bad(l.cp > 1 ? "cp" : "sp", "data.seq_len " + s(seq_len) + " is not a multiple of " + s(seq_div) +
                                     (l.cp > 1 ? " (2 x cp chunks" + std::string(l.sp ? " x tp" : "") + ")" : " (tp)"));
-  if (l.cp > 1 && l.cp_mode == "a2a") {
-    if ((c.num_attention_heads / l.tp) % l.cp) bad("cp", s(l.cp) + " does not divide the " + s(c.num_attention_heads / l.tp) + " attention heads per tensor-parallel rank (cp_mode a2a)");
-    if ((c.num_key_value_heads / l.tp) % l.cp) bad("cp", s(l.cp) + " does not divide the " + s(c.num_key_value_heads / l.tp) + " key/value heads per tensor-parallel rank (cp_mode a2a)");
-  }
+  if (l.cp > 1 && l.cp_mode == "a2a")
+    for (const nn::AttentionHook* a : attn) {
+      if ((a->heads / l.tp) % l.cp) bad("cp", s(l.cp) + " does not divide the " + s(a->heads / l.tp) + " attention heads per tensor-parallel rank (cp_mode a2a)");
+      if ((a->kv_heads / l.tp) % l.cp) bad("cp", s(l.cp) + " does not divide the " + s(a->kv_heads / l.tp) + " key/value heads per tensor-parallel rank (cp_mode a2a)");
+    }
   if (l.cp > 1)
-    for (int64_t w : c.layer_window)
-      if (w > 0) bad("cp", "context parallel does not support sliding-window attention (layer window " + s(w) + ")");
+    for (const nn::AttentionHook* a : attn)
+      if (a->window > 0) bad("cp", "context parallel does not support sliding-window attention (layer window " + s(a->window) + ")");
   if (l.vpp > 1 && l.pp == 1) bad("vpp", "virtual pipeline stages need pp > 1");
   const int64_t stages = int64_t(l.pp) * l.vpp;
   if (!l.pp_layout.empty()) {
@@ -72,12 +67,12 @@ void validate(const Layout& l, const models::llama::DecoderConfig& c, int64_t se
       if (n < 1) bad("pp_layout", "every stage needs at least one layer");
       sum += n;
     }
-    if (sum != c.num_hidden_layers) bad("pp_layout", "sums to " + s(sum) + " layers; the model has " + s(c.num_hidden_layers));
-  } else if (stages > 1 && c.num_hidden_layers % stages) {
-    bad("pp", "pp x vpp = " + s(stages) + " does not divide num_hidden_layers " + s(c.num_hidden_layers) +
+    if (sum != blocks) bad("pp_layout", "sums to " + s(sum) + " layers; the model has " + s(blocks));
+  } else if (stages > 1 && blocks % stages) {
+    bad("pp", "pp x vpp = " + s(stages) + " does not divide num_hidden_layers " + s(blocks) +
                   " (give parallel.pp_layout for an uneven split)");
   }
-  if (stages > c.num_hidden_layers) bad("pp", "pp x vpp = " + s(stages) + " stages for " + s(c.num_hidden_layers) + " layers");
+  if (stages > blocks) bad("pp", "pp x vpp = " + s(stages) + " stages for " + s(blocks) + " layers");
   if (l.vpp > 1 && micro_batches % l.pp)
     bad("vpp", "the interleaved schedule needs train.grad_accum (" + s(micro_batches) + ") to be a multiple of pp " + s(l.pp));
   if (l.hsdp_shard > 0) {

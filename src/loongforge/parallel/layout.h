@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "loongforge/models/llama/config.h"
+#include "loongforge/models/model.h"
 
 namespace lf::parallel {
 
@@ -40,7 +40,6 @@ struct Layout {
 // Checks the layout against the model and the batch: one-line lf::Error naming the recipe field
 // ("recipe: field 'parallel.tp': 3 does not divide num_attention_heads 8"). micro_batches: per step (grad_accum).
 // lora: a LoRA run (trained with dp/zero 1, tp(+sp), pp; zero 3 and cp are errors).
-void validate(const Layout& l, const models::llama::DecoderConfig& c, int64_t seq_len, int64_t micro_batches,
-              bool lora);
+void validate(const Layout& l, models::Model& m, int64_t seq_len, int64_t micro_batches, bool lora);
 
 }  // namespace lf::parallel

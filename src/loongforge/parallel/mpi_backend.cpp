@@ -53,7 +53,7 @@ void ensure_init() {
     if (inited) return;
     int provided = 0;
     if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
-      throw Error("recipe: field 'parallel.backend': mpi, but MPI_Init_thread failed");
+      throw OptionError("backend", "mpi, but MPI_Init_thread failed");
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     std::atexit(finalize_at_exit);
   });
@@ -336,7 +336,7 @@ MpiBootstrap mpi_bootstrap(int rank, int world) {
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   MPI_Comm_size(MPI_COMM_WORLD, &w);
   if (r != rank || w != world)
-    throw Error("recipe: field 'parallel.backend': mpi, but MPI sees rank " + std::to_string(r) + " of " +
+    throw OptionError("backend", "mpi, but MPI sees rank " + std::to_string(r) + " of " +
                 std::to_string(w) + " where the launcher says rank " + std::to_string(rank) + " of " +
                 std::to_string(world) + " (start the job with mpirun, or srun with an MPI plugin)");
   char host[256] = {0};
@@ -402,7 +402,7 @@ namespace lf::parallel {
 
 bool mpi_compiled() { return false; }
 void require_mpi() {
-  throw Error("recipe: field 'parallel.backend': mpi, but this build has no MPI (install libopenmpi-dev and "
+  throw OptionError("backend", "mpi, but this build has no MPI (install libopenmpi-dev and "
               "reconfigure with -DLOONGFORGE_MPI=ON)");
 }
 MpiBootstrap mpi_bootstrap(int, int) { require_mpi(); return {}; }

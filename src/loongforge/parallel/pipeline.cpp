@@ -1,5 +1,7 @@
 #include "loongforge/parallel/pipeline.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 // comm.h declares Pending (inline defaulted move) over an incomplete c10d::Work: code that moves a Pending needs it.
@@ -16,7 +18,7 @@ namespace lf::parallel {
 
 namespace {
 
-Error recipe_error(const std::string& field, const std::string& what) { return file_error("recipe", field, what); }
+OptionError option_error(const std::string& option, const std::string& what) { return OptionError(option, what); }
 
 std::string join(const std::vector<int64_t>& v) {
   std::string s;
@@ -24,9 +26,8 @@ std::string join(const std::vector<int64_t>& v) {
   return s;
 }
 
-// "model.layers.12.mlp.up_proj.weight" -> 12; -1 for other names.
-int64_t layer_of(const std::string& name) {
-  static const std::string prefix = "model.layers.";
+// "<blocks>.12.mlp.up_proj.weight" -> 12; -1 for other names.
+int64_t layer_of(const std::string& name, const std::string& prefix) {
   if (name.rfind(prefix, 0) != 0) return -1;
   size_t end = name.find('.', prefix.size());
   return std::stoll(name.substr(prefix.size(), end - prefix.size()));
@@ -34,32 +35,33 @@ int64_t layer_of(const std::string& name) {
 
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 
-const char* kEmbed = "model.embed_tokens.weight";
+// Whether `name` is a parameter of module `m` or below it.
+bool under(const std::string& name, const std::string& m) { return starts_with(name, m + "."); }
 
 }  // namespace
 
 std::vector<int64_t> pipeline_layer_counts(int64_t layers, int pp, int vpp, const std::vector<int64_t>& explicit_counts) {
-  if (pp < 1) throw recipe_error("parallel.pp", std::to_string(pp) + " must be >= 1");
-  if (vpp < 1) throw recipe_error("parallel.vpp", std::to_string(vpp) + " must be >= 1");
+  if (pp < 1) throw option_error("pp", std::to_string(pp) + " must be >= 1");
+  if (vpp < 1) throw option_error("vpp", std::to_string(vpp) + " must be >= 1");
   const int64_t stages = int64_t{pp} * vpp;
   if (explicit_counts.empty()) {
     if (layers % stages != 0)
-      throw recipe_error("parallel.pp", "pp * vpp = " + std::to_string(stages) + " does not divide num_hidden_layers " +
+      throw option_error("pp", "pp * vpp = " + std::to_string(stages) + " does not divide num_hidden_layers " +
                                             std::to_string(layers) + " (give parallel.pp_layout for an uneven split)");
     return std::vector<int64_t>(static_cast<size_t>(stages), layers / stages);
   }
   if (static_cast<int64_t>(explicit_counts.size()) != stages)
-    throw recipe_error("parallel.pp_layout", "has " + std::to_string(explicit_counts.size()) +
+    throw option_error("pp_layout", "has " + std::to_string(explicit_counts.size()) +
                                                  " entries, expected pp * vpp = " + std::to_string(stages));
   int64_t sum = 0;
   for (size_t i = 0; i < explicit_counts.size(); ++i) {
     if (explicit_counts[i] < 1)
-      throw recipe_error("parallel.pp_layout", "entry " + std::to_string(i) + " is " + std::to_string(explicit_counts[i]) +
+      throw option_error("pp_layout", "entry " + std::to_string(i) + " is " + std::to_string(explicit_counts[i]) +
                                                    ": every stage needs at least one layer");
     sum += explicit_counts[i];
   }
   if (sum != layers)
-    throw recipe_error("parallel.pp_layout", "[" + join(explicit_counts) + "] sums to " + std::to_string(sum) +
+    throw option_error("pp_layout", "[" + join(explicit_counts) + "] sums to " + std::to_string(sum) +
                                                  ", expected num_hidden_layers " + std::to_string(layers));
   return explicit_counts;
 }
@@ -76,9 +78,9 @@ int64_t warmup_steps(int pp, int vpp, int64_t micros, int rank) {
 
 std::vector<PipelineOp> pipeline_schedule(int pp, int vpp, int64_t micros, int rank) {
   if (pp < 1 || vpp < 1 || rank < 0 || rank >= pp) throw Error("pipeline_schedule: bad pp/vpp/rank");
-  if (micros < 1) throw recipe_error("parallel.pp", "needs at least one micro-batch");
+  if (micros < 1) throw option_error("pp", "needs at least one micro-batch");
   if (vpp > 1 && micros % pp != 0)
-    throw recipe_error("parallel.pp", "the interleaved schedule (vpp " + std::to_string(vpp) +
+    throw option_error("pp", "the interleaved schedule (vpp " + std::to_string(vpp) +
                                           ") needs the number of micro-batches (" + std::to_string(micros) +
                                           ") to be a multiple of pp (" + std::to_string(pp) + ")");
   const int64_t total = micros * vpp, group = int64_t{pp} * vpp;
@@ -234,11 +236,11 @@ std::vector<std::vector<PipelineTransfer>> pipeline_comm_plan(int pp, int vpp, i
   return batches;
 }
 
-Pipeline::Pipeline(models::llama::CausalLMImpl& model, const Group& pp, int vpp, std::vector<int64_t> layer_counts)
+Pipeline::Pipeline(models::Model& model, const Group& pp, int vpp, std::vector<int64_t> layer_counts)
     : model_(model), pp_(pp), vpp_(vpp), counts_(std::move(layer_counts)) {
-  const auto& cfg = model.config();
+  const models::Split split = model.split();
   const int P = pp.size(), r = pp.rank();
-  counts_ = pipeline_layer_counts(cfg.num_hidden_layers, P, vpp, counts_);  // validates
+  counts_ = pipeline_layer_counts(model.num_blocks(), P, vpp, counts_);  // validates
   std::vector<int64_t> starts(counts_.size() + 1, 0);
   for (size_t i = 0; i < counts_.size(); ++i) starts[i + 1] = starts[i] + counts_[i];
   std::set<int64_t> my_layers;
@@ -247,7 +249,14 @@ Pipeline::Pipeline(models::llama::CausalLMImpl& model, const Group& pp, int vpp,
     ranges_.emplace_back(starts[s], starts[s + 1]);
     for (int64_t l = starts[s]; l < starts[s + 1]; ++l) my_layers.insert(l);
   }
-  tied_ = cfg.tie_word_embeddings && P > 1;
+  tied_names_ = split.tied;
+  tied_ = !tied_names_.empty() && P > 1;
+  for (const auto& item : model.named_parameters(true))
+    if (!split.pre.empty() && under(item.key(), split.pre.front())) {
+      act_param_ = item.value();
+      break;
+    }
+  if (!act_param_.defined()) throw Error("pipeline: the model's first piece (" + (split.pre.empty() ? std::string("none") : split.pre.front()) + ") has no parameters");
 
   bool first = is_first(), last = is_last();
   // Every pp rank meets here once: under NCCL this creates the group's communicator, which the first and last stages'
@@ -258,11 +267,14 @@ Pipeline::Pipeline(models::llama::CausalLMImpl& model, const Group& pp, int vpp,
     const std::string& name = item.key();
     at::Tensor p = item.value();
     bool keep;
-    int64_t l = layer_of(name);
+    int64_t l = layer_of(name, split.blocks + ".");
+    const bool tied = std::find(split.tied.begin(), split.tied.end(), name) != split.tied.end();
+    const bool pre = std::any_of(split.pre.begin(), split.pre.end(), [&](const std::string& m) { return under(name, m); });
+    const bool post = std::any_of(split.post.begin(), split.post.end(), [&](const std::string& m) { return under(name, m); });
     if (l >= 0) keep = my_layers.count(l) > 0;
-    else if (starts_with(name, "model.embed_tokens.")) keep = first || (last && cfg.tie_word_embeddings);
-    else if (starts_with(name, "model.norm.") || starts_with(name, "lm_head.")) keep = last;
-    else keep = true;  // unknown parameters stay everywhere
+    else if (pre) keep = first || (last && tied);
+    else if (post) keep = last;
+    else keep = true;  // parameters of no piece stay everywhere
     if (keep) {
       owned_.push_back(name);
     } else {
@@ -271,13 +283,16 @@ Pipeline::Pipeline(models::llama::CausalLMImpl& model, const Group& pp, int vpp,
       p.mutable_grad() = at::Tensor();
     }
   }
-  if (tied_ && (first || last)) {  // the last stage's copy starts as the first stage's weight
-    at::Tensor w = model.model->embed_tokens->weight;
-    at::Tensor buf = w.detach().contiguous();
-    if (first) pp.isend(buf, P - 1, 0).wait();
-    else {
-      pp.irecv(buf, 0, 0).wait();
-      if (!buf.is_same(w)) w.copy_(buf);
+  if (tied_ && (first || last)) {  // the last stage's copies start as the first stage's weights
+    auto named = model.named_parameters(true);
+    for (const auto& n : tied_names_) {
+      at::Tensor w = named[n];
+      at::Tensor buf = w.detach().contiguous();
+      if (first) pp.isend(buf, P - 1, 0).wait();
+      else {
+        pp.irecv(buf, 0, 0).wait();
+        if (!buf.is_same(w)) w.copy_(buf);
+      }
     }
   }
 }
@@ -292,7 +307,9 @@ std::vector<at::Tensor> Pipeline::owned_parameters() const {
 std::vector<std::string> Pipeline::norm_parameter_names() const {
   std::vector<std::string> out;
   for (auto& n : owned_)
-    if (!(tied_ && is_last() && !is_first() && n == kEmbed)) out.push_back(n);
+    if (!(tied_ && is_last() && !is_first() &&
+          std::find(tied_names_.begin(), tied_names_.end(), n) != tied_names_.end()))
+      out.push_back(n);
   return out;
 }
 
@@ -310,7 +327,11 @@ double Pipeline::grad_norm() const {
 
 void Pipeline::sync_tied_grads() {
   if (!tied_ || !(is_first() || is_last())) return;
-  at::Tensor w = model_.model->embed_tokens->weight;
+  auto named = model_.named_parameters(true);
+  for (const auto& n : tied_names_) sync_tied_grad(named[n]);
+}
+
+void Pipeline::sync_tied_grad(at::Tensor w) {
   at::Tensor g = w.grad();
   if (!g.defined()) g = at::zeros_like(w);
   at::Tensor mine = g.detach().contiguous().clone();
@@ -403,7 +424,7 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
         Slot slot;
         at::Tensor h;
         if (s == 0) {
-          h = model_.embed(mb.input_ids);
+          h = model_.embed(mb);
         } else {
           slot.input = recv(prev, {Msg::Activation, op.micro, s}).requires_grad_(true);
           h = slot.input;
@@ -423,7 +444,7 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
           slot.finish = std::move(cl.finish);
         }
         if (s == S - 1) {
-          at::Tensor loss = loss_fn(model_.final_norm(h), mi);
+          at::Tensor loss = loss_fn(model_.post_blocks(h), mi);
           loss_sum += loss.detach().to(at::kDouble).item<double>();
           slot.output = loss / loss_scale;
         } else {
@@ -472,13 +493,7 @@ double Pipeline::forward_backward(const std::vector<MicroBatch>& mbs,
 }
 
 at::Tensor Pipeline::run_chunk(const MicroBatch& mb, const at::Tensor& h, int64_t begin, int64_t end) {
-  at::Tensor pos = mb.position_ids;
-  if (!pos.defined()) {
-    int64_t B = mb.input_ids.size(0), T = mb.input_ids.size(1);
-    pos = at::arange(T, mb.input_ids.options().dtype(at::kLong)).unsqueeze(0).expand({B, T});
-  }
-  auto [cos, sin] = model_.rotary(pos, h.scalar_type());
-  return model_.run_layers(h, cos, sin, begin, end, nullptr, mb.segment_ids);
+  return model_.run_blocks(model_.block_inputs(mb, h.scalar_type()), h, begin, end);
 }
 
 double Pipeline::forward_only(const std::vector<MicroBatch>& mbs,
@@ -504,7 +519,7 @@ double Pipeline::forward_only(const std::vector<MicroBatch>& mbs,
     const auto [begin, end] = ranges_.at(static_cast<size_t>(op.chunk));
     at::Tensor h;
     if (s == 0) {
-      h = model_.embed(mb.input_ids);
+      h = model_.embed(mb);
     } else if (P > 1) {
       h = comm.take({Msg::Activation, op.micro, s});
     } else {
@@ -515,7 +530,7 @@ double Pipeline::forward_only(const std::vector<MicroBatch>& mbs,
     }
     h = run_chunk(mb, h, begin, end);
     if (s == S - 1) {
-      loss_sum += loss_fn(model_.final_norm(h), mi).detach().to(at::kDouble).item<double>();
+      loss_sum += loss_fn(model_.post_blocks(h), mi).detach().to(at::kDouble).item<double>();
     } else {
       const Msg m{Msg::Activation, op.micro, s + 1};
       if (P > 1) comm.send(h, (r + 1) % P, tag_of(m), m);

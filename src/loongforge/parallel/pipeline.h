@@ -1,9 +1,9 @@
-// Pipeline parallelism for the dense decoder (models/llama): the layers are split over the ranks of a pp group in
+// Pipeline parallelism for any model of the contract (models/model.h): the blocks are split over the ranks of a pp group in
 // contiguous ranges ("stages"); the first stage also holds the embeddings, the last the final norm and the output
 // head. Two schedules: 1F1B (warm-up, steady one-forward-one-backward, cool-down) and Megatron's interleaved 1F1B
 // with vpp virtual stages ("model chunks") per rank: rank r holds virtual stages r, r+pp, r+2pp, ... in layer order.
 //
-// The stages run the model's pieces (CausalLMImpl::embed/rotary/run_layers/final_norm) so layouts applied through
+// The stages run the model's pieces (Model::embed / block_inputs + run_blocks / post_blocks) so layouts applied through
 // the model's hooks (tensor/sequence/context parallel) compose with this one. Activations and their gradients travel
 // with Group::batch_p2p (each message has its own tag: (micro-batch, virtual stage, direction), which Gloo uses). As in
 // Megatron, a rank communicates once per segment of its schedule (a warm-up forward, a steady-state forward + backward
@@ -25,15 +25,13 @@
 #include <string>
 #include <vector>
 
-#include "loongforge/models/llama/model.h"
+#include "loongforge/models/model.h"
 #include "loongforge/parallel/comm.h"
 
 namespace lf::parallel {
 
-// One micro-batch: [B,T] each; position_ids default to 0..T-1 per row, segment_ids (packed documents) optional.
-struct MicroBatch {
-  at::Tensor input_ids, position_ids, segment_ids;
-};
+// One micro-batch: the model's named tensors (models/batch.h).
+using MicroBatch = models::Batch;
 
 // Layers per virtual stage (pp * vpp entries, virtual stage s = chunk * pp + rank, in layer order). `explicit_counts`
 // empty: an even split (layers must be a multiple of pp * vpp); otherwise pp * vpp counts, each >= 1, summing to
@@ -76,7 +74,7 @@ class Pipeline {
   // Splits `model` over `pp` (this rank's place: pp.rank()) with `vpp` chunks per rank and `layer_counts` layers per
   // virtual stage (pipeline_layer_counts), and releases the parameters this rank does not hold. `model` must outlive
   // the Pipeline. With tied embeddings the last stage's copy is overwritten by the first stage's.
-  Pipeline(models::llama::CausalLMImpl& model, const Group& pp, int vpp, std::vector<int64_t> layer_counts);
+  Pipeline(models::Model& model, const Group& pp, int vpp, std::vector<int64_t> layer_counts);
 
   // HF names of the parameters this rank keeps (model order); only these have storage and gradients.
   std::vector<std::string> owned_parameter_names() const { return owned_; }
@@ -136,11 +134,14 @@ class Pipeline {
  private:
   // Device and dtype of the activations sent between stages: the embedding's (held or released), read when used so
   // the model may move to its device after the split.
-  at::TensorOptions act_opts() const { return model_.model->embed_tokens->weight.options().requires_grad(false); }
+  at::TensorOptions act_opts() const { return act_param_.options().requires_grad(false); }
   // Layers [begin, end) of the micro-batch on h (positions 0..T-1 when the batch has none).
   at::Tensor run_chunk(const MicroBatch& mb, const at::Tensor& h, int64_t begin, int64_t end);
 
-  models::llama::CausalLMImpl& model_;
+  void sync_tied_grad(at::Tensor w);
+  models::Model& model_;
+  std::vector<std::string> tied_names_;  // Split::tied
+  at::Tensor act_param_;  // a parameter of the first piece (held or released): the activations' device and dtype
   const Group& pp_;
   int vpp_;
   std::vector<int64_t> counts_;

@@ -2,56 +2,62 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <limits>
 #include <map>
 #include <memory>
+#include <regex>
 #include <set>
+#include <torch/nn/modules/embedding.h>
 
 #include "loongforge/core/error.h"
+#include "loongforge/nn/linear.h"
+#include "loongforge/nn/loss.h"
 #include "loongforge/parallel/functional.h"
 
 namespace lf::parallel {
 
-namespace llama = models::llama;
-
 namespace {
 
-Error tp_error(const std::string& what) { return Error("recipe: field 'parallel.tp': " + what); }
+OptionError tp_error(const std::string& what) { return OptionError("tp", what); }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+// Parameter `local` ("weight", "bias", "lora_A.weight", "lora_B.weight") of a module in `style`: its split dimension
+// (-1: replicated) and whether its gradient is partial on each tp rank (summed over tp after backward).
+// LoRA adapters (y += s * B A x): a column-parallel layer's B splits its rows like the base weight (A whole, its
+// gradient partial: it sees only this rank's output rows); a row-parallel layer's A splits its columns like the base
+// weight (B whole, applied to the partial A x and summed by the layer's output reduction; its gradient partial).
+std::pair<int64_t, bool> param_dim(models::TpStyle style, const std::string& local, bool sp) {
+  using S = models::TpStyle;
+  switch (style) {
+    case S::Colwise:
+    case S::ColwiseInside:
+      if (local == "weight" || local == "bias" || local == "lora_B.weight") return {0, false};
+      if (local == "lora_A.weight") return {-1, true};
+      break;
+    case S::Rowwise:
+    case S::RowwiseInside:
+      if (local == "weight" || local == "lora_A.weight") return {1, false};
+      if (local == "lora_B.weight") return {-1, true};
+      if (local == "bias") return {-1, sp};  // added once after the sum (under sp: on this rank's tokens)
+      break;
+    case S::VocabEmbedding:
+    case S::VocabHead:
+      if (local == "weight") return {0, false};
+      break;
+    case S::ReplicatedEntry:
+    case S::ReplicatedInside:
+      return {-1, true};
+  }
+  return {-2, false};  // not a parameter this style knows
 }
 
-// The split dimension of a parameter of the dense decoder, by HF name.
-int64_t layout_dim(const std::string& name) {
-  for (const char* col : {"q_proj.", "k_proj.", "v_proj.", "gate_proj.", "up_proj."})
-    if (ends_with(name, std::string(col) + "weight") || ends_with(name, std::string(col) + "bias")) return 0;
-  for (const char* row : {"o_proj.weight", "down_proj.weight"})
-    if (ends_with(name, row)) return 1;
-  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return 0;
-  // LoRA adapters (y += s * B A x): a column-parallel layer's B splits its rows like the base weight (A whole); a
-  // row-parallel layer's A splits its columns like the base weight (B whole; B applied to the partial A x is summed by
-  // the layer's output reduction since B is linear).
-  for (const char* col : {"q_proj.", "k_proj.", "v_proj.", "gate_proj.", "up_proj."})
-    if (ends_with(name, std::string(col) + "lora_B.weight")) return 0;
-  for (const char* row : {"o_proj.", "down_proj."})
-    if (ends_with(name, std::string(row) + "lora_A.weight")) return 1;
-  return -1;
-}
-
-// The whole adapter matrix of a LoRA pair whose gradient is partial on each tp rank (column-parallel lora_A sees only
-// this rank's output rows; row-parallel lora_B only this rank's input columns).
-bool lora_partial(const std::string& name) {
-  if (ends_with(name, "lora_A.weight") || ends_with(name, "lora_B.weight")) return layout_dim(name) < 0;
-  return false;
-}
-
-void check_divides(int tp, int64_t n, const char* what) {
+void check_divides(int tp, int64_t n, const std::string& what) {
   if (n % tp != 0) throw tp_error(std::to_string(tp) + " does not divide " + what + " " + std::to_string(n));
 }
 
 void check_sequence(int64_t t, int tp) {
   if (t % tp != 0)
-    throw Error("recipe: field 'parallel.sp': sequence length " + std::to_string(t) + " is not divisible by tp " +
+    throw OptionError("sp", "sequence length " + std::to_string(t) + " is not divisible by tp " +
                 std::to_string(tp));
 }
 
@@ -96,11 +102,6 @@ void set_shard(at::Tensor& p, const std::string& name, const TensorParallelPlan&
   if (p.grad().defined()) p.mutable_grad() = at::Tensor();
 }
 
-void column_parallel(nn::LinearImpl& lin, const std::shared_ptr<ColumnEntry>& entry) {
-  lin.input_fn = [entry](const at::Tensor& x) { return (*entry)(x); };
-  lin.out_features = lin.weight.size(0);
-}
-
 // Row parallel: the layer computes x_local W_local^T (its bias removed from the product), the output is summed
 // over tp (reduce-scattered along the sequence under sp), then the whole bias is added once.
 void row_parallel(nn::LinearImpl& lin, const Group* g, bool sp) {
@@ -122,18 +123,17 @@ int64_t TensorParallelPlan::dim_of(const std::string& name) const {
 
 bool TensorParallelPlan::counted_in_norm(const std::string& name) const { return dim_of(name) >= 0 || tp_rank == 0; }
 
-void check_tensor_parallel(const llama::DecoderConfig& c, int tp) {
+void check_tensor_parallel(const models::TensorParallelSpec& spec, int tp) {
   if (tp < 1) throw tp_error("must be at least 1, got " + std::to_string(tp));
-  check_divides(tp, c.num_attention_heads, "num_attention_heads");
-  check_divides(tp, c.num_key_value_heads, "num_key_value_heads");
-  check_divides(tp, c.intermediate_size, "intermediate_size");
-  check_divides(tp, c.vocab_size, "vocab_size");
+  for (const auto& [field, n] : spec.divisible) check_divides(tp, n, field);
 }
 
-TensorParallelPlan apply_tensor_parallel(llama::CausalLMImpl& m, const Group& tp_group, bool sp) {
-  const llama::DecoderConfig& c = m.config();
+TensorParallelPlan apply_tensor_parallel(models::Model& m, const Group& tp_group, bool sp, int64_t vocab_granule) {
+  if (vocab_granule < 1) throw Error("tensor parallel: the vocabulary granule must be >= 1, got " + std::to_string(vocab_granule));
+  using S = models::TpStyle;
+  const models::TensorParallelSpec spec = m.tensor_parallel_spec();
   const int n = tp_group.size();
-  check_tensor_parallel(c, n);
+  check_tensor_parallel(spec, n);
   if (m.embed_fn) throw Error("tensor parallel: the model already has a vocabulary-parallel (or other) embed_fn");
   const Group* g = &tp_group;
 
@@ -143,7 +143,7 @@ TensorParallelPlan apply_tensor_parallel(llama::CausalLMImpl& m, const Group& tp
   plan.sp = sp;
   // MoE blocks: experts split along their ffn dimension (gate_up_proj [E,2f,d]: rows of each half; down_proj
   // [E,d,f]: columns), the router replicated with a partial gradient (its routing weights multiply partial expert
-  // outputs); shared experts as a dense MLP (by name below).
+  // outputs); shared experts by the plan's rules (inside the block's region).
   std::map<const void*, int64_t> moe_dim;
   std::set<const void*> moe_gate;
   for (auto* b : m.moe_blocks()) {
@@ -156,6 +156,21 @@ TensorParallelPlan apply_tensor_parallel(llama::CausalLMImpl& m, const Group& tp
     moe_dim[b->experts->down_proj.unsafeGetTensorImpl()] = 2;
     moe_gate.insert(b->gate->weight.unsafeGetTensorImpl());
   }
+  // The style of every module the plan names (first matching rule), and the rule that matched.
+  std::vector<std::regex> res;
+  for (const auto& r : spec.rules) res.emplace_back(r.pattern);
+  struct Styled {
+    std::shared_ptr<torch::nn::Module> module;
+    S style;
+    size_t rule;
+  };
+  std::map<std::string, Styled> styled;
+  for (const auto& item : m.named_modules("", /*include_self=*/false))
+    for (size_t k = 0; k < res.size(); ++k)
+      if (std::regex_match(item.key(), res[k])) {
+        styled[item.key()] = {item.value(), spec.rules[k].style, k};
+        break;
+      }
   auto params = m.named_parameters(true);
   for (const auto& item : params) {
     const std::string& name = item.key();
@@ -170,76 +185,118 @@ TensorParallelPlan apply_tensor_parallel(llama::CausalLMImpl& m, const Group& tp
       plan.partial_grad.push_back(name);
       continue;
     }
-    if (name.find("lora_") != std::string::npos && name.rfind("model.layers.", 0) != 0)
-      throw Error("recipe: field 'lora.target_modules': tensor parallel supports LoRA on the decoder layers' "
-                  "projections only (parameter '" + name + "')");
-    const int64_t dim = layout_dim(name);
+    // the styled module owning the parameter: the longest module name that prefixes it
+    const Styled* owner = nullptr;
+    std::string local;
+    for (size_t dot = name.rfind('.'); dot != std::string::npos && dot > 0; dot = name.rfind('.', dot - 1)) {
+      auto it = styled.find(name.substr(0, dot));
+      if (it != styled.end()) {
+        owner = &it->second;
+        local = name.substr(dot + 1);
+        break;
+      }
+    }
+    const bool lora = name.find("lora_") != std::string::npos;
+    int64_t dim = -1;
+    bool partial = sp;  // replicated parameters outside any region see this rank's tokens under sp
+    if (owner) {
+      std::tie(dim, partial) = param_dim(owner->style, local, sp);
+      if (dim == -2 && lora)
+        throw OptionError("target_modules", "tensor parallel supports LoRA on the blocks' projections only "
+                                            "(parameter '" + name + "')");
+      if (dim == -2) throw Error("tensor parallel: parameter '" + name + "' does not fit its module's plan style");
+    } else if (lora) {
+      throw OptionError("target_modules", "tensor parallel supports LoRA on the blocks' projections only "
+                                          "(parameter '" + name + "')");
+    }
     plan.shard_dim[name] = dim;
-    const bool qk_norm = ends_with(name, "q_norm.weight") || ends_with(name, "k_norm.weight");
-    if (dim < 0 && (qk_norm || sp || lora_partial(name))) plan.partial_grad.push_back(name);
+    if (dim < 0 && partial) plan.partial_grad.push_back(name);
+    if (owner && (owner->style == S::VocabEmbedding || owner->style == S::VocabHead) && dim == 0) {
+      const int64_t v = item.value().size(0), unit = int64_t{n} * vocab_granule, vp = (v + unit - 1) / unit * unit;
+      if (plan.vocab && plan.vocab != v)
+        throw Error("tensor parallel: vocabulary-parallel parameters of " + std::to_string(plan.vocab) + " and " +
+                    std::to_string(v) + " rows");
+      plan.vocab = v;
+      plan.padded_vocab = vp;
+      if (vp != v) plan.padded_rows[name] = v;
+    }
   }
   for (auto& item : params) set_shard(item.value(), item.key(), plan, tp_group);
 
-  for (size_t i = 0; i < m.model->layers->size(); ++i) {
-    auto* layer = m.model->layers[i]->as<llama::DecoderLayerImpl>();
-    auto& a = *layer->self_attn;
-    a.heads /= n;
-    a.kv_heads /= n;
-    auto attn_in = std::make_shared<ColumnEntry>(g, sp, 3);
-    for (nn::LinearImpl* lin : {a.q_proj.get(), a.k_proj.get(), a.v_proj.get()}) {
-      column_parallel(*lin, attn_in);
-    }
-    row_parallel(*a.o_proj, g, sp);
-    a.o_proj->in_features = a.o_proj->weight.size(1);
-    if (layer->moe) {
-      auto& b = *layer->moe;
-      b.input_fn = [g, sp](const at::Tensor& x) {
-        if (sp) check_sequence(x.size(1) * g->size(), g->size());
-        return sp ? gather_rs(x, *g, 1) : copy_to(x, *g);
-      };
-      b.output_fn = [g, sp](const at::Tensor& y) { return sp ? reduce_scatter(y, *g, 1) : reduce_from(y, *g); };
-      if (b.shared_experts) {  // column/row shards inside the block's region: no hooks of their own
-        for (nn::LinearImpl* lin : {b.shared_experts->gate_proj.get(), b.shared_experts->up_proj.get()})
-          lin->out_features = lin->weight.size(0);
-        b.shared_experts->down_proj->in_features = b.shared_experts->down_proj->weight.size(1);
-      }
+  for (nn::AttentionHook* a : m.attention_modules()) {
+    a->heads /= n;
+    a->kv_heads /= n;
+  }
+  // Region entries shared by the modules one rule matches under one parent (q/k/v, gate/up: one copy or gather of
+  // their common input).
+  std::map<std::pair<std::string, size_t>, int> uses;
+  auto parent = [](const std::string& name) { return name.substr(0, name.rfind('.') == std::string::npos ? 0 : name.rfind('.')); };
+  for (const auto& [name, st] : styled)
+    if (st.style == S::Colwise || st.style == S::ReplicatedEntry) ++uses[{parent(name), st.rule}];
+  std::map<std::pair<std::string, size_t>, std::shared_ptr<ColumnEntry>> entries;
+  bool vocab = false;
+  for (const auto& [name, st] : styled) {
+    if (st.style == S::VocabEmbedding || st.style == S::VocabHead) {
+      vocab = true;
       continue;
     }
-    auto& mlp = *layer->mlp;
-    auto mlp_in = std::make_shared<ColumnEntry>(g, sp, 2);
-    for (nn::LinearImpl* lin : {mlp.gate_proj.get(), mlp.up_proj.get()}) {
-      column_parallel(*lin, mlp_in);
+    if (st.style == S::ReplicatedInside) continue;
+    auto* lin = st.module->as<nn::LinearImpl>();
+    if (!lin) throw Error("tensor parallel: module '" + name + "' is not a linear layer (its plan style needs one)");
+    if (st.style == S::Colwise || st.style == S::ReplicatedEntry) {
+      auto key = std::make_pair(parent(name), st.rule);
+      auto& e = entries[key];
+      if (!e) e = std::make_shared<ColumnEntry>(g, sp, uses[key]);
+      lin->input_fn = [e](const at::Tensor& x) { return (*e)(x); };
     }
-    row_parallel(*mlp.down_proj, g, sp);
-    mlp.down_proj->in_features = mlp.down_proj->weight.size(1);
+    if (st.style == S::Colwise || st.style == S::ColwiseInside) lin->out_features = lin->weight.size(0);
+    if (st.style == S::Rowwise) row_parallel(*lin, g, sp);
+    if (st.style == S::Rowwise || st.style == S::RowwiseInside) lin->in_features = lin->weight.size(1);
+  }
+  for (auto* b : m.moe_blocks()) {  // a region of its own: routing on whole tokens, one sum of the partial outputs
+    b->input_fn = [g, sp](const at::Tensor& x) {
+      if (sp) check_sequence(x.size(1) * g->size(), g->size());
+      return sp ? gather_rs(x, *g, 1) : copy_to(x, *g);
+    };
+    b->output_fn = [g, sp](const at::Tensor& y) { return sp ? reduce_scatter(y, *g, 1) : reduce_from(y, *g); };
   }
 
-  // Vocabulary-parallel embedding.
-  const int64_t vl = c.vocab_size / n, lo = vl * tp_group.rank(), hi = lo + vl;
-  int64_t pad = -1;
-  if (c.pad_token_id && *c.pad_token_id >= lo && *c.pad_token_id < hi) pad = *c.pad_token_id - lo;
-  auto* emb = m.model->embed_tokens.get();  // owned by m, which owns embed_fn: a raw pointer, no cycle
-  m.embed_fn = [emb, g, sp, lo, hi, pad](const at::Tensor& ids) {
-    if (sp) check_sequence(ids.size(1), g->size());
-    at::Tensor in = (ids >= lo).logical_and(ids < hi);
-    at::Tensor local = (ids - lo).masked_fill(in.logical_not(), 0);
-    at::Tensor e = at::embedding(emb->weight, local, pad);
-    e = e * in.unsqueeze(-1).to(e.scalar_type());
-    return sp ? reduce_scatter(e, *g, 1) : reduce_from(e, *g);
-  };
+  // Vocabulary-parallel embedding and loss.
+  for (const auto& [name, st] : styled) {
+    if (st.style != S::VocabEmbedding) continue;
+    auto* emb = st.module->as<torch::nn::EmbeddingImpl>();  // owned by m, which owns embed_fn: no cycle
+    if (!emb) throw Error("tensor parallel: module '" + name + "' is not an embedding (VocabEmbedding)");
+    const int64_t vl = emb->weight.size(0), lo = vl * tp_group.rank(), hi = lo + vl;
+    int64_t pad = -1;
+    if (auto p = emb->options.padding_idx(); p && *p >= lo && *p < hi) pad = *p - lo;
+    m.embed_fn = [emb, g, sp, lo, hi, pad](const at::Tensor& ids) {
+      if (sp) check_sequence(ids.size(1), g->size());
+      at::Tensor in = (ids >= lo).logical_and(ids < hi);
+      at::Tensor local = (ids - lo).masked_fill(in.logical_not(), 0);
+      at::Tensor e = at::embedding(emb->weight, local, pad);
+      e = e * in.unsqueeze(-1).to(e.scalar_type());
+      return sp ? reduce_scatter(e, *g, 1) : reduce_from(e, *g);
+    };
+  }
+  if (vocab)
+    m.vocab_loss_fn = [g, sp, v = plan.vocab](const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets) {
+      return vocab_parallel_loss_sum(h, w, targets, *g, sp, nn::kIgnoreIndex, v);
+    };
   return plan;
 }
 
-at::Tensor lm_loss_sum(llama::CausalLMImpl& m, const at::Tensor& hidden, const at::Tensor& targets, const Group& tp,
-                       bool sp, int64_t ignore_index) {
+at::Tensor vocab_parallel_loss_sum(const at::Tensor& hidden, const at::Tensor& w, const at::Tensor& targets,
+                                   const Group& tp, bool sp, int64_t ignore_index, int64_t vocab) {
   if (sp) check_sequence(hidden.size(1) * tp.size(), tp.size());
   at::Tensor h = sp ? gather_rs(hidden, tp, 1) : copy_to(hidden, tp);
   if (h.size(0) != targets.size(0) || h.size(1) != targets.size(1))
-    throw Error("tensor parallel: lm_loss_sum: targets [" + std::to_string(targets.size(0)) + "," +
+    throw Error("tensor parallel: vocab_parallel_loss_sum: targets [" + std::to_string(targets.size(0)) + "," +
                 std::to_string(targets.size(1)) + "] do not match the hidden states' batch and sequence");
-  at::Tensor w = m.output_weight();
   const int64_t vl = w.size(0), lo = vl * tp.rank();
   at::Tensor logits = at::linear(h, w).to(at::kFloat);  // [B,T,V/tp]: this rank's vocabulary slice
+  if (vocab >= 0 && lo + vl > vocab)  // padding rows: no probability (their weights stay zero: no gradient)
+    logits = logits.index_fill(-1, at::arange(std::max<int64_t>(0, vocab - lo), vl, targets.options()),
+                               -std::numeric_limits<float>::infinity());
   at::Tensor mx = std::get<0>(logits.detach().max(-1, true)).contiguous();
   tp.all_reduce(mx, Reduce::Max);
   at::Tensor z = logits - mx;
@@ -252,12 +309,14 @@ at::Tensor lm_loss_sum(llama::CausalLMImpl& m, const at::Tensor& hidden, const a
   return (sumexp.log() - target_logit).masked_fill(valid.logical_not(), 0).sum();
 }
 
-at::Tensor gather_full_logits(llama::CausalLMImpl& m, const at::Tensor& hidden, const Group& tp, bool sp) {
+at::Tensor gather_full_logits(const at::Tensor& weight, const at::Tensor& hidden, const Group& tp, bool sp,
+                              int64_t vocab) {
   at::Tensor h = sp ? gather(hidden, tp, 1) : hidden;
-  return gather(at::linear(h, m.output_weight()), tp, -1 + h.dim());
+  at::Tensor full = gather(at::linear(h, weight), tp, -1 + h.dim());
+  return vocab >= 0 && vocab < full.size(-1) ? full.narrow(-1, 0, vocab) : full;
 }
 
-void sync_sequence_parallel_grads(llama::CausalLMImpl& m, const TensorParallelPlan& plan, const Group& tp) {
+void sync_sequence_parallel_grads(models::Model& m, const TensorParallelPlan& plan, const Group& tp) {
   if (plan.partial_grad.empty() || tp.size() == 1) return;
   auto params = m.named_parameters(true);
   std::vector<at::Tensor> ps, flat;
@@ -279,7 +338,7 @@ void sync_sequence_parallel_grads(llama::CausalLMImpl& m, const TensorParallelPl
   }
 }
 
-std::map<std::string, at::Tensor> gather_full(llama::CausalLMImpl& m, const TensorParallelPlan& plan, const Group& tp) {
+std::map<std::string, at::Tensor> gather_full(models::Model& m, const TensorParallelPlan& plan, const Group& tp) {
   std::map<std::string, at::Tensor> out;
   at::NoGradGuard ng;
   for (const auto& item : m.named_parameters(true)) {
@@ -290,9 +349,16 @@ std::map<std::string, at::Tensor> gather_full(llama::CausalLMImpl& m, const Tens
   return out;
 }
 
-at::Tensor shard_of(const std::string& name, const at::Tensor& full, const TensorParallelPlan& plan, const Group& tp) {
+at::Tensor shard_of(const std::string& name, const at::Tensor& full_in, const TensorParallelPlan& plan, const Group& tp) {
   const int64_t dim = plan.dim_of(name);
-  if (dim < 0) return full;
+  if (dim < 0) return full_in;
+  at::Tensor full = full_in;
+  if (auto it = plan.padded_rows.find(name); it != plan.padded_rows.end()) {
+    if (full.size(0) != it->second)
+      throw Error("tensor parallel: '" + name + "' has " + std::to_string(full.size(0)) + " rows, the vocabulary " +
+                  std::to_string(it->second));
+    full = at::constant_pad_nd(full, {0, 0, 0, plan.padded_vocab - it->second});  // zero rows at the end
+  }
   if (full.size(dim) % tp.size() != 0)
     throw tp_error(std::to_string(tp.size()) + " does not divide dimension " + std::to_string(dim) + " (" +
                    std::to_string(full.size(dim)) + ") of '" + name + "'");
@@ -311,6 +377,8 @@ at::Tensor shard_of(const std::string& name, const at::Tensor& full, const Tenso
 at::Tensor unshard(const std::string& name, const at::Tensor& local, const TensorParallelPlan& plan, const Group& tp) {
   const int64_t dim = plan.dim_of(name);
   if (dim < 0 || tp.size() == 1) return local;
+  if (auto it = plan.padded_rows.find(name); it != plan.padded_rows.end())
+    return tp.all_gather(local.contiguous(), dim).narrow(0, 0, it->second).contiguous();
   if (plan.halves.count(name)) {
     auto h = local.chunk(2, dim);
     return at::cat({tp.all_gather(h[0].contiguous(), dim), tp.all_gather(h[1].contiguous(), dim)}, dim);

@@ -1,18 +1,20 @@
-// What the trainer consumes: micro-batches of token ids with shifted targets, from a resumable source.
+// What the trainer consumes: micro-batches of named tensors from a resumable source.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include "loongforge/models/batch.h"
+
 namespace lf::train {
 
-struct Batch {
-  at::Tensor input_ids;     // int64 [B,T]
-  at::Tensor targets;       // int64 [B,T]: the token each position predicts (already shifted); -100 = not counted
-  at::Tensor position_ids;  // int64 [B,T] or undefined (0..T-1)
-  at::Tensor segment_ids;   // int64 [B,T] or undefined: packed documents attend only within their segment
-  int64_t counted() const;  // targets != -100
-  Batch rows(int64_t first, int64_t n) const;  // rows [first, first + n) of every tensor
-};
+// A batch of named tensors (models/batch.h); the token sources below fill input_ids, targets (already shifted, -100
+// not counted) and, when they have them, position_ids and segment_ids (packed documents).
+using Batch = models::Batch;
+inline Batch token_batch(at::Tensor input_ids, at::Tensor targets, at::Tensor position_ids = {},
+                         at::Tensor segment_ids = {}) {
+  return Batch{{"input_ids", std::move(input_ids)}, {"targets", std::move(targets)},
+               {"position_ids", std::move(position_ids)}, {"segment_ids", std::move(segment_ids)}};
+}
 
 class BatchSource {
  public:

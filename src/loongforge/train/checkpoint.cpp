@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <thread>
 
 #include "loongforge/core/error.h"
@@ -95,16 +96,16 @@ void set_cpu_rng_state(const at::Tensor& state) {
 
 void checkpoint_test_delay() { test_delay(); }
 
-std::string save_checkpoint(const std::string& root, int64_t step, models::llama::CausalLMImpl& model,
+std::string save_checkpoint(const std::string& root, int64_t step, models::Model& model,
                             const TrainableSet& trainable, optim::AdamW& opt, const nlohmann::json& trainer_state,
                             const std::string& tokenizer_src, int keep) {
   fs::path tmp = begin_checkpoint(root, step, true);
   if (trainable.lora) {  // the adapter in PEFT's layout, plus config and tokenizer for convenience
     io::save_peft_adapter(tmp.string(), model, *trainable.lora, trainable.base_model);
-    nlohmann::json cfg = model.config().raw;
+    nlohmann::json cfg = model.config_json();
     write_file_atomic((tmp / "base_config.json").string(), cfg.dump(2) + "\n");
   } else {  // weights as a Hugging Face folder, fp32 (the master weights)
-    io::export_hf(model, tmp.string(), at::kFloat, size_t(5) << 30, tokenizer_src);
+    io::export_model(model, tmp.string(), at::kFloat, size_t(5) << 30, tokenizer_src);
   }
   test_delay();
   io::NamedTensors state;
@@ -159,7 +160,7 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
   return dir.string();
 }
 
-nlohmann::json load_checkpoint(const std::string& dir, models::llama::CausalLMImpl& model,
+nlohmann::json load_checkpoint(const std::string& dir, models::Model& model,
                                const TrainableSet& trainable, optim::AdamW& opt) {
   at::NoGradGuard no_grad;
   if (trainable.lora) {
@@ -187,6 +188,66 @@ nlohmann::json load_checkpoint(const std::string& dir, models::llama::CausalLMIm
     if (f->contains("rng.cpu")) set_cpu_rng_state(f->tensor("rng.cpu"));
   }
   return read_json_file((fs::path(dir) / "trainer_state.json").string());
+}
+
+// The buffers that are checkpoint tensors (the MoE routers' correction biases), as the model lists them.
+std::set<std::string> checkpoint_buffers(const models::Model& model) {
+  std::set<std::string> out;
+  for (const auto& e : model.checkpoint_tensors())
+    if (e.buffer) out.insert(e.param);
+  return out;
+}
+
+// Whole tensors by parameter name -> by checkpoint name: stacked expert parameters become the per-expert tensors
+// a single-process run and transformers' Hub checkpoints use (Model::checkpoint_tensors).
+std::map<std::string, at::Tensor> to_checkpoint_names(const models::Model& model,
+                                                      const std::map<std::string, at::Tensor>& by_param) {
+  std::map<std::string, at::Tensor> out;
+  std::set<std::string> mapped;
+  for (const auto& e : model.checkpoint_tensors()) {
+    auto it = by_param.find(e.param);
+    if (e.index < 0 || it == by_param.end()) continue;
+    out[e.name] = models::checkpoint_slice(it->second, e);
+    mapped.insert(e.param);
+  }
+  for (const auto& [n, t] : by_param)
+    if (!mapped.count(n)) out[n] = t;
+  return out;
+}
+
+// The whole parameter `name` from a checkpoint: stored under its own name, or assembled from its per-expert
+// checkpoint tensors.
+at::Tensor read_whole(const io::SafetensorsCheckpoint& ckpt, const models::Model& model, const std::string& name,
+                      const std::string& dir) {
+  if (ckpt.contains(name)) return ckpt.tensor(name);
+  std::vector<models::CheckpointTensor> parts;
+  for (const auto& e : model.checkpoint_tensors())
+    if (e.param == name && e.index >= 0) parts.push_back(e);
+  if (parts.empty()) throw Error(dir + ": tensor '" + name + "' missing from the checkpoint");
+  int64_t n = 0, rows = 0;
+  for (const auto& e : parts) {
+    if (!ckpt.contains(e.name)) throw Error(dir + ": tensor '" + e.name + "' missing from the checkpoint");
+    n = std::max(n, e.index + 1);
+    rows = std::max(rows, e.end);
+  }
+  std::vector<int64_t> shape = ckpt.shape(parts.front().name);
+  shape.insert(shape.begin(), n);
+  shape[1] = rows;
+  at::Tensor whole = at::zeros(shape, at::kFloat);
+  for (const auto& e : parts) {
+    at::Tensor t = ckpt.tensor(e.name);
+    if (t.size(0) != e.end - e.begin)
+      throw Error(dir + ": tensor '" + e.name + "': " + std::to_string(t.size(0)) + " rows, the config needs " +
+                  std::to_string(e.end - e.begin));
+    models::checkpoint_slice(whole, e).copy_(t);
+  }
+  return whole;
+}
+
+std::string rank_file(const std::string& stem, int rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s-rank-%05d.safetensors", stem.c_str(), rank);
+  return buf;
 }
 
 }  // namespace lf::train

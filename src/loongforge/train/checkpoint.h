@@ -1,5 +1,5 @@
 // Training checkpoints: OUTPUT_DIR/checkpoints/step_NNNNNNNN/ holding
-//   model.safetensors + config.json (+ tokenizer files): a Hugging Face folder of the full model, or for LoRA
+//   model.safetensors + config.json (+ tokenizer files): the model's folder (io/hf_model.h), or for LoRA
 //   runs adapter_config.json + adapter_model.safetensors (PEFT's layout; the base stays where it is),
 //   optimizer.safetensors: exp_avg.<name>, exp_avg_sq.<name> and the CPU RNG state (rng.cpu),
 //   trainer_state.json: step, optimizer steps, data position, tokens seen, the recipe.
@@ -11,10 +11,11 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
-#include "loongforge/models/llama/model.h"
+#include "loongforge/models/model.h"
 #include "loongforge/nn/lora.h"
 #include "loongforge/io/safetensors.h"
 #include "loongforge/optim/adamw.h"
@@ -32,7 +33,7 @@ std::string checkpoint_name(int64_t step);
 
 // Writes ROOT/step_N atomically and points ROOT/latest at it; keeps the newest `keep` checkpoints (0: all).
 // Returns the folder written.
-std::string save_checkpoint(const std::string& root, int64_t step, models::llama::CausalLMImpl& model,
+std::string save_checkpoint(const std::string& root, int64_t step, models::Model& model,
                             const TrainableSet& trainable, optim::AdamW& opt, const nlohmann::json& trainer_state,
                             const std::string& tokenizer_src, int keep);
 
@@ -65,8 +66,21 @@ class OptimizerStateReader {
 // The folder ROOT/latest points at, if any (lf::Error if `latest` names a missing folder).
 std::optional<std::string> latest_checkpoint(const std::string& root);
 
+// The buffers that are checkpoint tensors (e.g. MoE routers' correction biases), as the model lists them.
+std::set<std::string> checkpoint_buffers(const models::Model& model);
+// Whole tensors by parameter name -> by checkpoint name (Model::checkpoint_tensors: stacked expert parameters become
+// the per-expert tensors a single-process run and the Hub's checkpoints use).
+std::map<std::string, at::Tensor> to_checkpoint_names(const models::Model& model,
+                                                      const std::map<std::string, at::Tensor>& by_param);
+// The whole parameter `name` from a checkpoint: stored under its own name, or assembled from its per-expert
+// checkpoint tensors. `dir` names the checkpoint in errors.
+at::Tensor read_whole(const io::SafetensorsCheckpoint& ckpt, const models::Model& model, const std::string& name,
+                      const std::string& dir);
+// "<stem>-rank-00003.safetensors": a distributed checkpoint's per-rank file.
+std::string rank_file(const std::string& stem, int rank);
+
 // Restores weights, optimizer moments and step, and the RNG; returns trainer_state.json.
-nlohmann::json load_checkpoint(const std::string& dir, models::llama::CausalLMImpl& model,
+nlohmann::json load_checkpoint(const std::string& dir, models::Model& model,
                                const TrainableSet& trainable, optim::AdamW& opt);
 
 }  // namespace lf::train

@@ -69,6 +69,7 @@
 #include "loongforge/parallel/pipeline.h"
 #include "loongforge/parallel/tensor_parallel.h"
 #include "loongforge/train/engine.h"
+#include "loongforge/train/router_losses.h"
 
 namespace lf::train {
 namespace fs = std::filesystem;
@@ -94,77 +95,18 @@ parallel::Layout layout_of(const json& r) {
   return l;
 }
 
-// The buffers that are checkpoint tensors (the MoE routers' correction biases), as the model lists them.
-std::set<std::string> saved_buffers(const models::llama::CausalLMImpl& model) {
-  std::set<std::string> out;
-  for (const auto& e : models::llama::checkpoint_tensors(model))
-    if (e.buffer) out.insert(e.param);
-  return out;
-}
-
-// Whole tensors by parameter name -> by checkpoint name: stacked expert parameters become the per-expert tensors
-// a single-process run and transformers' Hub checkpoints use (models::llama::checkpoint_tensors).
-std::map<std::string, at::Tensor> to_checkpoint_names(const models::llama::CausalLMImpl& model,
-                                                      const std::map<std::string, at::Tensor>& by_param) {
-  std::map<std::string, at::Tensor> out;
-  std::set<std::string> mapped;
-  for (const auto& e : models::llama::checkpoint_tensors(model)) {
-    auto it = by_param.find(e.param);
-    if (e.index < 0 || it == by_param.end()) continue;
-    out[e.name] = models::llama::checkpoint_slice(it->second, e);
-    mapped.insert(e.param);
-  }
-  for (const auto& [n, t] : by_param)
-    if (!mapped.count(n)) out[n] = t;
-  return out;
-}
-
-// The whole parameter `name` from a checkpoint: stored under its own name, or assembled from its per-expert
-// checkpoint tensors.
-at::Tensor read_whole(const io::SafetensorsCheckpoint& ckpt, const models::llama::CausalLMImpl& model,
-                      const std::string& name, const std::string& dir) {
-  if (ckpt.contains(name)) return ckpt.tensor(name);
-  std::vector<models::llama::CheckpointTensor> parts;
-  for (const auto& e : models::llama::checkpoint_tensors(model))
-    if (e.param == name && e.index >= 0) parts.push_back(e);
-  if (parts.empty()) throw Error(dir + ": tensor '" + name + "' missing from the checkpoint");
-  int64_t n = 0, rows = 0;
-  for (const auto& e : parts) {
-    if (!ckpt.contains(e.name)) throw Error(dir + ": tensor '" + e.name + "' missing from the checkpoint");
-    n = std::max(n, e.index + 1);
-    rows = std::max(rows, e.end);
-  }
-  std::vector<int64_t> shape = ckpt.shape(parts.front().name);
-  shape.insert(shape.begin(), n);
-  shape[1] = rows;
-  at::Tensor whole = at::zeros(shape, at::kFloat);
-  for (const auto& e : parts) {
-    at::Tensor t = ckpt.tensor(e.name);
-    if (t.size(0) != e.end - e.begin)
-      throw Error(dir + ": tensor '" + e.name + "': " + std::to_string(t.size(0)) + " rows, the config needs " +
-                  std::to_string(e.end - e.begin));
-    models::llama::checkpoint_slice(whole, e).copy_(t);
-  }
-  return whole;
-}
-
-std::string rank_file(const std::string& stem, int rank) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%s-rank-%05d.safetensors", stem.c_str(), rank);
-  return buf;
-}
-
 class DistEngine : public Engine {
  public:
   DistEngine(const json& r, ModelBundle b, at::Device device)
       : b_(std::move(b)), layout_(layout_of(r)), device_(device) {
     auto& model = *b_.model;
-    const auto& cfg = model.config();
-    parallel::validate(layout_, cfg, r["data"]["seq_len"], r["train"]["grad_accum"], b_.trainable.lora.has_value());
+    schema_ = model.batch_schema();
+    parallel::validate(layout_, model, r["data"]["seq_len"], r["train"]["grad_accum"], b_.trainable.lora.has_value());
     if (b_.trainable.lora) {
+      const std::string blocks = model.split().blocks + ".";
       for (const auto& m : nn::lora_modules(model))
-        if (m.rfind("model.layers.", 0) != 0)
-          throw Error("recipe: field 'lora.target_modules': distributed runs support LoRA on the decoder layers' "
+        if (m.rfind(blocks, 0) != 0)
+          throw Error("recipe: field 'lora.target_modules': distributed runs support LoRA on the blocks' "
                       "projections only, not on '" + m + "'");
       if (layout_.tp > 1 && b_.trainable.lora->dropout > 0)
         throw Error("recipe: field 'lora.dropout': must be 0 with parallel.tp > 1 (tensor-parallel ranks would draw "
@@ -174,9 +116,9 @@ class DistEngine : public Engine {
     parallel::moe::GuestOptions guests;
     guests.guest_slots = r["moe"]["guest_slots"].get<int>();
     guests.ranks_per_node = r["moe"]["ranks_per_node"].get<int>();
-    guests.hidden_size = cfg.hidden_size;
+    guests.hidden_size = model.hidden_size();
     guests.bytes_per_element = r["precision"] == "fp32" ? 4 : 2;
-    guests.expert_params = 3 * cfg.hidden_size * cfg.moe_intermediate_size;
+    if (!model.moe_blocks().empty()) guests.expert_params = 3 * model.hidden_size() * model.moe_blocks().front()->options.expert_ffn;
     parallel::check_guest_options(guests, layout_.ep);
     for (auto* blk : model.moe_blocks())  // the router losses' collectives run only when some are on
       for (double v : {blk->options.aux_loss_coef, blk->options.seq_aux_loss_coef, blk->options.z_loss_coef})
@@ -232,8 +174,10 @@ class DistEngine : public Engine {
       for (const auto& n : fsdp_->names()) saved_names_.push_back(n);
       return;
     }
+    if (r["parallel"]["vocab_granule"].get<int64_t>() < 1)
+      throw Error("recipe: field 'parallel.vocab_granule': " + r["parallel"]["vocab_granule"].dump() + " must be >= 1");
     if (layout_.tp > 1 || layout_.sp) {
-      plan_ = parallel::apply_tensor_parallel(model, *tp_, layout_.sp);
+      plan_ = parallel::apply_tensor_parallel(model, *tp_, layout_.sp, r["parallel"]["vocab_granule"].get<int64_t>());
       // Replicated parameters with partial gradients (norms under sp, q/k norms): sum over tp as each gradient is
       // produced, before data-parallel reduction sees it.
       std::set<std::string> partial(plan_.partial_grad.begin(), plan_.partial_grad.end());
@@ -258,7 +202,7 @@ class DistEngine : public Engine {
     }
     std::vector<std::string> owned, counted;
     if (layout_.pp > 1) {
-      auto counts = parallel::pipeline_layer_counts(cfg.num_hidden_layers, layout_.pp, layout_.vpp, layout_.pp_layout);
+      auto counts = parallel::pipeline_layer_counts(model.num_blocks(), layout_.pp, layout_.vpp, layout_.pp_layout);
       pipe_ = std::make_unique<parallel::Pipeline>(model, *pp_, layout_.vpp, counts);
       owned = pipe_->owned_parameter_names();
       counted = pipe_->norm_parameter_names();
@@ -323,45 +267,35 @@ class DistEngine : public Engine {
   }
 
   // This rank's sequence part of its rows (local_rows) of a global micro-batch.
+  // The sequence length of a batch: dim 1 of its first sequence field (the schema's).
+  int64_t seq_of(const Batch& b) const {
+    for (const auto& f : schema_)
+      if (f.sequence && b.has(f.name)) return b.at(f.name).size(1);
+    throw Error("distributed engine: the batch has no sequence field of the model's schema");
+  }
+  // This rank's sequence part of its rows (local_rows) of a global micro-batch: the schema's sequence fields cut
+  // for context parallelism (positions filled in first, so each part keeps its global positions).
   Batch local(const Batch& g) const {
     Batch b = g;
-    if (b.input_ids.size(0) != mb_)
-      throw Error("distributed engine: a micro-batch of " + std::to_string(b.input_ids.size(0)) +
-                  " rows; this rank reads " + std::to_string(mb_) + " (local_rows)");
+    if (b.num_rows() != mb_)
+      throw Error("distributed engine: a micro-batch of " + std::to_string(b.num_rows()) + " rows; this rank reads " +
+                  std::to_string(mb_) + " (local_rows)");
     if (layout_.cp > 1) {
-      if (!b.position_ids.defined())
-        b.position_ids = at::arange(b.input_ids.size(1), b.input_ids.options()).unsqueeze(0).expand_as(b.input_ids).contiguous();
-      b.input_ids = parallel::cp_shard(b.input_ids, *cp_);
-      b.targets = parallel::cp_shard(b.targets, *cp_);
-      b.position_ids = parallel::cp_shard(b.position_ids, *cp_);
-      if (b.segment_ids.defined()) b.segment_ids = parallel::cp_shard(b.segment_ids, *cp_);
+      const int64_t T = seq_of(b);
+      for (const auto& f : schema_)
+        if (f.positions && !b.has(f.name))
+          b.set(f.name, at::arange(T, at::kLong).unsqueeze(0).expand({b.num_rows(), T}).contiguous());
+      for (const auto& f : schema_)
+        if (f.sequence && b.has(f.name)) b.set(f.name, parallel::cp_shard(b.at(f.name), *cp_));
     }
-    if (device_.is_cuda()) {  // host -> GPU from pinned memory, queued without waiting
-      auto mv = [&](const at::Tensor& t) {
-        return t.defined() && t.device() != device_ ? t.pin_memory().to(device_, /*non_blocking=*/true) : t;
-      };
-      b = Batch{mv(b.input_ids), mv(b.targets), mv(b.position_ids), mv(b.segment_ids)};
-    }
-    return b;
+    return device_.is_cuda() ? batch_to_device(b, device_) : b;
   }
 
-  at::Tensor loss_of(const at::Tensor& hidden, const at::Tensor& targets) {
-    auto& model = *b_.model;
-    if (fsdp_) {
-      at::Tensor logits = fsdp_->logits(hidden);
-      return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), targets.reshape({-1}), {},
-                                    at::Reduction::Sum, -100);
-    }
-    // Without a tensor-parallel vocabulary: the single-process loss (the fused linear + cross-entropy for large
-    // batches, no [N, V] logits kept).
-    if (tp_->size() == 1 && !layout_.sp) return token_loss_sum(model, hidden, targets);
-    return parallel::lm_loss_sum(model, hidden, targets, *tp_, layout_.sp, -100);
-  }
+  // The summed loss of the model's head on its hidden states (a tensor-parallel vocabulary: the layout's
+  // vocab_loss_fn; otherwise the single-process head, e.g. the fused linear + cross-entropy for large batches).
+  at::Tensor loss_of(const at::Tensor& hidden, const Batch& b) { return b_.model->head_loss_sum(hidden, b); }
 
-  at::Tensor hidden(const Batch& b) {
-    if (fsdp_) return fsdp_->hidden_states(b.input_ids, b.position_ids, b.segment_ids);
-    return b_.model->hidden_states(b.input_ids, b.position_ids, nullptr, b.segment_ids);
-  }
+  at::Tensor hidden(const Batch& b) { return fsdp_ ? fsdp_->forward_hidden(b) : b_.model->forward_hidden(b); }
 
   double forward_backward(const std::vector<Batch>& micro, int64_t counted, bool bf16) override {
     const double scale = static_cast<double>(std::max<int64_t>(1, counted));
@@ -376,83 +310,23 @@ class DistEngine : public Engine {
       const bool router = router_losses_;
       if (router) {
         at::Tensor c = at::zeros({static_cast<int64_t>(mine.size())}, at::kDouble);
-        for (size_t i = 0; i < mine.size(); ++i) c[static_cast<int64_t>(i)] = static_cast<double>(mine[i].counted());
+        for (size_t i = 0; i < mine.size(); ++i) c[static_cast<int64_t>(i)] = static_cast<double>(b_.model->loss_terms(mine[i]));
         dp_cp_->all_reduce(c);
         for (size_t i = 0; i < mine.size(); ++i) weight.push_back(c[static_cast<int64_t>(i)].item<double>());
       }
       auto reduce = [this](at::Tensor& t) { dp_cp_->all_reduce(t); };
       if (pipe_) {
-        std::vector<parallel::MicroBatch> mbs;
-        for (const auto& b : mine) mbs.push_back({b.input_ids, b.position_ids, b.segment_ids});
-        const int64_t hidden_size = b_.model->config().hidden_size;
-        const int64_t seq = mine[0].input_ids.size(1) / (layout_.sp ? layout_.tp : 1);
+        const std::vector<parallel::MicroBatch>& mbs = mine;
+        const int64_t hidden_size = b_.model->hidden_size();
+        const int64_t seq = seq_of(mine[0]) / (layout_.sp ? layout_.tp : 1);
         set_sync(false);
-        // MoE router losses of each chunk's layers, weighted as above. The sequence-level and z-losses of layers
-        // with a graph go back with the chunk; the pooled load-balancing loss once every stage's expert counts and
-        // rows are summed (they travel with the activations as the chunk's carry, the total comes back with the
-        // gradients: finish). Recomputed layers have no graph in the forward: finish hands their shares (with the
-        // total counts) to their recomputation (model.layer_loss_fn), which runs within the chunk's backward.
-        int64_t lb_experts = 0;  // > 0: the load-balancing loss is on (its expert count)
-        for (auto* blk : b_.model->moe_blocks())
-          if (blk->options.aux_loss_coef > 0) lb_experts = blk->options.num_experts;
-        parallel::Pipeline::ChunkLossFn router_losses = [&](size_t i, int64_t begin, int64_t end) {
-          parallel::Pipeline::ChunkLoss out;
-          if (!router) return out;
-          auto& model = *b_.model;
-          const auto st = model.aux_stats(reduce, begin, end);
-          const double w = weight[i];
-          if (at::Tensor a = model.aux_share(st, begin, end, /*with_lb=*/false); a.defined())
-            out.value = a.item<double>() * w;  // every layer's (recomputed ones: made without a graph)
-          at::Tensor now, p_graph;  // shares and probability sums of the layers with a graph
-          bool recomputed = false;
-          for (int64_t k = begin; k < end; ++k) {
-            if (model.recomputed(k)) {
-              recomputed = true;
-              continue;
-            }
-            if (at::Tensor a = model.aux_share(st, k, k + 1, /*with_lb=*/false); a.defined())
-              now = now.defined() ? now + a : a;
-            if (at::Tensor p = lb_experts > 0 ? model.lb_prob_sum(k, k + 1) : at::Tensor(); p.defined())
-              p_graph = p_graph.defined() ? p_graph + p : p;
-          }
-          if (now.defined()) out.loss = now * (w / layout_.tp);
-          const int64_t e = lb_experts;
-          at::Tensor p_all;
-          if (e > 0) {
-            out.carry = at::zeros({e + 1}, at::kDouble);  // expert counts, rows
-            if (st.any && st.rows > 0) {
-              out.carry.narrow(0, 0, e).copy_(st.counts);
-              out.carry[e] = st.rows;
-            }
-            p_all = model.lb_prob_sum(begin, end);
-          }
-          if (e == 0 && !recomputed) return out;
-          const double w_recomputed = w / layout_.tp / scale;  // layer_loss_fn's losses come scaled
-          out.finish = [this, st, p_graph, p_all, w, w_recomputed, e, recomputed](const at::Tensor& total) {
-            auto& model = *b_.model;
-            auto full = st;  // with the counts and rows of every stage
-            std::pair<at::Tensor, double> res{at::Tensor(), 0.0};
-            if (total.defined()) {
-              const at::Tensor t = total.cpu();
-              full.counts = t.narrow(0, 0, e).clone();
-              full.rows = t[e].item<double>();
-              if (p_all.defined()) res.second = model.lb_share(p_all, full.counts, full.rows).item<double>() * w;
-              if (p_graph.defined()) res.first = model.lb_share(p_graph, full.counts, full.rows) * (w / layout_.tp);
-            }
-            model.layer_loss_fn = nullptr;
-            if (recomputed && full.any)
-              model.layer_loss_fn = [this, full, w_recomputed, lb = total.defined()](int64_t k) {
-                at::Tensor a = b_.model->aux_share(full, k, k + 1, lb);
-                return a.defined() ? a * w_recomputed : a;
-              };
-            return res;
-          };
-          return out;
-        };
+        const int64_t lb = lb_experts(*b_.model);
+        parallel::Pipeline::ChunkLossFn router_losses =
+            router ? pipeline_router_losses(b_.model.get(), reduce, weight, layout_.tp, scale, lb) : nullptr;
         local_sum = pipe_->forward_backward(
-            mbs, [&](const at::Tensor& h, size_t i) { return loss_of(h, mine[i].targets); }, scale,
-            [&](size_t i) { return std::vector<int64_t>{mine[i].input_ids.size(0), seq, hidden_size}; },
-            router_losses, lb_experts > 0 ? lb_experts + 1 : 0);
+            mbs, [&](const at::Tensor& h, size_t i) { return loss_of(h, mine[i]); }, scale,
+            [&](size_t i) { return std::vector<int64_t>{mine[i].num_rows(), seq, hidden_size}; },
+            router_losses, lb > 0 ? lb + 1 : 0);
         b_.model->layer_loss_fn = nullptr;
         pipe_->sync_tied_grads();
         set_sync(true);
@@ -460,35 +334,12 @@ class DistEngine : public Engine {
       } else {
         for (size_t i = 0; i < mine.size(); ++i) {
           set_sync(i + 1 == mine.size());
-          at::Tensor l = loss_of(hidden(mine[i]), mine[i].targets);
+          at::Tensor l = loss_of(hidden(mine[i]), mine[i]);
           double value = l.item<double>();
-          // MoE router losses: this rank's share. Every tp rank computes the same share on the same (whole) tokens:
-          // each backpropagates 1/tp of it (tensor_parallel.h).
-          if (router && fsdp_) {
-            // FSDP: the layers ran without a graph; each layer's share is backpropagated in its recomputation.
-            auto st = b_.model->aux_stats(reduce);
-            if (st.any) {
-              value += b_.model->aux_share(st).item<double>() * weight[i];
-              const double w = weight[i] / scale;
-              fsdp_->layer_loss_fn = [this, st, w](size_t layer) {
-                at::Tensor a = b_.model->aux_share(st, static_cast<int64_t>(layer), static_cast<int64_t>(layer) + 1);
-                return a.defined() ? a * w : a;
-              };
-            }
-          } else if (router) {
-            auto st = b_.model->aux_stats(reduce);
-            if (at::Tensor a = b_.model->aux_share(st); a.defined()) {
-              value += a.item<double>() * weight[i];
-              l = l + a * (weight[i] / layout_.tp);
-              if (b_.model->recomputed(0)) {  // recomputed layers: their shares go back in their recomputation
-                const double w = weight[i] / layout_.tp / scale;
-                b_.model->layer_loss_fn = [this, st, w](int64_t k) {
-                  at::Tensor s = b_.model->aux_share(st, k, k + 1);
-                  return s.defined() ? s * w : s;
-                };
-              }
-            }
-          }
+          // MoE router losses: this rank's share (router_losses.h).
+          if (router)
+            value += add_router_losses(*b_.model, reduce, weight[i], layout_.tp, scale, l,
+                                       fsdp_ ? &fsdp_->layer_loss_fn : nullptr);
           (l / scale).backward();
           if (fsdp_) fsdp_->layer_loss_fn = nullptr;
           finish_backward();
@@ -555,18 +406,18 @@ class DistEngine : public Engine {
     Batch b = local(g);
     double l;
     if (pipe_) {  // forward-only through the stages; the last stage computes the loss, every pp rank gets it
-      const int64_t seq = b.input_ids.size(1) / (layout_.sp ? layout_.tp : 1);
-      const int64_t hidden_size = model.config().hidden_size;
-      std::vector<parallel::MicroBatch> one{parallel::MicroBatch{b.input_ids, b.position_ids, b.segment_ids}};
+      const int64_t seq = seq_of(b) / (layout_.sp ? layout_.tp : 1);
+      const int64_t hidden_size = model.hidden_size();
+      std::vector<parallel::MicroBatch> one{b};
       l = pipe_->forward_only(
-          one, [&](const at::Tensor& h, size_t) { return loss_of(h, b.targets); },
-          [&](size_t) { return std::vector<int64_t>{b.input_ids.size(0), seq, hidden_size}; });
+          one, [&](const at::Tensor& h, size_t) { return loss_of(h, b); },
+          [&](size_t) { return std::vector<int64_t>{b.num_rows(), seq, hidden_size}; });
     } else {
-      l = loss_of(hidden(b), b.targets).item<double>();
+      l = loss_of(hidden(b), b).item<double>();
     }
     if (fsdp_) fsdp_->set_compute_dtype(compute);
     if (was_training) model.train();
-    at::Tensor t = at::tensor({l, static_cast<double>(b.counted())}, at::kDouble);
+    at::Tensor t = at::tensor({l, static_cast<double>(model.loss_terms(b))}, at::kDouble);
     dp_cp_->all_reduce(t);
     return {t[0].item<double>(), static_cast<int64_t>(t[1].item<double>())};
   }
@@ -597,7 +448,7 @@ class DistEngine : public Engine {
     if (!b_.trainable.lora) weights = to_checkpoint_names(*b_.model, weights);
     // Persistent buffers that are checkpoint tensors (the MoE routers' correction biases), the same on every rank.
     if (!b_.trainable.lora) {
-      const auto saved = saved_buffers(*b_.model);
+      const auto saved = checkpoint_buffers(*b_.model);
       for (const auto& item : b_.model->named_buffers())
         if (saved.count(item.key())) weights[item.key()] = item.value().detach();
     }
@@ -662,7 +513,7 @@ class DistEngine : public Engine {
           ordered.emplace_back(n, all[n]);
         }
         io::save_peft_tensors(tmp, ordered, *b_.trainable.lora, b_.trainable.base_model);
-        write_file_atomic((fs::path(tmp) / "base_config.json").string(), b_.model->config().raw.dump(2) + "\n");
+        write_file_atomic((fs::path(tmp) / "base_config.json").string(), b_.model->config_json().dump(2) + "\n");
       } else {
         for (int rk = 0; rk < comm_->world(); ++rk) {  // total_size: bytes of every weight, as transformers writes it
           fs::path f = fs::path(tmp) / rank_file("model", rk);
@@ -674,7 +525,7 @@ class DistEngine : public Engine {
       json oindex = {{"world", comm_->world()}, {"layout", layout_.describe()}, {"optimizer_steps", opt_->steps()},
                      {"weight_map", opt_map}};
       write_file_atomic((fs::path(tmp) / "optimizer.index.json").string(), oindex.dump(2) + "\n");
-      if (!b_.trainable.lora) io::write_hf_metadata(b_.model->config(), tmp, at::kFloat, tokenizer);
+      if (!b_.trainable.lora) io::write_model_metadata(*b_.model, tmp, at::kFloat, tokenizer);
       write_file_atomic((fs::path(tmp) / "trainer_state.json").string(), st.dump(2) + "\n");
       final_dir = commit_checkpoint(root, step, tmp, keep);
     }
@@ -722,13 +573,13 @@ class DistEngine : public Engine {
       const std::string& n = item.key();
       if (lora || trained.count(n) || item.value().numel() == 0) continue;
       bool stored = ckpt->contains(n);
-      for (const auto& e : models::llama::checkpoint_tensors(*b_.model))
+      for (const auto& e : b_.model->checkpoint_tensors())
         stored = stored || (e.param == n && e.index >= 0 && ckpt->contains(e.name));
       if (!stored) continue;
       item.value().copy_(local_of(n, read_whole(*ckpt, *b_.model, n, dir).to(at::kFloat)));
     }
     if (!lora) {
-      const auto saved = saved_buffers(*b_.model);
+      const auto saved = checkpoint_buffers(*b_.model);
       for (auto& item : b_.model->named_buffers())
         if (saved.count(item.key()) && ckpt->contains(item.key())) item.value().copy_(ckpt->tensor(item.key()));
     }
@@ -759,6 +610,7 @@ class DistEngine : public Engine {
   const parallel::Group* ep_ = nullptr;
   std::vector<std::string> saved_names_;
   bool router_losses_ = false;  // some MoE block has a router loss coefficient > 0
+  models::BatchSchema schema_;
 };
 
 }  // namespace

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "loongforge/models/llama/model.h"
+#include "loongforge/models/model.h"
 #include "loongforge/train/batch.h"
 #include "loongforge/train/checkpoint.h"
 
@@ -15,18 +15,12 @@ namespace lf::train {
 
 // The model as the recipe builds it (full, on every process), with the parameters the optimizer updates.
 struct ModelBundle {
-  models::llama::CausalLM model{nullptr};
+  std::shared_ptr<models::Model> model;
   TrainableSet trainable;
   std::vector<double> weight_decay;
   std::string tokenizer;
 };
 
-// Sum of token losses of one micro-batch and its counted tokens (the plain model, no layout).
-// backward_scale: the factor the caller multiplies the loss by before backward (1 / the step's counted tokens); the
-// router losses of recomputed MoE layers are backpropagated in their recomputation with it (0: not set up).
-// counted: b's counted tokens when known (< 0: b.counted(), which waits for the device when b lives on a GPU).
-std::pair<at::Tensor, int64_t> micro_loss(models::llama::CausalLMImpl& model, const Batch& b, double backward_scale = 0,
-                                          int64_t counted = -1);
 // bf16 autocast on `device` while it lives (on = false: nothing); leaving turns it off and drops the cached casts.
 class Bf16Autocast {
  public:
@@ -40,9 +34,8 @@ class Bf16Autocast {
   bool on_;
 };
 
-// The summed token loss of the final hidden states h [B,T,H] (targets [B,T], -100 not counted): the fused linear +
-// cross-entropy over vocabulary chunks for large batches (no [N, V] logits kept), logits + cross_entropy otherwise.
-at::Tensor token_loss_sum(models::llama::CausalLMImpl& model, at::Tensor h, const at::Tensor& targets);
+// The batch on `device`: host tensors copied from pinned memory without waiting (queued on the stream).
+Batch batch_to_device(const Batch& b, const at::Device& device);
 
 class Engine {
  public:

@@ -4,15 +4,9 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/io/safetensors.h"
+#include "loongforge/nn/loss.h"
 
 namespace lf::train {
-
-int64_t Batch::counted() const { return (targets != -100).sum().item<int64_t>(); }
-
-Batch Batch::rows(int64_t first, int64_t n) const {
-  auto cut = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, first, n).contiguous() : t; };
-  return Batch{cut(input_ids), cut(targets), cut(position_ids), cut(segment_ids)};
-}
 
 PretrainSource::PretrainSource(data::PretrainOptions opts, bool per_document)
     : ds_(std::move(opts)), per_document_(per_document) {}
@@ -68,7 +62,7 @@ Batch PretrainSource::build(const std::vector<data::Sample>& samples) const {
       }
     }
   }
-  return Batch{ids, tgt, pos, seg};
+  return token_batch(ids, tgt, pos, seg);
 }
 
 nlohmann::json PretrainSource::state() const { return ds_.state().to_json(); }
@@ -85,7 +79,7 @@ BatchFileSource::BatchFileSource(const std::string& path) {
   if (labels.sizes() != ids_.sizes() || labels.scalar_type() != at::kLong)
     throw file_error(path, "labels", "expected int64 with the shape of input_ids");
   // transformers' convention: labels align with inputs and shift inside; targets are the shifted labels
-  targets_ = at::cat({labels.narrow(1, 1, labels.size(1) - 1), at::full({labels.size(0), 1}, -100, at::kLong)}, 1);
+  targets_ = nn::next_token_targets(labels);
 }
 
 Batch BatchFileSource::next(int64_t b) {
@@ -93,7 +87,7 @@ Batch BatchFileSource::next(int64_t b) {
   for (int64_t i = 0; i < b; ++i) rows.push_back((row_ + i) % ids_.size(0));
   row_ = (row_ + b) % ids_.size(0);
   at::Tensor idx = at::tensor(rows, at::kLong);
-  return Batch{ids_.index_select(0, idx), targets_.index_select(0, idx), {}, {}};
+  return token_batch(ids_.index_select(0, idx), targets_.index_select(0, idx));
 }
 
 }  // namespace lf::train

@@ -22,7 +22,7 @@ const char* kDefaults = R"json({
   "precision": "fp32",
   "fp8_scaling": "tensorwise",
   "device": "cpu",
-  "model": {"path": "", "config": "", "tokenizer": "", "init_std": -1.0, "recompute": "none", "freeze": [""]},
+  "model": {"path": "", "config": "", "family": "", "tokenizer": "", "init_std": -1.0, "recompute": "none", "freeze": [""]},
   "data": {
     "format": "pretrain",
     "train": [{"path": "", "weight": 1.0}],
@@ -46,7 +46,7 @@ const char* kDefaults = R"json({
   "eval": {"every": 0, "batches": 4},
   "parallel": {"dp": 1, "tp": 1, "pp": 1, "vpp": 1, "cp": 1, "cp_mode": "ring", "ep": 1, "sp": false, "zero": 0,
                "backend": "auto",
-               "hsdp_shard": 0, "pp_layout": [], "timeout_s": 300}
+               "hsdp_shard": 0, "pp_layout": [], "timeout_s": 300, "vocab_granule": 1}
 })json";
 
 // Keys whose value must be one of a few choices.
@@ -289,5 +289,16 @@ std::string recipe_to_yaml(const json& recipe) {
   emit(out, recipe);
   return std::string(out.c_str()) + "\n";
 }
+
+std::string recipe_key_of(const std::string& option) {
+  static const std::map<std::string, std::string> keys = {
+      {"guest_slots", "moe.guest_slots"}, {"ranks_per_node", "moe.ranks_per_node"},
+      {"bias_update_rate", "moe.bias_update_rate"}, {"capacity_factor", "moe.capacity_factor"},
+      {"target_modules", "lora.target_modules"}};
+  auto it = keys.find(option);
+  return it != keys.end() ? it->second : "parallel." + option;  // the layout's sizes and modes
+}
+
+Error recipe_error(const OptionError& e) { return file_error("recipe", recipe_key_of(e.option()), e.why()); }
 
 }  // namespace lf::train

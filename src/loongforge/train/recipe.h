@@ -2,6 +2,7 @@
 // `--set key=value`. Every key is validated against the schema (the defaults): an unknown key is an error naming the
 // nearest valid key, a value of the wrong type or outside its choices is an error naming the key.
 #pragma once
+#include "loongforge/core/error.h"
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -20,5 +21,20 @@ std::vector<std::string> recipe_keys();
 
 // Writes the recipe as YAML (stable key order), e.g. into checkpoints for reference.
 std::string recipe_to_yaml(const nlohmann::json& recipe);
+
+// The recipe key of a lower layer's option (lf::OptionError: "tp" -> "parallel.tp", "guest_slots" ->
+// "moe.guest_slots", "target_modules" -> "lora.target_modules"), and the error naming it
+// ("recipe: field 'parallel.tp': ...").
+std::string recipe_key_of(const std::string& option);
+Error recipe_error(const OptionError& e);
+// f() with lower layers' OptionErrors rethrown as recipe errors.
+template <class F>
+auto with_recipe_keys(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const OptionError& e) {
+    throw recipe_error(e);
+  }
+}
 
 }  // namespace lf::train

@@ -64,7 +64,7 @@ Batch SftSource::next_rows(int64_t global_rows, int64_t first, int64_t b) {
     std::copy(s.segment_ids.begin(), s.segment_ids.end(), seg[i].data_ptr<int64_t>());
   }
   for (int64_t i = first + b; i < global_rows; ++i) ds_->next();
-  return Batch{ids, tgt, pos, seg};
+  return token_batch(ids, tgt, pos, seg);
 }
 
 nlohmann::json SftSource::state() const { return ds_->state(); }

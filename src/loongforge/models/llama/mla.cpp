@@ -17,7 +17,7 @@ at::Tensor apply_rotary_interleaved(const at::Tensor& x, const at::Tensor& cos, 
 }
 
 MLAImpl::MLAImpl(const DecoderConfig& c, int64_t idx)
-    : layer_idx(idx), heads(c.num_attention_heads), kv_lora_rank(c.kv_lora_rank), qk_nope_head_dim(c.qk_nope_head_dim),
+    : nn::AttentionHook(c.num_attention_heads, c.num_attention_heads, 0), layer_idx(idx), kv_lora_rank(c.kv_lora_rank), qk_nope_head_dim(c.qk_nope_head_dim),
       qk_rope_head_dim(c.qk_rope_head_dim), v_head_dim(c.v_head_dim), rope_interleave(c.rope_interleave),
       scale(c.attention_scale > 0 ? c.attention_scale
                                   : 1.0 / std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim))) {
@@ -39,8 +39,10 @@ MLAImpl::MLAImpl(const DecoderConfig& c, int64_t idx)
 
 at::Tensor MLAImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, nn::KVCache* cache,
                             const at::Tensor& segment_ids) {
-  const int64_t b = x.size(0), t = x.size(1), qk = qk_nope_head_dim + qk_rope_head_dim;
+  const int64_t qk = qk_nope_head_dim + qk_rope_head_dim;
   at::Tensor q = q_proj ? q_proj->forward(x) : q_b_proj->forward(q_a_layernorm->forward(q_a_proj->forward(x)));
+  // b, t from the projection (a sequence-parallel entry gathers the sequence: t can exceed x.size(1)).
+  const int64_t b = q.size(0), t = q.size(1);
   q = q.view({b, t, heads, qk}).transpose(1, 2);  // [B,H,T,qk]
   at::Tensor q_pass = q.narrow(-1, 0, qk_nope_head_dim), q_rot = q.narrow(-1, qk_nope_head_dim, qk_rope_head_dim);
 
@@ -64,7 +66,7 @@ at::Tensor MLAImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at
   at::Tensor k_nope = kv.narrow(-1, 0, qk_nope_head_dim), v = kv.narrow(-1, qk_nope_head_dim, v_head_dim);
   at::Tensor k = at::cat({k_nope, k_rot.expand({b, heads, tk, qk_rope_head_dim})}, -1);
   q = at::cat({q_pass, q_rot}, -1);
-  at::Tensor o = nn::causal_attention(q, k, v, offset, /*window=*/0, scale, segment_ids);  // [B,H,T,v_head_dim]
+  at::Tensor o = attend(q, k, v, offset, scale, segment_ids);  // [B,H,T,v_head_dim]
   return o_proj->forward(o.transpose(1, 2).reshape({b, t, heads * v_head_dim}));
 }
 

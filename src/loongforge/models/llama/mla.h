@@ -14,7 +14,7 @@
 
 namespace lf::models::llama {
 
-class MLAImpl : public torch::nn::Module {
+class MLAImpl : public torch::nn::Module, public nn::AttentionHook {  // kv_heads = heads
  public:
   MLAImpl(const DecoderConfig& c, int64_t layer_idx);
   // x [B,T,hidden]; cos/sin [B,T,qk_rope_head_dim] from the model's rotary (attention scaling included);
@@ -27,7 +27,7 @@ class MLAImpl : public torch::nn::Module {
   nn::RMSNorm q_a_layernorm{nullptr};
   nn::Linear kv_a_proj_with_mqa{nullptr}, kv_b_proj{nullptr}, o_proj{nullptr};
   nn::RMSNorm kv_a_layernorm{nullptr};
-  int64_t layer_idx, heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+  int64_t layer_idx, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
   bool rope_interleave;
   double scale;  // softmax scale: qk_head_dim^-0.5, times yarn's mscale(factor, mscale_all_dim)^2
 };

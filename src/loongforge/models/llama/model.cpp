@@ -54,8 +54,8 @@ nn::MoEOptions moe_options(const DecoderConfig& c) {
 }
 
 AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t idx)
-    : layer_idx(idx), heads(c.num_attention_heads), kv_heads(c.num_key_value_heads), head_dim(c.head_dim),
-      window(c.layer_window.at(idx)) {
+    : nn::AttentionHook(c.num_attention_heads, c.num_key_value_heads, c.layer_window.at(idx)), layer_idx(idx),
+      head_dim(c.head_dim) {
   q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim, c.q_bias));
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, c.k_bias));
   v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, c.v_bias));
@@ -86,8 +86,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
     std::tie(k, v) = cache->append(static_cast<size_t>(layer_idx), k, v);
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  at::Tensor o = attention_fn ? attention_fn(q, k, v, offset, window, scale, segment_ids)
-                              : nn::causal_attention(q, k, v, offset, window, scale, segment_ids);
+  at::Tensor o = attend(q, k, v, offset, scale, segment_ids);
   return o_proj->forward(o.transpose(1, 2).reshape({b, t, heads * head_dim}));
 }
 
@@ -139,6 +138,7 @@ DecoderModelImpl::DecoderModelImpl(const DecoderConfig& c) {
 }
 
 CausalLMImpl::CausalLMImpl(DecoderConfig c) : config_(std::move(c)), rotary_(rope_spec(config_)) {
+  router_aux_loss_coef_ = config_.router_aux_loss_coef;
   model = register_module("model", DecoderModel(config_));
   if (!config_.tie_word_embeddings) lm_head = register_module("lm_head", linear(config_.hidden_size, config_.vocab_size, false));
 }
@@ -178,138 +178,25 @@ std::pair<at::Tensor, at::Tensor> CausalLMImpl::rotary(const at::Tensor& positio
 
 at::Tensor CausalLMImpl::run_layers(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin, int64_t begin,
                                     int64_t end, nn::KVCache* cache, const at::Tensor& segment_ids) {
-  for (int64_t i = begin; i < end; ++i) {
-    auto* l = (*model->layers)[static_cast<size_t>(i)]->as<DecoderLayerImpl>();
-    bool recompute = recomputed(i) && !cache && at::GradMode::is_enabled();
-    if (recompute) {
-      std::function<at::Tensor()> extra;
-      if (l->moe) extra = [this, i]() { return layer_loss_fn ? layer_loss_fn(i) : at::Tensor(); };
-      h = nn::recompute([l, cos, sin, segment_ids](const at::Tensor& x) { return l->forward(x, cos, sin, nullptr, segment_ids); },
-                        h, l->parameters(), std::move(extra));
-    } else {
-      h = l->forward(h, cos, sin, cache, segment_ids);
-    }
-  }
+  if (!cache) return run_blocks(Batch{{"cos", cos}, {"sin", sin}, {"segment_ids", segment_ids}}, h, begin, end);
+  for (int64_t i = begin; i < end; ++i)
+    h = (*model->layers)[static_cast<size_t>(i)]->as<DecoderLayerImpl>()->forward(h, cos, sin, cache, segment_ids);
   return h;
 }
 
-void CausalLMImpl::set_recompute(int64_t every_n_layers) {
-  recompute_every_ = every_n_layers;
+std::vector<std::pair<int64_t, nn::MoEImpl*>> CausalLMImpl::moe_layers() const {
+  std::vector<std::pair<int64_t, nn::MoEImpl*>> out;
   for (size_t i = 0; i < model->layers->size(); ++i) {
     auto* l = model->layers->ptr(i)->as<DecoderLayerImpl>();
-    if (l && l->moe && recomputed(static_cast<int64_t>(i))) l->moe->force_stats = true;
-  }
-}
-
-std::vector<nn::MoEImpl*> CausalLMImpl::moe_blocks() const {
-  std::vector<nn::MoEImpl*> out;
-  for (const auto& m : *model->layers) {
-    auto* l = m->as<DecoderLayerImpl>();
-    if (l && l->moe) out.push_back(l->moe.get());
+    if (l && l->moe) out.emplace_back(static_cast<int64_t>(i), l->moe.get());
   }
   return out;
 }
 
-at::Tensor CausalLMImpl::aux_loss() const {
-  at::Tensor total;
-  auto add = [&total](const at::Tensor& t) {
-    if (t.defined()) total = total.defined() ? total + t : t;
-  };
-  std::vector<const nn::MoEImpl*> blocks;
-  for (auto* b : moe_blocks()) {
-    blocks.push_back(b);
-    add(b->extra_loss);
-  }
-  at::Tensor lb = nn::load_balancing_loss(blocks);
-  if (lb.defined()) add(config_.router_aux_loss_coef * lb);
-  return total;
-}
-
-namespace {
-std::vector<const nn::MoEImpl*> loss_blocks(const DecoderModelImpl& model, int64_t begin, int64_t end) {
-  std::vector<const nn::MoEImpl*> blocks;
-  for (int64_t i = begin; i < end; ++i) {
-    auto* l = model.layers->ptr(static_cast<size_t>(i))->as<DecoderLayerImpl>();
-    if (l && l->moe && (l->moe->lb_prob_sum.defined() || l->moe->extra_loss.defined())) blocks.push_back(l->moe.get());
-  }
-  return blocks;
-}
-}  // namespace
-
-CausalLMImpl::AuxStats CausalLMImpl::aux_stats(const std::function<void(at::Tensor&)>& reduce, int64_t begin,
-                                               int64_t end) const {
-  if (end < 0) end = static_cast<int64_t>(model->layers->size());
-  AuxStats st;
-  auto blocks = loss_blocks(*model, begin, end);
-  if (blocks.empty()) return st;
-  const int64_t e = blocks.front()->options.num_experts;
-  at::Tensor stats = at::zeros({e + 3}, at::kDouble);
-  double rows = 0;
-  for (const auto* b : blocks) {
-    if (!b->lb_prob_sum.defined()) continue;
-    stats.slice(0, 0, e).add_(b->lb_counts.to(at::kCPU, at::kDouble));  // (on a GPU: brought to the host)
-    rows += static_cast<double>(b->lb_rows);
-  }
-  stats[e] = rows;
-  stats[e + 1] = static_cast<double>(blocks.front()->tokens_seen);
-  // context parallel: the cp ranks sharing the sequences count them once between them
-  stats[e + 2] = static_cast<double>(blocks.front()->sequences_seen) / static_cast<double>(blocks.front()->sequence_parts);
-  reduce(stats);
-  st.any = true;
-  st.counts = stats.slice(0, 0, e).clone();
-  st.rows = stats[e].item<double>();
-  st.tokens = stats[e + 1].item<double>();
-  st.sequences = stats[e + 2].item<double>();
-  return st;
-}
-
-at::Tensor CausalLMImpl::aux_share(const AuxStats& st, int64_t lo, int64_t hi, bool with_lb) const {
-  if (hi < 0) hi = static_cast<int64_t>(model->layers->size());
-  if (!st.any) return {};
-  at::Tensor total;
-  auto add = [&total](const at::Tensor& t) { total = total.defined() ? total + t : t; };
-  for (const auto* b : loss_blocks(*model, lo, hi)) {
-    if (with_lb && b->lb_prob_sum.defined()) add(lb_share(b->lb_prob_sum, st.counts, st.rows));
-    // (under context parallelism seq_loss is already this rank's part of its sequences' loss)
-    if (b->seq_loss.defined()) add(b->seq_loss * (static_cast<double>(b->sequences_seen) / st.sequences));
-    if (b->z_loss.defined()) add(b->z_loss * (static_cast<double>(b->tokens_seen) / st.tokens));
-  }
-  return total;
-}
-
-at::Tensor CausalLMImpl::lb_prob_sum(int64_t begin, int64_t end) const {
-  at::Tensor sum;
-  for (const auto* b : loss_blocks(*model, begin, end))
-    if (b->lb_prob_sum.defined()) sum = sum.defined() ? sum + b->lb_prob_sum : b->lb_prob_sum;
-  return sum;
-}
-
-at::Tensor CausalLMImpl::lb_share(const at::Tensor& prob_sum, const at::Tensor& counts, double rows) const {
-  at::Tensor c = counts.to(prob_sum.device(), prob_sum.scalar_type());
-  return config_.router_aux_loss_coef * static_cast<double>(prob_sum.size(0)) * (c / rows * (prob_sum / rows)).sum();
-}
-
-void CausalLMImpl::update_moe_bias() {
-  for (auto* b : moe_blocks()) b->update_bias();
-}
-
-void CausalLMImpl::set_moe_training(double aux_loss_coef, double seq_aux_loss_coef, double z_loss_coef,
-                                    double bias_update_rate, double capacity_factor) {
-  config_.router_aux_loss_coef = aux_loss_coef;
-  for (auto* b : moe_blocks()) {
-    if (bias_update_rate > 0 && !b->options.score_correction_bias)
-      throw Error("recipe: field 'moe.bias_update_rate': needs a router with a score correction bias (deepseek_v3)");
-    b->options.aux_loss_coef = aux_loss_coef;
-    b->options.seq_aux_loss_coef = seq_aux_loss_coef;
-    b->options.z_loss_coef = z_loss_coef;
-    b->options.bias_update_rate = bias_update_rate;
-    b->options.capacity_factor = capacity_factor;
-  }
-}
-
-std::vector<CheckpointTensor> checkpoint_tensors(const CausalLMImpl& m) {
+std::vector<CheckpointTensor> CausalLMImpl::checkpoint_tensors() const {
   std::vector<CheckpointTensor> out;
-  const DecoderConfig& c = m.config();
+  const DecoderConfig& c = config_;
+  const auto& m = *this;
   const bool mixtral = c.model_type == "mixtral";
   const int64_t f = c.moe_intermediate_size;
   for (const auto& item : m.named_parameters()) {
@@ -340,11 +227,6 @@ std::vector<CheckpointTensor> checkpoint_tensors(const CausalLMImpl& m) {
   for (const auto& item : m.named_buffers())
     if (item.key().ends_with("e_score_correction_bias")) out.push_back({item.key(), item.key(), -1, 0, 0, true});
   return out;
-}
-
-at::Tensor checkpoint_slice(const at::Tensor& t, const CheckpointTensor& e) {
-  if (e.index < 0) return t;
-  return t.select(0, e.index).slice(0, e.begin, e.end);
 }
 
 at::Tensor CausalLMImpl::final_norm(const at::Tensor& h) { return model->norm->forward(h); }

@@ -1,0 +1,55 @@
+// A batch as every family and engine sees it: named tensors whose first dimension is the row (sample). Which names a
+// family reads is its schema (Model::batch_schema); engines split rows (data parallelism, micro-batches, CPU thread
+// splits), cut the sequence dimension of the schema's `sequence` fields (context parallelism) and move tensors to
+// the device without knowing what the tensors mean.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lf::models {
+
+class Batch {
+ public:
+  Batch() = default;
+  // Undefined tensors are left out (an optional field that is absent).
+  Batch(std::initializer_list<std::pair<const std::string, at::Tensor>> fields);
+
+  bool has(const std::string& name) const { return t_.count(name) > 0; }
+  // The tensor `name`; lf::Error naming it when the batch has none.
+  const at::Tensor& at(const std::string& name) const;
+  // The tensor `name`, or an undefined tensor.
+  at::Tensor get(const std::string& name) const;
+  // Sets `name` (an undefined tensor removes it).
+  void set(const std::string& name, at::Tensor t);
+  bool empty() const { return t_.empty(); }
+  // Rows of the batch: dim 0 of its tensors (0 when empty).
+  int64_t num_rows() const;
+  // Rows [first, first + n) of every tensor (views).
+  Batch rows(int64_t first, int64_t n) const;
+  // Every tensor through f (name, tensor) -> tensor.
+  Batch map(const std::function<at::Tensor(const std::string&, const at::Tensor&)>& f) const;
+  const std::map<std::string, at::Tensor>& tensors() const { return t_; }
+
+ private:
+  std::map<std::string, at::Tensor> t_;
+};
+
+// One field of a family's batch schema.
+struct BatchField {
+  std::string name;
+  at::ScalarType dtype = at::kLong;
+  int64_t dims = 2;        // rank of the tensor ([B,T] = 2)
+  bool required = true;
+  bool sequence = false;   // dim 1 is the sequence: context parallelism gives each rank its part
+  bool positions = false;  // positions along the sequence; absent: 0..T-1 (context parallelism fills it in first)
+  std::string doc;
+};
+using BatchSchema = std::vector<BatchField>;
+
+}  // namespace lf::models

@@ -1,0 +1,213 @@
+// The decoder LM's side of the model contract (models/model.h): batches, losses, FLOPs, how it splits (blocks,
+// tensor-parallel plan, attention and MoE modules), and its registry entry.
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+
+#include "loongforge/core/error.h"
+#include "loongforge/kernels/linear_ce.h"
+#include "loongforge/models/llama/family.h"
+#include "loongforge/models/llama/model.h"
+#include "loongforge/nn/loss.h"
+
+namespace lf::models::llama {
+
+namespace {
+
+nlohmann::json describe(const DecoderConfig& c) {
+  return {{"family", "decoder_lm"},
+          {"model_type", c.model_type},
+          {"parameters", c.num_parameters()},
+          {"layers", c.num_hidden_layers},
+          {"hidden_size", c.hidden_size},
+          {"heads", c.num_attention_heads},
+          {"kv_heads", c.num_key_value_heads},
+          {"head_dim", c.head_dim},
+          {"vocab_size", c.vocab_size},
+          {"tied_embeddings", c.tie_word_embeddings},
+          {"rope", c.rope.type},
+          {"active_parameters", c.num_active_parameters()},
+          {"train_flops_per_token_excl_attention", 6 * c.num_active_parameters()}};
+}
+
+// A [B,T] int64 tensor of a dump batch (the shape of `like` when given).
+at::Tensor batch_tensor(const std::map<std::string, at::Tensor>& batch, const std::string& file, const std::string& name,
+                        const at::Tensor& like = {}) {
+  auto it = batch.find(name);
+  if (it == batch.end()) throw file_error(file, name, "missing");
+  const at::Tensor& t = it->second;
+  if (t.scalar_type() != at::kLong || t.dim() != 2)
+    throw file_error(file, name, "expected int64 [B,T], got " + std::string(c10::toString(t.scalar_type())) + " with " +
+                                     std::to_string(t.dim()) + " dims");
+  if (like.defined() && t.sizes() != like.sizes()) throw file_error(file, name, "shape differs from input_ids");
+  return t;
+}
+
+}  // namespace
+
+Model::ReferenceOutput CausalLMImpl::reference_forward(const std::map<std::string, at::Tensor>& batch,
+                                                      const std::string& file) {
+  at::Tensor ids = batch_tensor(batch, file, "input_ids");
+  at::Tensor labels = batch.count("labels") ? batch_tensor(batch, file, "labels", ids) : ids;
+  const int64_t vocab = config_.vocab_size;
+  if (ids.numel() && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= vocab))
+    throw file_error(file, "input_ids", "ids must lie in [0, " + std::to_string(vocab) + ")");
+  at::Tensor lg = forward(ids);
+  return {{{"logits", lg}}, nn::causal_lm_loss(lg, labels)};  // transformers' causal-LM loss: shifted inside
+}
+
+// transformers' _init_weights for these models: normal(0, std) for Linear and Embedding (padding row zero), zeros
+// for biases, ones for norms.
+void CausalLMImpl::init_weights(double std) {
+  if (std < 0) std = config_.raw.value("initializer_range", 0.02);
+  at::NoGradGuard no_grad;
+  for (auto& item : named_parameters()) {
+    const std::string& n = item.key();
+    at::Tensor& p = item.value();
+    if (n.find("norm.weight") != std::string::npos) p.fill_(1.0);
+    else if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0) p.zero_();
+    else p.normal_(0.0, std);
+  }
+  if (config_.pad_token_id) model->embed_tokens->weight[*config_.pad_token_id].zero_();
+}
+
+BatchSchema CausalLMImpl::batch_schema() const {
+  auto field = [](const char* name, bool required, bool positions, const char* doc) {
+    BatchField f;
+    f.name = name;
+    f.required = required;
+    f.sequence = true;
+    f.positions = positions;
+    f.doc = doc;
+    return f;
+  };
+  return {field("input_ids", true, false, "token ids [B,T]"),
+          field("targets", true, false, "the token each position predicts (shifted), -100 not counted"),
+          field("position_ids", false, true, "positions [B,T] (absent: 0..T-1)"),
+          field("segment_ids", false, false, "packed documents [B,T]: attention stays within a document")};
+}
+
+int64_t CausalLMImpl::loss_terms(const Batch& b) const { return (b.at("targets") != nn::kIgnoreIndex).sum().item<int64_t>(); }
+
+double CausalLMImpl::train_flops_per_sample(int64_t seq) const {
+  const DecoderConfig& c = config_;
+  const double s = static_cast<double>(seq);
+  // 6 x the parameters a token goes through (MoE: its top_k experts) + the attention products.
+  const double per_token = 6.0 * static_cast<double>(c.num_active_parameters()) +
+                           12.0 * static_cast<double>(c.num_hidden_layers * c.num_attention_heads * c.head_dim) * s;
+  return per_token * s;
+}
+
+Batch CausalLMImpl::block_inputs(const Batch& b, at::ScalarType dtype) const {
+  at::Tensor pos = b.get("position_ids");
+  if (!pos.defined()) {
+    const at::Tensor& ids = b.at("input_ids");
+    pos = at::arange(ids.size(1), ids.options().dtype(at::kLong)).unsqueeze(0).expand({ids.size(0), ids.size(1)});
+  }
+  auto [cos, sin] = rotary(pos, dtype);
+  return Batch{{"cos", cos}, {"sin", sin}, {"segment_ids", b.get("segment_ids")}};
+}
+
+at::Tensor CausalLMImpl::block_forward(const Batch& in, const at::Tensor& h, int64_t i) {
+  return (*model->layers)[static_cast<size_t>(i)]->as<DecoderLayerImpl>()->forward(h, in.at("cos"), in.at("sin"),
+                                                                                  nullptr, in.get("segment_ids"));
+}
+
+at::Tensor CausalLMImpl::head_loss_sum(const at::Tensor& hidden, const Batch& b) {
+  const at::Tensor& targets = b.at("targets");
+  if (vocab_loss_fn) return vocab_loss_fn(hidden, output_weight(), targets);
+  // The fused linear + cross-entropy (no [N, V] logits kept) computes what logits + cross_entropy compute, as long
+  // as nothing hooks lm_head (LoRA adapter, layout input/output functions) and it has no bias. Below 1M logits the
+  // composite version costs next to nothing, and staying on it keeps tiny runs bitwise equal to `dump` (the fused
+  // one rounds differently: the gradient is scaled after the GEMMs).
+  const auto& head = lm_head;
+  const bool large = targets.numel() * output_weight().size(0) >= (int64_t(1) << 20);
+  if (large && (!head || (!head->adapter && !head->input_fn && !head->output_fn && !head->bias.defined()))) {
+    at::Tensor h = hidden, w = output_weight();
+    const auto dev_type = h.device().type();
+    if (at::autocast::is_autocast_enabled(dev_type)) {  // bf16 GEMMs as autocast would run them, softmax in float32
+      const auto dt = at::autocast::get_autocast_dtype(dev_type);
+      h = h.to(dt);
+      w = w.to(dt);
+    }
+    return std::get<0>(kernels::linear_cross_entropy(h, w, targets, nn::kIgnoreIndex));
+  }
+  return nn::token_loss_sum(logits(hidden), targets);
+}
+
+Split CausalLMImpl::split() const {
+  Split s;
+  s.pre = {"model.embed_tokens"};
+  s.blocks = "model.layers";
+  s.post = {"model.norm"};
+  if (lm_head) s.post.push_back("lm_head");
+  else s.tied = {"model.embed_tokens.weight"};
+  return s;
+}
+
+TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
+  const DecoderConfig& c = config_;
+  TensorParallelSpec t;
+  const std::string L = R"(model\.layers\.\d+\.)";
+  t.rules = {
+      {"model.embed_tokens", TpStyle::VocabEmbedding},
+      {"lm_head", TpStyle::VocabHead},
+      // attention (MHA/GQA): heads split
+      {L + R"(self_attn\.[qkv]_proj)", TpStyle::Colwise},
+      {L + R"(self_attn\.[qk]_norm)", TpStyle::ReplicatedInside},
+      // multi-head latent attention: the latent projections stay whole (their outputs feed every head), the
+      // per-head up-projections split
+      {L + R"(self_attn\.(q_a_proj|kv_a_proj_with_mqa))", TpStyle::ReplicatedEntry},
+      {L + R"(self_attn\.(q_a_layernorm|kv_a_layernorm))", TpStyle::ReplicatedInside},
+      {L + R"(self_attn\.(q_b_proj|kv_b_proj))", TpStyle::ColwiseInside},
+      {L + R"(self_attn\.o_proj)", TpStyle::Rowwise},
+      // dense MLP
+      {L + R"(mlp\.(gate_proj|up_proj))", TpStyle::Colwise},
+      {L + R"(mlp\.down_proj)", TpStyle::Rowwise},
+      // MoE shared experts: inside the MoE block's region (its entry and exit: parallel/tensor_parallel.h)
+      {L + R"(\w+\.shared_experts\.(gate_proj|up_proj))", TpStyle::ColwiseInside},
+      {L + R"(\w+\.shared_experts\.down_proj)", TpStyle::RowwiseInside},
+  };
+  t.divisible = {{"num_attention_heads", c.num_attention_heads}};
+  if (!c.mla) t.divisible.push_back({"num_key_value_heads", c.num_key_value_heads});
+  bool dense = false, moe = false;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) (c.is_moe_layer(i) ? moe : dense) = true;
+  if (dense) t.divisible.push_back({"intermediate_size", c.intermediate_size});
+  // (the vocabulary needs no such care: tensor parallelism pads it, parallel/tensor_parallel.h)
+  if (moe) t.divisible.push_back({"moe_intermediate_size", c.moe_intermediate_size});
+  return t;
+}
+
+std::vector<nn::AttentionHook*> CausalLMImpl::attention_modules() {
+  std::vector<nn::AttentionHook*> out;
+  for (auto& m : *model->layers) {
+    auto* l = m->as<DecoderLayerImpl>();
+    if (l->mla) out.push_back(l->mla.get());
+    else out.push_back(l->self_attn.get());
+  }
+  return out;
+}
+
+std::string CausalLMImpl::cuda_graph_blocker() const {
+  if (!moe_layers().empty())
+    return "a mixture-of-experts step cannot be captured (the tokens per expert reach the host each step)";
+  if (config_.rope.type == "dynamic") return "rope_scaling 'dynamic' reads the longest position on the host each step";
+  return "";
+}
+
+bool CausalLMImpl::ignorable_checkpoint_tensor(const std::string& name) const {
+  // buffers older transformers versions saved; a tied checkpoint may still carry lm_head.weight
+  return name.ends_with("rotary_emb.inv_freq") || (config_.tie_word_embeddings && name == "lm_head.weight");
+}
+
+Family family() {
+  Family f;
+  f.name = "decoder_lm";
+  f.model_types = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"};
+  f.build = [](const nlohmann::json& j, const std::string& file) -> std::shared_ptr<Model> {
+    return CausalLM(DecoderConfig::from_json(j, file)).ptr();
+  };
+  f.describe = [](const nlohmann::json& j, const std::string& file) { return describe(DecoderConfig::from_json(j, file)); };
+  return f;
+}
+
+}  // namespace lf::models::llama

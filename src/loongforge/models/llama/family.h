@@ -1,0 +1,10 @@
+// The decoder-LM family's registry entry (models/registry.h): transformers' model types llama, mistral, qwen2,
+// qwen3, qwen3_moe, mixtral and deepseek_v3, built as CausalLM.
+#pragma once
+#include "loongforge/models/registry.h"
+
+namespace lf::models::llama {
+
+Family family();
+
+}  // namespace lf::models::llama

@@ -1,0 +1,203 @@
+// The model contract: what every family (decoder LMs, and next vision-language models, diffusion transformers, robot
+// policies) gives the layers above models/. train/, parallel/, io/ and cli/ see only this interface and the family
+// registry (models/registry.h); nothing above models/ names a family.
+//
+// A model is a plain torch::nn::Module tree whose parameter names are the names of the checkpoint format its users
+// exchange (Hugging Face, diffusers, LeRobot), up to the declarative mapping checkpoint_tensors() gives. It runs as
+//   embed(batch) -> blocks [0, num_blocks()) -> post_blocks -> head_loss_sum(batch)
+// and says how it may be split: the modules before the repeated blocks, the blocks, the modules after them
+// (pipeline stages and FSDP units come from these), a tensor-parallel plan given as data (module-name patterns ->
+// styles, as torchtitan's parallelize plans), its attention modules behind one hook (context parallelism and
+// per-document attention install themselves there) and its mixture-of-experts blocks (expert parallelism, router
+// losses). Parallel layouts are applied to the plain model from outside, through these.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loongforge/models/batch.h"
+#include "loongforge/nn/attention.h"
+#include "loongforge/nn/moe.h"
+
+namespace lf::models {
+
+// One checkpoint tensor and the model tensor (or slice) it fills. Hub checkpoints may store per-expert tensors
+// where the model stacks them: entry `name` fills param[index, begin:end] (along dim 1 of the parameter) or, with
+// index < 0, the whole tensor `param` (a buffer when `buffer`). Loading and export apply this list.
+struct CheckpointTensor {
+  std::string name, param;
+  int64_t index = -1, begin = 0, end = 0;
+  bool buffer = false;
+};
+// The view of `t` (the tensor named entry.param) that entry fills.
+at::Tensor checkpoint_slice(const at::Tensor& t, const CheckpointTensor& entry);
+
+// How the model splits into pipeline stages / FSDP units: module names (as named_modules() gives them).
+struct Split {
+  std::vector<std::string> pre;   // before the blocks (first stage): e.g. the embedding
+  std::string blocks;             // the ModuleList of repeated blocks: block i is "<blocks>.<i>"
+  std::vector<std::string> post;  // after the blocks (last stage): final norm, output head
+  // Parameters the pre and post pieces share (tied embeddings): the last stage keeps a copy, gradients are summed.
+  std::vector<std::string> tied;
+};
+
+// Tensor parallelism as data: each module whose name matches a rule's pattern (std::regex_match, first rule wins)
+// is parallelised in that style; unmatched modules are replicated. A "region" is a stretch of the block computed on
+// whole (replicated, full-sequence) activations split by heads or ffn columns: it starts at an entry (copy to the tp
+// group, or an all-gather of the sequence under sequence parallelism) and ends at an exit (a sum over tp, or a
+// reduce-scatter of the sequence).
+enum class TpStyle {
+  Colwise,           // Linear, output rows (and bias) split over tp; region entry on its input
+  ColwiseInside,     // Linear, output rows split; inside a region (no entry of its own)
+  Rowwise,           // Linear, input columns split; region exit on its output (whole bias added once, after the sum)
+  RowwiseInside,     // Linear, input columns split; inside a region whose exit sums (e.g. MoE shared experts)
+  ReplicatedEntry,   // Linear, whole; region entry on its input (its gradient is partial: summed over tp)
+  ReplicatedInside,  // whole parameters inside a region (per-head norms, latent norms): gradients summed over tp
+  VocabEmbedding,    // Embedding, vocabulary rows split; ids outside the slice give zeros, summed over tp
+  VocabHead,         // output projection, vocabulary rows split; the loss never gathers whole logits
+};
+struct TpRule {
+  std::string pattern;
+  TpStyle style;
+};
+struct TensorParallelSpec {
+  std::vector<TpRule> rules;
+  // Sizes tp must divide, by the config field that sets them ("num_attention_heads", 8).
+  std::vector<std::pair<std::string, int64_t>> divisible;
+};
+
+class Model : public torch::nn::Module {
+ public:
+  ~Model() override = default;
+
+  // ---- identity and config ----
+  virtual std::string family() const = 0;      // the registry's family name
+  virtual std::string model_type() const = 0;  // as the checkpoint's ecosystem names it (config.json)
+  // The config as written to a checkpoint's config.json (the file read, fields preserved).
+  virtual const nlohmann::json& config_json() const = 0;
+  // transformers' / diffusers' initialisation for training from scratch (std < 0: the config's).
+  virtual void init_weights(double std) = 0;
+
+  // ---- batches and losses ----
+  virtual BatchSchema batch_schema() const = 0;
+  // The number of loss terms of a batch (counted tokens, samples): the step's loss is the sum over every term of
+  // its micro-batches divided by their number.
+  virtual int64_t loss_terms(const Batch& b) const = 0;
+  // Training FLOPs (forward + backward) per sample of a batch with sequence length `seq` (MFU).
+  virtual double train_flops_per_sample(int64_t seq) const = 0;
+
+  // The pieces of a forward, for engines that run part of the model (pipeline stages, FSDP units):
+  // the input of block 0 (pre modules);
+  virtual at::Tensor embed(const Batch& b) = 0;
+  // what the blocks read besides the activations (positions, rotary tables, document ids), once per batch;
+  virtual Batch block_inputs(const Batch& b, at::ScalarType dtype) const = 0;
+  // block i on h, as is (no recomputation);
+  virtual at::Tensor block_forward(const Batch& inputs, const at::Tensor& h, int64_t i) = 0;
+  // the post modules up to the loss head (final norm);
+  virtual at::Tensor post_blocks(const at::Tensor& h) = 0;
+  // the loss head: the summed loss over the batch's terms from post_blocks' output (float32 scalar).
+  virtual at::Tensor head_loss_sum(const at::Tensor& h, const Batch& b) = 0;
+  // The width of the activations between blocks ([rows, sequence, width]).
+  virtual int64_t hidden_size() const = 0;
+  virtual int64_t num_blocks() const = 0;
+
+  // Blocks [begin, end) with recomputation as set_recompute says (recomputed MoE blocks backpropagate their router
+  // losses in the recomputation through layer_loss_fn).
+  at::Tensor run_blocks(const Batch& inputs, at::Tensor h, int64_t begin, int64_t end);
+  // The whole forward to post_blocks' output.
+  at::Tensor forward_hidden(const Batch& b);
+  // The loss of a micro-batch: head_loss_sum plus the MoE router losses of this forward weighted by its terms (see
+  // aux_loss), and its terms. backward_scale: the factor the caller multiplies the loss by before backward (1 / the
+  // step's terms), for recomputed layers' router losses (0: not set up). terms < 0: loss_terms(b).
+  std::pair<at::Tensor, int64_t> loss(const Batch& b, double backward_scale = 0, int64_t terms = -1);
+
+  // `loongforge dump`: a forward on a batch given under the names of the family's reference library (transformers:
+  // input_ids, optional labels): its outputs (logits) and the loss that library computes. The batch is checked here
+  // (dtypes, shapes, ranges; errors name `file` and the tensor).
+  struct ReferenceOutput {
+    std::vector<std::pair<std::string, at::Tensor>> outputs;
+    at::Tensor loss;
+  };
+  virtual ReferenceOutput reference_forward(const std::map<std::string, at::Tensor>& batch, const std::string& file) = 0;
+
+  // ---- how it splits ----
+  virtual Split split() const = 0;
+  virtual TensorParallelSpec tensor_parallel_spec() const = 0;
+  // Every attention module, in block order (empty: none).
+  virtual std::vector<nn::AttentionHook*> attention_modules() = 0;
+  // The MoE blocks with the index of the block holding them, in block order (empty for dense models).
+  virtual std::vector<std::pair<int64_t, nn::MoEImpl*>> moe_layers() const { return {}; }
+  std::vector<nn::MoEImpl*> moe_blocks() const;
+  // The block module i (its parameters: FSDP units, recomputation); the default looks "<split().blocks>.<i>" up.
+  virtual torch::nn::Module& block(int64_t i);
+  // An empty string when a CUDA graph may capture a training step; else why not (one line).
+  virtual std::string cuda_graph_blocker() const { return ""; }
+
+  // ---- checkpoints ----
+  // Checkpoint names <-> model tensors; every parameter not listed maps to itself.
+  virtual std::vector<CheckpointTensor> checkpoint_tensors() const;
+  // Checkpoint tensors loading may skip (tied copies, buffers older versions saved).
+  virtual bool ignorable_checkpoint_tensor(const std::string& name) const { return false; }
+
+  // ---- hooks layouts install (see the layouts in parallel/) ----
+  // Replaces the vocabulary head's summed cross-entropy (vocabulary-parallel layouts): hidden [.., H], the output
+  // weight [V_local, H], targets (-100 ignored) -> float32 sum.
+  std::function<at::Tensor(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets)> vocab_loss_fn;
+  // Replaces the embedding lookup (vocabulary-parallel layouts).
+  std::function<at::Tensor(const at::Tensor& ids)> embed_fn;
+
+  // ---- activation recomputation ----
+  // Every n-th block (0: none; 1: all). Recomputed MoE blocks make their router statistics in the graph-free forward
+  // too (MoEImpl::force_stats).
+  void set_recompute(int64_t every_n_blocks);
+  bool recomputed(int64_t block) const { return recompute_every_ > 0 && block % recompute_every_ == 0; }
+  // Router losses of a recomputed block (index), called in its backward recomputation (unset: none).
+  std::function<at::Tensor(int64_t block)> layer_loss_fn;
+
+  // ---- mixture of experts (no-ops for dense models) ----
+  // Router losses of the last forward with gradients, to add to the mean loss (undefined when none):
+  // aux_loss_coef * transformers' load_balancing_loss_func over all MoE blocks (statistics pooled across blocks) +
+  // every block's sequence-level and z-loss terms.
+  at::Tensor aux_loss() const;
+  // This rank's share of the router losses when every micro-batch is split over data-parallel ranks (rows), in two
+  // halves. aux_stats: the statistics of the blocks [begin, end) (end < 0: all) with `reduce` summing a tensor over
+  // those ranks in place (collective; called once whenever any block of the range has router losses). aux_share:
+  // the share of the blocks [lo, hi) from those statistics; the shares sum over the ranks to aux_loss() of the whole
+  // micro-batch in one process. with_lb = false leaves the pooled load-balancing loss out (pipeline stages pool it
+  // later: lb_prob_sum and lb_share).
+  struct AuxStats {
+    at::Tensor counts;  // [E] float64: expert assignments pooled over blocks and ranks
+    double rows = 0, tokens = 0, sequences = 0;
+    bool any = false;
+  };
+  AuxStats aux_stats(const std::function<void(at::Tensor&)>& reduce, int64_t begin = 0, int64_t end = -1) const;
+  at::Tensor aux_share(const AuxStats& st, int64_t lo = 0, int64_t hi = -1, bool with_lb = true) const;
+  at::Tensor lb_prob_sum(int64_t begin, int64_t end) const;
+  at::Tensor lb_share(const at::Tensor& prob_sum, const at::Tensor& counts, double rows) const;
+  // Aux-loss-free bias updates of every block; call after the optimizer step.
+  void update_moe_bias();
+  // Training options of every MoE block: load-balancing coefficient (aux_loss_coef < 0: the config's), sequence-level
+  // and z-loss coefficients, aux-loss-free bias update rate, capacity factor. lf::Error naming the option
+  // ("bias_update_rate") when a block cannot take it.
+  void set_moe_training(double aux_loss_coef, double seq_aux_loss_coef, double z_loss_coef, double bias_update_rate,
+                        double capacity_factor);
+
+ protected:
+  Model() = default;
+  double router_aux_loss_coef_ = 0;  // set by families with MoE blocks (the config's router_aux_loss_coef)
+
+ private:
+  int64_t recompute_every_ = 0;
+};
+
+// Every checkpoint tensor of a model with the model tensor (or slice) it fills: copy_ into it loads, reading it
+// exports.
+std::vector<std::pair<std::string, at::Tensor>> checkpoint_targets(Model& model);
+
+}  // namespace lf::models

@@ -1,0 +1,39 @@
+// The family registry: which family builds a model from a config, keyed by the identity each ecosystem writes into
+// its config.json (transformers: `model_type` and `architectures`; diffusers: `_class_name`; LeRobot policies:
+// `type`). `info`, `dump`, `convert`, `generate`, `eval` and `train` build every model through here; a config no
+// family handles is one line naming the field and the known values.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loongforge/models/model.h"
+
+namespace lf::models {
+
+struct Family {
+  std::string name;                       // "decoder_lm", ...
+  std::vector<std::string> model_types;   // transformers' config.json `model_type`
+  std::vector<std::string> class_names;   // diffusers' `_class_name`
+  std::vector<std::string> policy_types;  // LeRobot's policy `type`
+  // Builds the model from the parsed config (`file` names it in errors); parameters uninitialised.
+  std::function<std::shared_ptr<Model>(const nlohmann::json& config, const std::string& file)> build;
+  // `loongforge info`: components, shapes and parameter counts from the config alone (no weights allocated).
+  std::function<nlohmann::json(const nlohmann::json& config, const std::string& file)> describe;
+};
+
+// Every registered family (the built-in ones are registered on first use).
+const std::vector<Family>& families();
+// The family that handles a config: its `_class_name`, else its `type`, else its `model_type`; `family` (the
+// recipe's model.family, may be empty) picks one by name where the config alone cannot tell. lf::Error naming the
+// file, the field and the known values when none does.
+const Family& family_for(const nlohmann::json& config, const std::string& file, const std::string& family = "");
+// family_for(...).build(config, file).
+std::shared_ptr<Model> build_model(const nlohmann::json& config, const std::string& file, const std::string& family = "");
+// build_model of a config.json file.
+std::shared_ptr<Model> build_model_from_file(const std::string& path, const std::string& family = "");
+
+}  // namespace lf::models

@@ -1,0 +1,133 @@
+#include "loongforge/train/builders.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <regex>
+
+#include "loongforge/core/error.h"
+#include "loongforge/io/hf_model.h"
+#include "loongforge/kernels/cuda_ops.h"
+#include "loongforge/models/registry.h"
+#include "loongforge/nn/linear.h"
+#include "loongforge/nn/lora.h"
+#include "loongforge/parallel/comm.h"
+#include "loongforge/train/pretrain_source.h"
+#include "loongforge/train/sft_source.h"
+
+namespace lf::train {
+using nlohmann::json;
+
+ModelBundle build_model(const json& r) {
+  ModelBundle b;
+  const json& m = r["model"];
+  std::string path = m["path"], cfg = m["config"];
+  if (path.empty() == cfg.empty()) throw Error("recipe: field 'model': set exactly one of model.path (a HF folder) and model.config (a config.json for random init)");
+  const std::string family = m["family"];
+  if (!path.empty()) {
+    b.model = io::load_model(path, at::kFloat, family);
+  } else {
+    b.model = models::build_model_from_file(cfg, family);
+    b.model->init_weights(m["init_std"].get<double>());
+  }
+  b.tokenizer = m["tokenizer"].get<std::string>();
+  if (b.tokenizer.empty()) b.tokenizer = path;
+  const json& mo = r["moe"];
+  if (!b.model->moe_blocks().empty()) {
+    b.model->set_moe_training(mo["aux_loss_coef"].get<double>(), mo["seq_aux_loss_coef"], mo["z_loss_coef"],
+                              mo["bias_update_rate"], mo["capacity_factor"]);
+    if (mo["guest_slots"].get<int64_t>() != 0 && r["parallel"]["ep"].get<int64_t>() <= 1)
+      throw Error("recipe: field 'moe.guest_slots': " + mo["guest_slots"].dump() +
+                  ": hot-expert replication places copies on other expert-parallel ranks; it needs parallel.ep > 1");
+  } else {
+    if (mo["guest_slots"].get<int64_t>() != 0)
+      throw Error("recipe: field 'moe.guest_slots': the model has no mixture-of-experts layers");
+    for (const char* k : {"seq_aux_loss_coef", "z_loss_coef", "bias_update_rate", "capacity_factor"})
+      if (mo[k].get<double>() != 0.0)
+        throw Error(std::string("recipe: field 'moe.") + k + "': the model has no mixture-of-experts layers");
+  }
+  std::string rc = m["recompute"];
+  b.model->set_recompute(rc == "full" ? 1 : rc == "per_layer" ? 2 : 0);
+
+  const json& lo = r["lora"];
+  if (lo["enabled"].get<bool>()) {
+    nn::LoraConfig lc;
+    lc.r = lo["r"];
+    lc.alpha = lo["alpha"];
+    lc.dropout = lo["dropout"];
+    for (const auto& t : lo["target_modules"]) lc.target_modules.push_back(t.get<std::string>());
+    for (auto& p : b.model->parameters()) p.set_requires_grad(false);  // only the adapter trains
+    nn::apply_lora(*b.model, lc);
+    b.trainable.lora = lc;
+    b.trainable.base_model = path;
+  }
+  std::vector<std::regex> freeze, no_decay;
+  for (const auto& f : m["freeze"]) freeze.emplace_back(f.get<std::string>());
+  for (const auto& f : r["optim"]["no_decay"]) no_decay.emplace_back(f.get<std::string>());
+  double wd = r["optim"]["weight_decay"];
+  for (auto& item : b.model->named_parameters()) {
+    const std::string& n = item.key();
+    bool frozen = std::any_of(freeze.begin(), freeze.end(), [&](const std::regex& re) { return std::regex_search(n, re); });
+    if (b.trainable.lora) frozen = frozen || n.find(".lora_") == std::string::npos;
+    item.value().set_requires_grad(!frozen);
+    if (frozen) continue;
+    bool nd = std::any_of(no_decay.begin(), no_decay.end(), [&](const std::regex& re) { return std::regex_search(n, re); });
+    b.trainable.names.push_back(n);
+    b.trainable.params.push_back(item.value());
+    b.weight_decay.push_back(nd ? 0.0 : wd);
+  }
+  if (b.trainable.params.empty()) throw Error("recipe: field 'model.freeze': every parameter is frozen");
+  return b;
+}
+
+std::unique_ptr<BatchSource> build_data(const json& r, data::Split split, const std::string& tokenizer) {
+  const json& d = r["data"];
+  if (d["format"] == "batch") {
+    if (d["train"].size() != 1) throw Error("recipe: field 'data.train': format 'batch' takes one safetensors file");
+    return std::make_unique<BatchFileSource>(d["train"][0]["path"].get<std::string>());
+  }
+  if (d["format"] == "sft") {
+    std::vector<std::string> files;
+    for (const auto& s : d["train"]) files.push_back(s["path"].get<std::string>());
+    if (files.empty()) throw Error("recipe: field 'data.train': no files (a list of {path: FILE.jsonl})");
+    if (split == data::Split::Valid) throw Error("recipe: field 'data.valid_fraction': not supported for SFT data yet");
+    return std::make_unique<SftSource>(files, tokenizer, d["chat_template"].get<std::string>(), d["seq_len"],
+                                       d["assistant_only_loss"].get<bool>(), d["packing"].get<bool>(),
+                                       static_cast<uint64_t>(r["seed"].get<int64_t>()));
+  }
+  data::PretrainOptions o;
+  for (const auto& s : d["train"]) o.sources.push_back({s["path"].get<std::string>(), s["weight"].get<double>()});
+  if (o.sources.empty()) throw Error("recipe: field 'data.train': no datasets (a list of {path: PREFIX, weight: W})");
+  o.seq_len = d["seq_len"];
+  o.seed = static_cast<uint64_t>(r["seed"].get<int64_t>());
+  o.split = split;
+  o.valid_fraction = d["valid_fraction"];
+  return std::make_unique<PretrainSource>(o, d["per_document_attention"].get<bool>());
+}
+
+at::Device choose_device(const json& r, bool distributed) {
+  const bool want_cuda = r["device"] == "cuda", fp8 = r["precision"] == "fp8";
+  if (r["train"]["cuda_graphs"].get<bool>() && !want_cuda)
+    throw Error("recipe: field 'train.cuda_graphs': CUDA graphs need device: cuda");
+  if (fp8 && !(want_cuda && kernels::cuda::available()))
+    throw Error("recipe: field 'precision': fp8 needs a CUDA GPU (Hopper)" +
+                (want_cuda ? " (" + kernels::cuda::unavailable_reason() + ")" : std::string(" and device: cuda")));
+  const int index = distributed ? parallel::detect_launch().local_rank % std::max(1, kernels::cuda::device_count()) : 0;
+  return kernels::cuda::usable_device(want_cuda, index);
+}
+
+void use_fp8_linears(models::Model& model, bool blockwise) {
+  const std::string blocks = model.split().blocks + ".";
+  for (auto& item : model.named_modules()) {
+    auto* lin = dynamic_cast<nn::LinearImpl*>(item.value().get());
+    if (!lin || item.key().rfind(blocks, 0) != 0) continue;
+    lin->matmul_fn = [blockwise](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+      if (blockwise && kernels::cuda::fp8_linear_blockwise_supported(x, w))
+        return kernels::cuda::fp8_linear_blockwise(x, w, b);
+      if (kernels::cuda::fp8_linear_supported(x, w)) return kernels::cuda::fp8_linear(x, w, b);
+      return at::linear(x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
+    };
+  }
+}
+
+}  // namespace lf::train
