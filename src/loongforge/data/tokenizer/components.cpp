@@ -8,52 +8,47 @@
 #include <stdexcept>
 
 #include "loongforge/core/error.h"
+#include "loongforge/core/json.h"
 
 namespace lf::data::tok {
 
 // ---------------------------------------------------------------------------------------------- config helpers
 
+namespace {
+
+// Ctx's messages name the field, not its value.
+JsonReader reader(const Ctx& ctx, const json& obj, const std::string& field) {
+  JsonReader r(obj, ctx.file, field);
+  r.quote_values(false);
+  return r;
+}
+
+}  // namespace
+
 void Ctx::fail(const std::string& field, const std::string& what) const { throw file_error(file, field, what); }
 
 const json& Ctx::get(const json& obj, const std::string& key, const std::string& field) const {
-  if (!obj.is_object()) fail(field, "expected an object");
-  auto it = obj.find(key);
-  if (it == obj.end()) fail(field.empty() ? key : field + "." + key, "missing");
-  return *it;
+  return reader(*this, obj, field).get(key);
 }
 
 std::string Ctx::str(const json& obj, const std::string& key, const std::string& field) const {
-  const json& v = get(obj, key, field);
-  if (!v.is_string()) fail(field + "." + key, "expected a string");
-  return v.get<std::string>();
+  return reader(*this, obj, field).string(key);
 }
 
 std::string Ctx::str_or(const json& obj, const std::string& key, const std::string& field,
                         const std::string& dflt) const {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return dflt;
-  if (!it->is_string()) fail(field + "." + key, "expected a string");
-  return it->get<std::string>();
+  return reader(*this, obj, field).string(key, dflt);
 }
 
 bool Ctx::boolean_or(const json& obj, const std::string& key, const std::string& field, bool dflt) const {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return dflt;
-  if (!it->is_boolean()) fail(field + "." + key, "expected true or false");
-  return it->get<bool>();
+  return reader(*this, obj, field).boolean(key, dflt);
 }
 
 int64_t Ctx::integer_or(const json& obj, const std::string& key, const std::string& field, int64_t dflt) const {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return dflt;
-  if (!it->is_number_integer()) fail(field + "." + key, "expected an integer");
-  return it->get<int64_t>();
+  return reader(*this, obj, field).integer(key, dflt);
 }
 
-std::string Ctx::type(const json& obj, const std::string& field) const {
-  if (!obj.is_object()) fail(field, "expected an object");
-  return str(obj, "type", field);
-}
+std::string Ctx::type(const json& obj, const std::string& field) const { return str(obj, "type", field); }
 
 uint32_t single_char(const Ctx& ctx, const json& obj, const std::string& key, const std::string& field) {
   std::string s = ctx.str(obj, key, field);

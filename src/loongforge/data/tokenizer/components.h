@@ -15,7 +15,8 @@ namespace lf::data::tok {
 
 using json = nlohmann::json;
 
-// Reads typed fields of a config object; every failure is an lf::Error "FILE: field 'a.b.c': what".
+// Reads typed fields of a config object; every failure is an lf::Error "FILE: field 'a.b.c': what" (lf::JsonReader's
+// checks, messages without the offending value).
 struct Ctx {
   std::string file;
   [[noreturn]] void fail(const std::string& field, const std::string& what) const;
