@@ -61,50 +61,37 @@ nn::LoraConfig read_peft_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "adapter_config.json").string();
   json j = read_json_file(path);
   if (!j.is_object()) throw file_error(path, "", "expected a JSON object");
-  auto need = [&](const char* key) -> const json& {
-    if (!j.contains(key) || j[key].is_null()) throw file_error(path, key, "missing");
-    return j[key];
-  };
-  const json& type = need("peft_type");
+  JsonReader rd(j, path);
+  const json& type = rd.required("peft_type");
   if (!type.is_string() || type.get<std::string>() != "LORA")
-    throw file_error(path, "peft_type", "unsupported value " + type.dump() + " (only \"LORA\")");
+    rd.fail("peft_type", "unsupported value " + type.dump() + " (only \"LORA\")");
   nn::LoraConfig cfg;
-  const json& r = need("r");
-  if (!r.is_number_integer() || r.get<int64_t>() < 1) throw file_error(path, "r", "expected an integer >= 1, got " + r.dump());
+  const json& r = rd.required("r");
+  if (!r.is_number_integer() || r.get<int64_t>() < 1) rd.expected("r", "an integer >= 1");
   cfg.r = r.get<int64_t>();
-  if (j.contains("lora_alpha")) {  // PEFT's default is 8
-    if (!j["lora_alpha"].is_number()) throw file_error(path, "lora_alpha", "expected a number, got " + j["lora_alpha"].dump());
-    cfg.alpha = j["lora_alpha"].get<double>();
-  } else {
-    cfg.alpha = 8;
-  }
+  cfg.alpha = j.contains("lora_alpha") ? rd.number("lora_alpha") : 8.0;  // PEFT's default; null fails in PEFT too
   cfg.dropout = 0;
-  if (j.contains("lora_dropout") && !j["lora_dropout"].is_null()) {
+  if (rd.has("lora_dropout")) {
     const json& d = j["lora_dropout"];
-    if (!d.is_number() || d.get<double>() < 0 || d.get<double>() >= 1)
-      throw file_error(path, "lora_dropout", "expected a number in [0, 1), got " + d.dump());
+    if (!d.is_number() || d.get<double>() < 0 || d.get<double>() >= 1) rd.expected("lora_dropout", "a number in [0, 1)");
     cfg.dropout = d.get<double>();
   }
-  if (j.contains("use_rslora") && !j["use_rslora"].is_null()) {
-    if (!j["use_rslora"].is_boolean()) throw file_error(path, "use_rslora", "expected true or false, got " + j["use_rslora"].dump());
-    cfg.use_rslora = j["use_rslora"].get<bool>();
-  }
-  const json& tm = need("target_modules");
+  cfg.use_rslora = rd.boolean("use_rslora", cfg.use_rslora);
+  const json& tm = rd.required("target_modules");
   if (tm.is_string()) {
     std::string s = tm.get<std::string>();
     cfg.target_modules = {s == "all-linear" ? "re:(?!lm_head$).*" : "re:" + s};
   } else if (tm.is_array() && !tm.empty()) {
     for (const auto& t : tm) {
-      if (!t.is_string()) throw file_error(path, "target_modules", "expected strings, got " + t.dump());
+      if (!t.is_string()) rd.fail("target_modules", "expected strings, got " + t.dump());
       cfg.target_modules.push_back(t.get<std::string>());
     }
   } else {
-    throw file_error(path, "target_modules", "expected a non-empty list of module names or a regex string");
+    rd.fail("target_modules", "expected a non-empty list of module names or a regex string");
   }
-  if (j.contains("bias") && !j["bias"].is_null() && j["bias"] != "none")
-    throw file_error(path, "bias", "unsupported value " + j["bias"].dump() + " (only \"none\")");
+  if (rd.has("bias") && j["bias"] != "none") rd.fail("bias", "unsupported value " + j["bias"].dump() + " (only \"none\")");
   for (const char* key : kMustBeUnset)
-    if (j.contains(key) && !unset(j[key])) throw file_error(path, key, "unsupported value " + j[key].dump() + " (LoongForge loads plain LoRA only)");
+    if (j.contains(key) && !unset(j[key])) rd.fail(key, "unsupported value " + j[key].dump() + " (LoongForge loads plain LoRA only)");
   return cfg;
 }
 

@@ -2,10 +2,9 @@
 // tensors in CUDA builds) or Open MPI (parallel/mpi_backend.h), and a device mesh with named dimensions. Nothing here is global: a Comm is created once
 // per process (Comm::init) and passed to whatever needs it.
 //
-// Ranks come from torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), from Open
-// MPI's mpirun (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK) or from Slurm's srun (SLURM_PROCID/NTASKS/LOCALID, the
-// master being the first host of the step's node list unless MASTER_ADDR is set). Without any of them the world
-// is one process and every collective is the identity.
+// Ranks come from the launcher (parallel/launch.h: torchrun, mpirun or srun). Without one the world is one process
+// and every collective is the identity. Sources: launch.cpp (launch detection), rendezvous.cpp (Comm::init, the
+// heartbeat, dead/hung rank diagnosis), comm.cpp (the collectives, Pending, batched point-to-point, Mesh).
 //
 // Tensors may live on either device whatever the backend: a collective or point-to-point operation on a tensor the
 // backend cannot take (a CPU tensor under NCCL, a CUDA tensor under Gloo) runs on a copy on the backend's device and
@@ -25,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "loongforge/parallel/launch.h"
+
 namespace c10d {
 class Backend;
 class Store;
@@ -33,22 +34,8 @@ class Work;
 
 namespace lf::parallel {
 
-struct LaunchEnv {
-  int rank = 0, world = 1, local_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-  std::string launcher = "single";  // single | torchrun | mpirun | srun
-  bool master_port_set = false;     // MASTER_PORT given (else the MPI bootstrap picks a free port)
-  bool master_unknown = false;      // mpirun over several nodes without MASTER_ADDR: only MPI can tell rank 0's host
-};
-
 // The collective backends this build can use: "gloo", "nccl" in CUDA builds, "mpi" in builds with Open MPI.
 std::vector<std::string> available_backends();
-
-// Reads the launcher's variables from `env` (the process environment when empty).
-LaunchEnv detect_launch(const std::map<std::string, std::string>& env = {});
-// The first host name of a Slurm node list ("node[03-05,9],gpu1" -> "node03").
-std::string first_slurm_host(const std::string& nodelist);
 
 enum class Reduce { Sum, Max, Min, Avg };
 

@@ -1,5 +1,6 @@
 // The pipeline stages of a tokenizer.json, each built from its JSON object: normalizers, pre-tokenizers, decoders and
 // post-processors, with the same behaviour as Hugging Face `tokenizers` (ids and text only, no offsets).
+// components.cpp: the config helpers, patterns, normalizers, pre-tokenizers; decoders.cpp: decoders, post-processors.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -14,7 +15,8 @@ namespace lf::data::tok {
 
 using json = nlohmann::json;
 
-// Reads typed fields of a config object; every failure is an lf::Error "FILE: field 'a.b.c': what".
+// Reads typed fields of a config object; every failure is an lf::Error "FILE: field 'a.b.c': what" (lf::JsonReader's
+// checks, messages without the offending value).
 struct Ctx {
   std::string file;
   [[noreturn]] void fail(const std::string& field, const std::string& what) const;
@@ -26,6 +28,21 @@ struct Ctx {
   // The "type" of a component object, which must be an object.
   std::string type(const json& obj, const std::string& field) const;
 };
+
+// Each element of the array OBJ[KEY], with its field name.
+template <class F>
+void for_each_item(const Ctx& ctx, const json& obj, const std::string& key, const std::string& field, F&& f) {
+  const json& arr = ctx.get(obj, key, field);
+  if (!arr.is_array()) ctx.fail(field + "." + key, "expected an array");
+  for (size_t i = 0; i < arr.size(); ++i) f(arr[i], field + "." + key + "[" + std::to_string(i) + "]");
+}
+
+// The one character of a "replacement"/"content" char field.
+uint32_t single_char(const Ctx& ctx, const json& obj, const std::string& key, const std::string& field);
+
+// Metaspace's prepend_scheme (or the older add_prefix_space), read by its pre-tokenizer and its decoder.
+enum class Prepend3 { Always, First, Never };
+Prepend3 parse_prepend_scheme(const json& j, const Ctx& ctx, const std::string& field);
 
 // A literal string or a regex ({"String": ...} / {"Regex": ...} in tokenizer.json).
 struct Pattern {

@@ -11,68 +11,8 @@ namespace {
 
 using nlohmann::json;
 
-// Typed look-ups with errors that name the file and the field.
-struct Reader {
-  const json& j;
-  const std::string& file;
-  std::string prefix;
-
-  bool has(const std::string& k) const { return j.contains(k) && !j.at(k).is_null(); }
-  std::string name(const std::string& k) const { return prefix + k; }
-
-  int64_t integer(const std::string& k, std::optional<int64_t> def = std::nullopt) const {
-    if (!has(k)) {
-      if (def) return *def;
-      throw file_error(file, name(k), "missing");
-    }
-    const json& v = j.at(k);
-    if (!v.is_number_integer()) throw file_error(file, name(k), "expected an integer, got " + v.dump());
-    return v.get<int64_t>();
-  }
-  double number(const std::string& k, std::optional<double> def = std::nullopt) const {
-    if (!has(k)) {
-      if (def) return *def;
-      throw file_error(file, name(k), "missing");
-    }
-    const json& v = j.at(k);
-    if (!v.is_number()) throw file_error(file, name(k), "expected a number, got " + v.dump());
-    return v.get<double>();
-  }
-  std::optional<double> opt_number(const std::string& k) const {
-    if (!has(k)) return std::nullopt;
-    return number(k);
-  }
-  bool boolean(const std::string& k, bool def) const {
-    if (!has(k)) return def;
-    const json& v = j.at(k);
-    if (!v.is_boolean()) throw file_error(file, name(k), "expected true or false, got " + v.dump());
-    return v.get<bool>();
-  }
-  std::string string(const std::string& k, std::optional<std::string> def = std::nullopt) const {
-    if (!has(k)) {
-      if (def) return *def;
-      throw file_error(file, name(k), "missing");
-    }
-    const json& v = j.at(k);
-    if (!v.is_string()) throw file_error(file, name(k), "expected a string, got " + v.dump());
-    return v.get<std::string>();
-  }
-  std::vector<int64_t> int_list(const std::string& k) const {  // an int, a list of ints, or absent
-    std::vector<int64_t> out;
-    if (!has(k)) return out;
-    const json& v = j.at(k);
-    if (v.is_number_integer()) return {v.get<int64_t>()};
-    if (!v.is_array()) throw file_error(file, name(k), "expected an integer or a list of integers");
-    for (const json& e : v) {
-      if (!e.is_number_integer()) throw file_error(file, name(k), "expected a list of integers");
-      out.push_back(e.get<int64_t>());
-    }
-    return out;
-  }
-};
-
 RopeConfig parse_rope(const json& j, const std::string& file, int64_t max_pos) {
-  Reader top{j, file, ""};
+  JsonReader top(j, file);
   RopeConfig r;
   // transformers 5 writes rope_parameters {rope_type, rope_theta, ...}; transformers 4 wrote rope_theta at the top
   // level and rope_scaling {type|rope_type, factor, ...}. The scaling block wins, as in transformers.
@@ -81,9 +21,7 @@ RopeConfig parse_rope(const json& j, const std::string& file, int64_t max_pos) {
   else if (top.has("rope_parameters")) block = "rope_parameters";
   r.theta = top.number("rope_theta", 10000.0);
   if (block.empty()) return r;
-  const json& p = j.at(block);
-  if (!p.is_object()) throw file_error(file, block, "expected an object");
-  Reader rd{p, file, block + "."};
+  JsonReader rd = top.object(block);
   r.theta = rd.number("rope_theta", r.theta);
   r.type = rd.has("rope_type") ? rd.string("rope_type") : rd.string("type", std::string("default"));
   if (rd.has("partial_rotary_factor") && rd.number("partial_rotary_factor") != 1.0)
@@ -117,8 +55,8 @@ RopeConfig parse_rope(const json& j, const std::string& file, int64_t max_pos) {
 }
 
 // Mixture-of-experts fields of qwen3_moe and mixtral, with transformers' config defaults.
-void parse_moe(const Reader& rd, DecoderConfig& c) {
-  const std::string& file = rd.file;
+void parse_moe(const JsonReader& rd, DecoderConfig& c) {
+  const std::string& file = rd.file();
   const int64_t layers = c.num_hidden_layers;
   c.layer_moe.assign(layers, 1);
   if (c.model_type == "qwen3_moe") {
@@ -159,11 +97,11 @@ void parse_moe(const Reader& rd, DecoderConfig& c) {
 }
 
 // DeepSeek-V3 multi-head latent attention fields, with transformers' DeepseekV3Config defaults.
-void parse_mla(const Reader& rd, DecoderConfig& c) {
-  const std::string& file = rd.file;
+void parse_mla(const JsonReader& rd, DecoderConfig& c) {
+  const std::string& file = rd.file();
   c.mla = true;
   // q_lora_rank: null = a plain q_proj; absent = the default 1536.
-  c.q_lora_rank = rd.j.contains("q_lora_rank") && rd.j.at("q_lora_rank").is_null() ? 0 : rd.integer("q_lora_rank", 1536);
+  c.q_lora_rank = rd.json().contains("q_lora_rank") && rd.json().at("q_lora_rank").is_null() ? 0 : rd.integer("q_lora_rank", 1536);
   c.kv_lora_rank = rd.integer("kv_lora_rank", 512);
   c.qk_rope_head_dim = rd.integer("qk_rope_head_dim", 64);
   c.qk_nope_head_dim = rd.integer("qk_nope_head_dim", 128);
@@ -235,7 +173,7 @@ double mla_softmax_scale(const json& j, const DecoderConfig& c) {
 
 DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   if (!j.is_object()) throw file_error(file, "", "expected a JSON object");
-  Reader rd{j, file, ""};
+  JsonReader rd(j, file);
   DecoderConfig c;
   c.raw = j;
   c.model_type = rd.string("model_type");
