@@ -1,4 +1,4 @@
-// The run-time guest-slot planner (parallel/moe_plan.h plan_guests): every property is recomputed here from the
+// The run-time guest-slot planner (parallel/moe_guest_plan.h plan_guests): every property is recomputed here from the
 // plan's guests and routes (conservation, placement rules, loads, overload, inter-node tokens) and compared with
 // the homes-only plan, a brute-force lower bound on the max rank load, and a locality-blind plan.
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <set>
 
 #include "loongforge/core/error.h"
-#include "loongforge/parallel/moe_plan.h"
+#include "loongforge/parallel/moe_guest_plan.h"
 
 namespace {
 
