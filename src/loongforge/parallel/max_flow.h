@@ -2,9 +2,12 @@
 // (moe_guest_plan). Torch-free, integer capacities, deterministic: the arcs of a node are tried in the order their
 // edges were added, so the same graph built in the same order gives the same flow.
 //
-// run() augments the current flow to a maximum one, so raising capacities (raise()) and running again continues
-// from the flow already found. After a run, mark_reachable(s) marks the nodes the source still reaches in the
-// residual graph: the source side of the minimal minimum cut (the same set for every maximum flow).
+// The run-time planner solves many flows on small graphs per call, so the solver avoids rebuilding: reset() keeps
+// the memory; run() augments the current flow to a maximum one, so raising capacities (raise()) and running again
+// continues from the flow found; set() gives an edge a new capacity and flow in place (the same graph with another
+// starting flow: the caller keeps the flow conserved), and an edge may be added with a flow on it. After a run,
+// reached(v) tells whether the source still reaches v in the residual graph: the source side of the minimal minimum
+// cut (the same set for every maximum flow).
 #pragma once
 #include <cstdint>
 #include <limits>
@@ -16,35 +19,43 @@ inline constexpr int64_t kInfCap = std::numeric_limits<int64_t>::max() / 4;  // 
 
 class MaxFlow {
  public:
-  explicit MaxFlow(int nodes = 0) : adj_(nodes), level_(nodes), it_(nodes) {}
+  explicit MaxFlow(int nodes = 0) { reset(nodes); }
 
-  // Adds u -> v with capacity CAP (and its residual twin); returns the edge id for raise() and flow().
-  int add(int u, int v, int64_t cap);
-  void raise(int id, int64_t extra) {
-    edges_[id].cap += extra;
-    orig_[id] += extra;
-  }
-  int64_t flow(int id) const { return orig_[id] - edges_[id].cap; }
+  // NODES nodes, no edges; keeps the allocated memory.
+  void reset(int nodes);
+
+  // Adds u -> v with capacity CAP carrying FLOW (0 <= FLOW <= CAP); returns the edge id (0, 1, 2, ... in the order
+  // of addition) for raise(), set() and flow().
+  int add(int u, int v, int64_t cap, int64_t flow = 0);
+  void raise(int id, int64_t extra);
+  void set(int id, int64_t cap, int64_t flow);
+  int64_t flow(int id) const;
 
   // Augments the current flow from S to T to a maximum flow; returns the flow added.
   int64_t run(int s, int t);
 
-  // Marks the nodes reachable from S over edges with residual capacity; reached(v) reads the mark.
-  void mark_reachable(int s) { levels(s, -1); }
+  // After run(s, t): whether s reaches V over edges with residual capacity.
   bool reached(int v) const { return level_[v] >= 0; }
 
  private:
   struct Edge {
-    int to;
-    int64_t cap;  // residual capacity
+    int u, v;
+    int64_t cap, flow;
   };
-  bool levels(int s, int t);  // BFS levels from s over residual edges; whether t is reached (t < 0: none)
-  int64_t augment(int u, int t, int64_t f);
+  struct Arc {
+    int to, rev;   // head node; index of the reverse arc
+    int64_t cap;   // residual capacity
+  };
+  void lay_out();  // edges_ -> arcs grouped by tail node
+  bool levels(int s, int t);
+  int64_t push(int u, int t, int64_t f);
 
-  std::vector<Edge> edges_;    // edge 2k: as added; 2k+1: its reverse
-  std::vector<int64_t> orig_;  // capacity as set (flow = orig - cap on an added edge)
-  std::vector<std::vector<int>> adj_;
-  std::vector<int> level_, it_;
+  std::vector<Edge> edges_;  // as added; authoritative until lay_out(), then the arcs are
+  std::vector<int> pos_;     // [edge id] index of its forward arc
+  std::vector<Arc> arcs_;    // the arcs of node u: arcs_[start_[u] .. start_[u+1]), in the order of addition
+  std::vector<int> start_;
+  bool laid_out_ = false;
+  std::vector<int> level_, it_, queue_;
 };
 
 }  // namespace lf::parallel::moe
