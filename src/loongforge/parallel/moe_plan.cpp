@@ -1,5 +1,6 @@
 // The offline hot-expert replication planners behind `loongforge moe-plan` (moe_plan.h, docs/moe_plan.md): input
 // parsing, the EPLB-style baseline, the topology-aware planner and the traffic model that scores both.
+// Over ~600 lines until its typed JSON look-ups (as_int64, get_int, get_positive) move to the shared JSON reader.
 #include "loongforge/parallel/moe_plan.h"
 
 #include <algorithm>
