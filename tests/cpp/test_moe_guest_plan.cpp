@@ -1,4 +1,4 @@
-// The run-time guest-slot planner (parallel/moe_plan.h plan_guests): every property is recomputed here from the
+// The run-time guest-slot planner (parallel/moe_guest_plan.h plan_guests): every property is recomputed here from the
 // plan's guests and routes (conservation, placement rules, loads, overload, inter-node tokens) and compared with
 // the homes-only plan, a brute-force lower bound on the max rank load, and a locality-blind plan.
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <set>
 
 #include "loongforge/core/error.h"
-#include "loongforge/parallel/moe_plan.h"
+#include "loongforge/parallel/moe_guest_plan.h"
 
 namespace {
 
@@ -310,6 +310,24 @@ TEST(MoeGuestPlan, TokensStayLocal) {
     }
 }
 
+void expect_same_plan(const GuestPlan& a, const GuestPlan& b) {
+  EXPECT_EQ(a.guests, b.guests);
+  EXPECT_EQ(a.rank_loads, b.rank_loads);
+  EXPECT_EQ(a.home_loads, b.home_loads);
+  EXPECT_EQ(a.overload, b.overload);
+  EXPECT_EQ(a.home_overload, b.home_overload);
+  EXPECT_EQ(a.inter_node_tokens, b.inter_node_tokens);
+  ASSERT_EQ(a.routes.size(), b.routes.size());
+  for (size_t e = 0; e < a.routes.size(); ++e) {
+    ASSERT_EQ(a.routes[e].size(), b.routes[e].size()) << "expert " << e;
+    for (size_t i = 0; i < a.routes[e].size(); ++i) {
+      EXPECT_EQ(a.routes[e][i].src, b.routes[e][i].src);
+      EXPECT_EQ(a.routes[e][i].dst, b.routes[e][i].dst);
+      EXPECT_EQ(a.routes[e][i].tokens, b.routes[e][i].tokens);
+    }
+  }
+}
+
 TEST(MoeGuestPlan, DeterministicAndCheap) {
   Counts c = zipf_counts(8, 64, 1.0, 8 * 4096 * 8, 31);
   GuestOptions o = opts(2, 4);
@@ -319,20 +337,7 @@ TEST(MoeGuestPlan, DeterministicAndCheap) {
   std::cout << "[info] plan_guests E=64 R=8 S=2 (2 nodes): " << ms << " ms, overload " << a.overload << " (homes "
             << a.home_overload << ")\n";
   GuestPlan b = plan_guests(c, 8, o);
-  EXPECT_EQ(a.guests, b.guests);
-  EXPECT_EQ(a.rank_loads, b.rank_loads);
-  EXPECT_EQ(a.home_loads, b.home_loads);
-  EXPECT_EQ(a.overload, b.overload);
-  EXPECT_EQ(a.inter_node_tokens, b.inter_node_tokens);
-  ASSERT_EQ(a.routes.size(), b.routes.size());
-  for (size_t e = 0; e < a.routes.size(); ++e) {
-    ASSERT_EQ(a.routes[e].size(), b.routes[e].size());
-    for (size_t i = 0; i < a.routes[e].size(); ++i) {
-      EXPECT_EQ(a.routes[e][i].src, b.routes[e][i].src);
-      EXPECT_EQ(a.routes[e][i].dst, b.routes[e][i].dst);
-      EXPECT_EQ(a.routes[e][i].tokens, b.routes[e][i].tokens);
-    }
-  }
+  expect_same_plan(a, b);
   check_plan(c, 8, 2, 4, a);
   // Larger layouts, for information: E=256 over R=32 (4 nodes), S=2.
   Counts big = zipf_counts(32, 256, 1.0, 32 * 4096 * 8, 32);
@@ -342,6 +347,65 @@ TEST(MoeGuestPlan, DeterministicAndCheap) {
   std::cout << "[info] plan_guests E=256 R=32 S=2 (4 nodes): " << ms << " ms, overload " << pb.overload
             << " (homes " << pb.home_overload << ")\n";
   check_plan(big, 8, 2, 8, pb);
+}
+
+// The max rank load is the smallest cap any routing over the plan's copies allows. With few ranks every rank set Q is
+// tried: the experts whose copies all lie on Q must fit there, so no cap is below ceil(their load / |Q|), and the
+// largest of these bounds is reachable (max-flow min-cut), so the plan's max load must equal it.
+TEST(MoeGuestPlan, MaxLoadIsTheMinimumCap) {
+  int cases = 0;
+  for (int R : {2, 3, 4, 6, 8})
+    for (int L : {1, 2, 3})
+      for (int S : {1, 2, 3})
+        for (uint32_t seed : {3u, 4u, 5u}) {
+          const int G = R % 2 == 0 ? 2 : 0;
+          Counts c = zipf_counts(R, R * L, 0.6 + 0.3 * seed, 2000 * R, seed * 31 + R * 7 + L * 3 + S);
+          GuestPlan p = plan_guests(c, L, opts(S, G));
+          SCOPED_TRACE("R=" + std::to_string(R) + " L=" + std::to_string(L) + " S=" + std::to_string(S) + " seed " +
+                       std::to_string(seed));
+          check_plan(c, L, S, G, p);
+          const auto loads = expert_loads(c);
+          std::vector<unsigned> holders(loads.size());  // rank bit masks
+          for (size_t e = 0; e < loads.size(); ++e) holders[e] = 1u << (e / L);
+          for (int r = 0; r < R; ++r)
+            for (int e : p.guests[r])
+              if (e >= 0) holders[e] |= 1u << r;
+          int64_t best = 0;
+          for (unsigned q = 1; q < (1u << R); ++q) {
+            int64_t inside = 0;
+            for (size_t e = 0; e < loads.size(); ++e)
+              if ((holders[e] & ~q) == 0) inside += loads[e];
+            const int64_t n = __builtin_popcount(q);
+            best = std::max(best, (inside + n - 1) / n);
+          }
+          EXPECT_EQ(max_of(p.rank_loads), best);
+          ++cases;
+        }
+  EXPECT_EQ(cases, 135);
+}
+
+// Every ep rank plans from its own copy of the all-gathered counts: identical input must give an identical plan, also
+// after other plans were made (no state carried between calls), on the layouts of bench/moe_plan_bench.cpp.
+TEST(MoeGuestPlan, IdenticalInputIdenticalPlan) {
+  struct Case {
+    int R, E, S, G;
+    double s;
+  };
+  for (const Case& k : {Case{8, 64, 2, 0, 1.0}, Case{32, 256, 2, 8, 1.0}, Case{32, 64, 4, 8, 1.4},
+                        Case{64, 256, 1, 8, 0.8}}) {
+    Counts c = zipf_counts(k.R, k.E, k.s, int64_t{k.R} * 4096 * 8, static_cast<uint32_t>(k.R + k.E + k.S));
+    GuestOptions o = opts(k.S, k.G);
+    o.hidden_size = 4096;
+    o.expert_params = int64_t{3} * 4096 * 1536;
+    GuestPlan a = plan_guests(c, k.E / k.R, o);
+    plan_guests(zipf_counts(k.R, k.E, 1.2, 1000, 7), k.E / k.R, o);  // another plan in between
+    const Counts copy = c;
+    GuestPlan b = plan_guests(copy, k.E / k.R, o);
+    SCOPED_TRACE("R=" + std::to_string(k.R) + " E=" + std::to_string(k.E) + " S=" + std::to_string(k.S));
+    expect_same_plan(a, b);
+    check_plan(c, k.E / k.R, k.S, k.G, a);
+    EXPECT_LT(a.overload, a.home_overload);
+  }
 }
 
 TEST(MoeGuestPlan, CostModelOptions) {

@@ -35,7 +35,7 @@
 //
 // Hot-expert replication (guest slots; recipe moe.guest_slots S > 0): each rank also has S guest slots. Every
 // forward of every block, the ranks all-gather their per-expert token counts and run moe::plan_guests (parallel/
-// moe_plan.h; identical input -> identical plan on every rank), which puts replicas of overloaded experts into guest
+// moe_guest_plan.h; identical input -> identical plan on every rank), which puts replicas of overloaded experts into guest
 // slots of underloaded ranks (home node first) and says how many of each source rank's tokens of an expert each copy
 // computes. The replica weights are copied from the home rank with a differentiable all-to-all-v (its backward
 // returns the replicas' gradients, which autograd adds into the home expert's gradient), the tokens go to the copy
@@ -56,7 +56,7 @@
 #include "loongforge/models/model.h"
 #include "loongforge/nn/moe.h"
 #include "loongforge/parallel/comm.h"
-#include "loongforge/parallel/moe_plan.h"
+#include "loongforge/parallel/moe_guest_plan.h"
 
 namespace lf::parallel {
 

@@ -1,3 +1,6 @@
+// The offline hot-expert replication planners behind `loongforge moe-plan` (moe_plan.h, docs/moe_plan.md): input
+// parsing, the EPLB-style baseline, the topology-aware planner and the traffic model that scores both.
+// Over ~600 lines until its typed JSON look-ups (as_int64, get_int, get_positive) move to the shared JSON reader.
 #include "loongforge/parallel/moe_plan.h"
 
 #include <algorithm>
@@ -8,6 +11,7 @@
 #include <numeric>
 
 #include "loongforge/core/error.h"
+#include "loongforge/parallel/max_flow.h"
 
 namespace lf::parallel::moe {
 
@@ -62,76 +66,6 @@ double get_positive(const nlohmann::json& j, const std::string& file, const char
   if (!(v > 0) || !std::isfinite(v)) throw file_error(file, key, j[key].dump() + " must be > 0");
   return v;
 }
-
-// ---- max-flow (Dinic) ----------------------------------------------------------------------------------------------
-
-constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
-
-struct MaxFlow {
-  struct Edge {
-    int to;
-    int64_t cap;
-  };
-  std::vector<Edge> edges;
-  std::vector<int64_t> orig;  // capacity as set (flow = orig - cap on a forward edge)
-  std::vector<std::vector<int>> adj;
-  std::vector<int> level, it;
-
-  explicit MaxFlow(int n) : adj(n), level(n), it(n) {}
-  int add(int u, int v, int64_t c) {
-    int id = static_cast<int>(edges.size());
-    edges.push_back({v, c});
-    orig.push_back(c);
-    adj[u].push_back(id);
-    edges.push_back({u, 0});
-    orig.push_back(0);
-    adj[v].push_back(id + 1);
-    return id;
-  }
-  void raise(int id, int64_t extra) {
-    edges[id].cap += extra;
-    orig[id] += extra;
-  }
-  int64_t flow(int id) const { return orig[id] - edges[id].cap; }
-
-  bool bfs(int s, int t) {
-    std::fill(level.begin(), level.end(), -1);
-    std::vector<int> q{s};
-    level[s] = 0;
-    for (size_t h = 0; h < q.size(); ++h) {
-      int u = q[h];
-      for (int id : adj[u])
-        if (edges[id].cap > 0 && level[edges[id].to] < 0) {
-          level[edges[id].to] = level[u] + 1;
-          q.push_back(edges[id].to);
-        }
-    }
-    return level[t] >= 0;
-  }
-  int64_t dfs(int u, int t, int64_t f) {
-    if (u == t) return f;
-    for (int& i = it[u]; i < static_cast<int>(adj[u].size()); ++i) {
-      int id = adj[u][i];
-      Edge& e = edges[id];
-      if (e.cap <= 0 || level[e.to] != level[u] + 1) continue;
-      int64_t got = dfs(e.to, t, std::min(f, e.cap));
-      if (got > 0) {
-        e.cap -= got;
-        edges[id ^ 1].cap += got;
-        return got;
-      }
-    }
-    return 0;
-  }
-  int64_t run(int s, int t) {
-    int64_t total = 0;
-    while (bfs(s, t)) {
-      std::fill(it.begin(), it.end(), 0);
-      while (int64_t f = dfs(s, t, kInf)) total += f;
-    }
-    return total;
-  }
-};
 
 // ---- EPLB ----------------------------------------------------------------------------------------------------------
 
@@ -228,7 +162,7 @@ bool feasible(const std::vector<int64_t>& loads, const Placement& pl, int R, int
     if (loads[e] > 0) f.add(s, e, loads[e]), total += loads[e];
   for (int r = 0; r < R; ++r) {
     for (int e : pl.rank_experts[r])
-      if (loads[e] > 0) f.add(e, E + r, kInf);
+      if (loads[e] > 0) f.add(e, E + r, kInfCap);
     f.add(E + r, t, cap);
   }
   return f.run(s, t) == total;
@@ -545,7 +479,7 @@ LayerPlan topo_finish(const std::vector<int64_t>& loads, const PlanInput& in, co
       done.push_back(e);
       for (int n = 0; n < N; ++n) {
         bool local = (r / G) == n;
-        int id = f.add(en0 + e * N + n, rk0 + r, local ? kInf : 0);
+        int id = f.add(en0 + e * N + n, rk0 + r, local ? kInfCap : 0);
         if (!local) remote.push_back(id);
         edges_of[e].push_back({r, id});
       }
@@ -553,7 +487,7 @@ LayerPlan topo_finish(const std::vector<int64_t>& loads, const PlanInput& in, co
     f.add(rk0 + r, sink, cap);
   }
   int64_t flowed = f.run(src, sink);
-  for (int id : remote) f.raise(id, kInf);
+  for (int id : remote) f.raise(id, kInfCap);
   flowed += f.run(src, sink);
   if (flowed != total) throw Error("moe plan: topology_aware: internal error: flow " + std::to_string(flowed) +
                                    " of " + std::to_string(total) + " tokens at cap " + std::to_string(cap));
@@ -713,289 +647,6 @@ nlohmann::json run_plans(const PlanInput& in, bool eplb, bool topology_aware) {
                         {"inter_node_gbps", in.inter_node_gbps},
                         {"layers", std::move(layers)},
                         {"summary", std::move(sum)}};
-}
-
-// ---- run-time guest slots ------------------------------------------------------------------------------------------
-
-namespace {
-
-struct GuestState {
-  int R = 0, E = 0, L = 0, S = 0, G = 0;
-  std::vector<int64_t> load;               // [E] tokens routed to each expert
-  std::vector<std::vector<int>> guests;    // [R] guest experts in placement order
-  int64_t total = 0;
-  int home(int e) const { return e / L; }
-  bool holds(int r, int e) const {
-    return home(e) == r || std::find(guests[r].begin(), guests[r].end(), e) != guests[r].end();
-  }
-};
-
-// Expert-level flow (s -> expert -> ranks holding it -> t, rank capacity CAP); HOME_FIRST: home edges are filled
-// first, then guest edges opened (so rank loads show homes plus the overflow each guest absorbs).
-// Node ids: s 0, t 1, expert e 2+e, rank r 2+E+r.
-struct AggFlow {
-  MaxFlow f{0};
-  std::vector<int> sink_edge;  // [R]
-  int64_t flowed = 0;
-};
-
-AggFlow agg_flow(const GuestState& st, int64_t cap, bool home_first) {
-  const int E = st.E, R = st.R;
-  AggFlow a;
-  a.f = MaxFlow(2 + E + R);
-  for (int e = 0; e < E; ++e)
-    if (st.load[e] > 0) {
-      a.f.add(0, 2 + e, st.load[e]);
-      a.f.add(2 + e, 2 + E + st.home(e), kInf);
-    }
-  std::vector<int> guest_edges;
-  for (int r = 0; r < R; ++r)
-    for (int e : st.guests[r])
-      if (st.load[e] > 0) guest_edges.push_back(a.f.add(2 + e, 2 + E + r, home_first ? 0 : kInf));
-  a.sink_edge.resize(R);
-  for (int r = 0; r < R; ++r) a.sink_edge[r] = a.f.add(2 + E + r, 1, cap);
-  a.flowed = a.f.run(0, 1);
-  if (home_first && !guest_edges.empty()) {
-    for (int id : guest_edges) a.f.raise(id, kInf);
-    a.flowed += a.f.run(0, 1);
-  }
-  return a;
-}
-
-// The smallest cap >= LO for which every token fits. Each infeasible cap c gives a better lower bound from the
-// minimal min cut: the experts T the source still reaches must put load(T) tokens on the ranks N(T) holding them,
-// so the cap is at least ceil(load(T) / |N(T)|) (> c, as the cut is below the total); iterate until feasible
-// (Dinkelbach-style; exact, and a few flows instead of a bisection's dozens).
-int64_t guest_min_cap(const GuestState& st, int64_t lo) {
-  int64_t c = lo;
-  for (;;) {
-    AggFlow a = agg_flow(st, c, false);
-    if (a.flowed == st.total) return c;
-    a.f.bfs(0, 1);
-    int64_t load_t = 0, ranks_t = 0;
-    for (int e = 0; e < st.E; ++e)
-      if (st.load[e] > 0 && a.f.level[2 + e] >= 0) load_t += st.load[e];
-    for (int r = 0; r < st.R; ++r) ranks_t += a.f.level[2 + st.E + r] >= 0;
-    if (ranks_t == 0) throw Error("moe guest plan: internal error: empty min cut at cap " + std::to_string(c));
-    c = std::max(c + 1, (load_t + ranks_t - 1) / ranks_t);
-  }
-}
-
-constexpr int64_t kMaxTokens = int64_t{1} << 40;  // per expert: products with copy counts cannot overflow
-
-[[noreturn]] void guest_error(const std::string& what) { throw Error("moe guest plan: " + what); }
-
-}  // namespace
-
-GuestPlan plan_guests(const std::vector<std::vector<int64_t>>& counts, int local_experts, const GuestOptions& o) {
-  // ---- validation ----
-  const int R = static_cast<int>(counts.size());
-  if (R == 0) guest_error("no ep ranks (counts has no rows)");
-  const int E = static_cast<int>(counts[0].size());
-  for (int j = 1; j < R; ++j)
-    if (static_cast<int>(counts[j].size()) != E)
-      guest_error("counts row " + std::to_string(j) + " has " + std::to_string(counts[j].size()) +
-                  " experts, row 0 has " + std::to_string(E));
-  if (local_experts <= 0 || static_cast<int64_t>(local_experts) * R != E)
-    guest_error("local_experts " + std::to_string(local_experts) + " * ranks " + std::to_string(R) + " != " +
-                std::to_string(E) + " experts in counts");
-  if (o.guest_slots < 0) guest_error("field 'moe.guest_slots': " + std::to_string(o.guest_slots) + " must be >= 0");
-  if (o.ranks_per_node < 0)
-    guest_error("field 'moe.ranks_per_node': " + std::to_string(o.ranks_per_node) + " must be >= 0");
-  if (o.ranks_per_node > 0 && R % o.ranks_per_node != 0)
-    guest_error("field 'moe.ranks_per_node': " + std::to_string(R) + " ep ranks are not a multiple of " +
-                std::to_string(o.ranks_per_node));
-  if (!(o.intra_node_gbps > 0) || !(o.inter_node_gbps > 0) || !std::isfinite(o.intra_node_gbps) ||
-      !std::isfinite(o.inter_node_gbps))
-    guest_error("bandwidths must be > 0 (intra " + std::to_string(o.intra_node_gbps) + ", inter " +
-                std::to_string(o.inter_node_gbps) + " GB/s)");
-  if (o.hidden_size < 0 || o.bytes_per_element < 0 || o.expert_params < 0)
-    guest_error("hidden_size, bytes_per_element and expert_params must be >= 0");
-  GuestState st;
-  st.R = R, st.E = E, st.L = local_experts, st.S = o.guest_slots, st.G = o.ranks_per_node > 0 ? o.ranks_per_node : R;
-  const int L = st.L, S = st.S, G = st.G;
-  st.load.assign(E, 0);
-  for (int j = 0; j < R; ++j)
-    for (int e = 0; e < E; ++e) {
-      const int64_t c = counts[j][e];
-      if (c < 0)
-        guest_error("counts[" + std::to_string(j) + "][" + std::to_string(e) + "] = " + std::to_string(c) +
-                    " is negative");
-      if (c > kMaxTokens || st.load[e] > kMaxTokens - c)
-        guest_error("counts[.][" + std::to_string(e) + "]: more than 2^40 tokens for one expert");
-      st.load[e] += c;
-    }
-  st.total = std::accumulate(st.load.begin(), st.load.end(), int64_t{0});
-  st.guests.assign(R, {});
-
-  GuestPlan p;
-  p.home_loads.assign(R, 0);
-  for (int e = 0; e < E; ++e) p.home_loads[e / L] += st.load[e];
-  const int64_t total = st.total;
-  const int64_t lb = (total + R - 1) / R;
-  int64_t C = *std::max_element(p.home_loads.begin(), p.home_loads.end());
-
-  // ---- greedy replicas ----
-  const double token_bytes = 2.0 * static_cast<double>(o.hidden_size) * static_cast<double>(o.bytes_per_element);
-  const double weight_bytes = 2.0 * static_cast<double>(o.expert_params) * static_cast<double>(o.bytes_per_element);
-  const bool cost_model = token_bytes > 0 || weight_bytes > 0;
-  const double intra_bw = o.intra_node_gbps * 1e9, inter_bw = o.inter_node_gbps * 1e9;
-  const int N = R / G;
-  std::vector<std::vector<int64_t>> node_tokens;  // [E][N] tokens of e from each node's sources (cost model)
-  if (cost_model) {
-    node_tokens.assign(E, std::vector<int64_t>(N, 0));
-    for (int j = 0; j < R; ++j)
-      for (int e = 0; e < E; ++e) node_tokens[e][j / G] += counts[j][e];
-  }
-  std::vector<int> copies(E, 1);
-  while (S > 0 && total > 0 && C > lb) {
-    AggFlow a = agg_flow(st, C - 1, true);
-    const int64_t deficit = total - a.flowed;  // > 0: C is the minimum cap
-    a.f.bfs(0, 1);                              // the minimal min cut: what the source still reaches
-    std::vector<int> bottleneck;
-    for (int e = 0; e < E; ++e)
-      if (st.load[e] > 0 && a.f.level[2 + e] >= 0) bottleneck.push_back(e);
-    std::stable_sort(bottleneck.begin(), bottleneck.end(), [&](int x, int y) {
-      return st.load[x] * copies[y] > st.load[y] * copies[x];  // load per copy, decreasing (ties: lower index)
-    });
-    std::vector<int64_t> rank_load(R);
-    for (int r = 0; r < R; ++r) rank_load[r] = a.f.flow(a.sink_edge[r]);
-    bool placed = false;
-    for (int e : bottleneck) {
-      struct Cand {
-        int r;
-        bool window, home_node;
-        double cost;
-      };
-      std::vector<Cand> cands;
-      int64_t best_load = kInf;
-      for (int r = 0; r < R; ++r) {
-        if (a.f.level[2 + E + r] >= 0 || static_cast<int>(st.guests[r].size()) >= S || st.holds(r, e)) continue;
-        cands.push_back({r, false, r / G == st.home(e) / G, 0.0});
-        best_load = std::min(best_load, rank_load[r]);
-      }
-      if (cands.empty()) continue;
-      const int64_t window = best_load + (2 * C) / 100;  // balance tolerance: 2% of the cap
-      for (auto& c : cands) {
-        c.window = rank_load[c.r] <= window;
-        if (!cost_model || !c.window) continue;
-        const int n = c.r / G;
-        if (weight_bytes > 0) c.cost += weight_bytes / (c.home_node ? intra_bw : inter_bw);
-        bool node_has = st.home(e) / G == n;
-        for (int r2 = n * G; r2 < (n + 1) * G && !node_has; ++r2) node_has = st.holds(r2, e);
-        if (!node_has)
-          c.cost -= static_cast<double>(std::min(node_tokens[e][n], C - rank_load[c.r])) * token_bytes / inter_bw;
-      }
-      std::stable_sort(cands.begin(), cands.end(), [&](const Cand& x, const Cand& y) {
-        if (x.window != y.window) return x.window;
-        if (x.window && x.cost != y.cost) return x.cost < y.cost;
-        if (x.window && x.home_node != y.home_node) return x.home_node;
-        if (rank_load[x.r] != rank_load[y.r]) return rank_load[x.r] < rank_load[y.r];
-        return x.r < y.r;
-      });
-      for (const auto& c : cands) {
-        MaxFlow g = a.f;
-        g.add(2 + e, 2 + E + c.r, kInf);
-        const int64_t got = a.flowed + g.run(0, 1);
-        if (got < total && total - got >= deficit) continue;
-        st.guests[c.r].push_back(e);
-        ++copies[e];
-        if (got == total) {
-          int64_t lo = lb;  // no cap below any expert's load per copy
-          for (int x = 0; x < E; ++x) lo = std::max(lo, (st.load[x] + copies[x] - 1) / copies[x]);
-          C = guest_min_cap(st, std::min(lo, C - 1));
-        }
-        placed = true;
-        break;
-      }
-      if (placed) break;
-    }
-    if (!placed) break;
-  }
-
-  // ---- routing at cap C: (expert, source) -> ranks holding the expert, locality first ----
-  p.routes.assign(E, {});
-  p.rank_loads.assign(R, 0);
-  std::vector<std::vector<int64_t>> guest_tokens(R);
-  for (int r = 0; r < R; ++r) guest_tokens[r].assign(st.guests[r].size(), 0);
-  bool any_guest = false;
-  for (const auto& g : st.guests) any_guest = any_guest || !g.empty();
-  if (total > 0 && !any_guest) {  // every expert has one holder (no guest slots, or none helped): tokens go home
-    for (int e = 0; e < E; ++e)
-      for (int j = 0; j < R; ++j)
-        if (counts[j][e] > 0) {
-          p.routes[e].push_back({j, st.home(e), counts[j][e]});
-          if (j / G != st.home(e) / G) p.inter_node_tokens += static_cast<double>(counts[j][e]);
-        }
-    p.rank_loads = p.home_loads;
-  } else if (total > 0) {
-    struct RouteEdge {
-      int e, j, r, id, phase;
-      int64_t cap;
-    };
-    std::vector<RouteEdge> redges;
-    int nsrc = 0;
-    for (int e = 0; e < E; ++e)
-      for (int j = 0; j < R; ++j) nsrc += counts[j][e] > 0;
-    const int rk0 = 2 + nsrc;
-    MaxFlow f(rk0 + R);
-    int node = 2;
-    for (int e = 0; e < E; ++e) {
-      std::vector<int> holders{st.home(e)};
-      for (int r = 0; r < R; ++r)
-        if (r != st.home(e) && st.holds(r, e)) holders.push_back(r);
-      std::sort(holders.begin(), holders.end());
-      for (int j = 0; j < R; ++j) {
-        const int64_t c = counts[j][e];
-        if (c == 0) continue;
-        f.add(0, node, c);
-        for (int r : holders) {
-          const int phase = r == j ? 0 : (r / G == j / G ? 1 : 2);
-          redges.push_back({e, j, r, f.add(node, rk0 + r, 0), phase, c});
-        }
-        ++node;
-      }
-    }
-    for (int r = 0; r < R; ++r) f.add(rk0 + r, 1, C);
-    int64_t flowed = 0;
-    for (int phase = 0; phase < 3; ++phase) {
-      for (const auto& re : redges)
-        if (re.phase == phase) f.raise(re.id, re.cap);
-      flowed += f.run(0, 1);
-    }
-    if (flowed != total)
-      throw Error("moe guest plan: internal error: flow " + std::to_string(flowed) + " of " + std::to_string(total) +
-                  " tokens at cap " + std::to_string(C));
-    for (const auto& re : redges) {
-      const int64_t t = f.flow(re.id);
-      if (t <= 0) continue;
-      p.routes[re.e].push_back({re.j, re.r, t});
-      p.rank_loads[re.r] += t;
-      if (re.r != st.home(re.e)) {
-        auto& g = st.guests[re.r];
-        guest_tokens[re.r][std::find(g.begin(), g.end(), re.e) - g.begin()] += t;
-      }
-      if (re.j / G != re.r / G) p.inter_node_tokens += static_cast<double>(t);
-    }
-    for (auto& rs : p.routes)
-      std::sort(rs.begin(), rs.end(), [](const GuestRoute& x, const GuestRoute& y) {
-        return x.src != y.src ? x.src < y.src : x.dst < y.dst;
-      });
-  }
-
-  // ---- guest slots: those without tokens become -1 (kept ones first, in placement order) ----
-  p.guests.assign(R, std::vector<int>(S, -1));
-  for (int r = 0; r < R; ++r) {
-    int k = 0;
-    for (size_t i = 0; i < st.guests[r].size(); ++i)
-      if (guest_tokens[r][i] > 0) p.guests[r][k++] = st.guests[r][i];
-  }
-  if (total > 0) {
-    const double mean = static_cast<double>(total) / R;
-    p.overload = static_cast<double>(*std::max_element(p.rank_loads.begin(), p.rank_loads.end())) / mean;
-    p.home_overload = static_cast<double>(*std::max_element(p.home_loads.begin(), p.home_loads.end())) / mean;
-  }
-  return p;
 }
 
 }  // namespace lf::parallel::moe
