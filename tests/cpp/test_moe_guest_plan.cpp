@@ -441,9 +441,9 @@ TEST(MoeGuestPlan, BadInput) {
   Counts neg = ok;
   neg[1][5] = -2;
   expect_error(neg, 2, opts(1, 0), "counts[1][5] = -2 is negative");
-  expect_error(ok, 2, opts(-1, 0), "'moe.guest_slots': -1 must be >= 0");
-  expect_error(ok, 2, opts(1, 3), "'moe.ranks_per_node': 4 ep ranks are not a multiple of 3");
-  expect_error(ok, 2, opts(1, -2), "'moe.ranks_per_node': -2");
+  expect_error(ok, 2, opts(-1, 0), "guest_slots: -1 must be >= 0");
+  expect_error(ok, 2, opts(1, 3), "ranks_per_node: 4 ep ranks are not a multiple of 3");
+  expect_error(ok, 2, opts(1, -2), "ranks_per_node: -2");
   GuestOptions bw = opts(1, 0);
   bw.inter_node_gbps = 0;
   expect_error(ok, 2, bw, "bandwidths must be > 0");

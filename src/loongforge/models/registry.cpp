@@ -38,7 +38,7 @@ const Family& family_for(const nlohmann::json& config, const std::string& file, 
       if (f.name == family) return f;
       names.push_back(f.name);
     }
-    throw Error("recipe: field 'model.family': unknown family '" + family + "' (known: " + join(names) + ")");
+    throw OptionError("family", "unknown family '" + family + "' (known: " + join(names) + ")");
   }
   // The identity fields, most specific first.
   struct Key {

@@ -394,7 +394,7 @@ Mesh::Mesh(std::shared_ptr<Comm> comm, std::vector<std::pair<std::string, int>> 
     desc += (desc.empty() ? "" : " x ") + n + std::to_string(s);
   }
   if (prod != comm_->world())
-    throw Error("recipe: field 'parallel': layout " + desc + " needs " + std::to_string(prod) + " ranks but the job has " +
+    throw Error("mesh: layout " + desc + " needs " + std::to_string(prod) + " ranks but the job has " +
                 std::to_string(comm_->world()));
   int r = comm_->rank();
   coords_.assign(dims_.size(), 0);

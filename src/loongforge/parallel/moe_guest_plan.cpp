@@ -406,12 +406,12 @@ GuestPlan plan_guests(const std::vector<std::vector<int64_t>>& counts, int local
   if (local_experts <= 0 || static_cast<int64_t>(local_experts) * R != E)
     guest_error("local_experts " + std::to_string(local_experts) + " * ranks " + std::to_string(R) + " != " +
                 std::to_string(E) + " experts in counts");
-  if (o.guest_slots < 0) guest_error("field 'moe.guest_slots': " + std::to_string(o.guest_slots) + " must be >= 0");
+  if (o.guest_slots < 0) throw OptionError("guest_slots", std::to_string(o.guest_slots) + " must be >= 0");
   if (o.ranks_per_node < 0)
-    guest_error("field 'moe.ranks_per_node': " + std::to_string(o.ranks_per_node) + " must be >= 0");
+    throw OptionError("ranks_per_node", std::to_string(o.ranks_per_node) + " must be >= 0");
   if (o.ranks_per_node > 0 && R % o.ranks_per_node != 0)
-    guest_error("field 'moe.ranks_per_node': " + std::to_string(R) + " ep ranks are not a multiple of " +
-                std::to_string(o.ranks_per_node));
+    throw OptionError("ranks_per_node", std::to_string(R) + " ep ranks are not a multiple of " +
+                                            std::to_string(o.ranks_per_node));
   if (!(o.intra_node_gbps > 0) || !(o.inter_node_gbps > 0) || !std::isfinite(o.intra_node_gbps) ||
       !std::isfinite(o.inter_node_gbps))
     guest_error("bandwidths must be > 0 (intra " + std::to_string(o.intra_node_gbps) + ", inter " +

@@ -294,7 +294,7 @@ std::string recipe_key_of(const std::string& option) {
   static const std::map<std::string, std::string> keys = {
       {"guest_slots", "moe.guest_slots"}, {"ranks_per_node", "moe.ranks_per_node"},
       {"bias_update_rate", "moe.bias_update_rate"}, {"capacity_factor", "moe.capacity_factor"},
-      {"target_modules", "lora.target_modules"}};
+      {"target_modules", "lora.target_modules"}, {"family", "model.family"}};
   auto it = keys.find(option);
   return it != keys.end() ? it->second : "parallel." + option;  // the layout's sizes and modes
 }
