@@ -258,7 +258,7 @@ def main():
                          + f"; warm-up steps {'/'.join(str(r['warmup']) for r in res['compile'])}"
                          + (f"; RECOMPILED during timed steps: {sum(r['recompiled'] for r in res['compile'])} graphs"
                             if any(r["recompiled"] for r in res["compile"]) else ""))
-    lines = [f"CPU training, fp32, {a.threads} threads, median of {a.rounds} rounds ({', '.join(sides)} in turn, order rotating) "
+    lines = [f"CPU training, fp32, {a.threads} threads, median of {a.rounds} round{'s' if a.rounds != 1 else ''} ({', '.join(sides)} in turn, order rotating) "
              f"of {a.steps} steps after {a.warmup} warm-up each "
              f"(torch {torch.__version__}, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs ({cpu_model()}), 1-min load average "
              f"{load_before:.1f} before / {os.getloadavg()[0]:.1f} after"
