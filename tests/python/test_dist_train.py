@@ -83,6 +83,15 @@ def close(a, b, rel=1e-5):
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
 
 
+def assert_matches(name, got, reference):
+    """Every step's loss, grad norm and token count equal the one-process run's (losses and norms to 1e-5)."""
+    assert [m["step"] for m in got] == list(range(1, STEPS + 1))
+    for m, ref in zip(got, reference):
+        assert close(m["loss"], ref["loss"]), (name, m["step"], m["loss"], ref["loss"])
+        assert close(m["grad_norm"], ref["grad_norm"]), (name, m["step"], m["grad_norm"], ref["grad_norm"])
+        assert m["tokens"] == ref["tokens"]
+
+
 LAYOUTS = {
     "dp2": (2, ["parallel.dp=2", "train.micro_batch_size=2"]),
     "dp4_zero1": (4, ["parallel.dp=4", "parallel.zero=1", "train.micro_batch_size=1"]),
@@ -103,12 +112,7 @@ def test_layout_matches_one_process(tmp_path, data_dir, reference, name):
     n, sets = LAYOUTS[name]
     rec = recipe(tmp_path, data_dir)
     train_ranks(n, rec, sets)
-    got = metrics(tmp_path / "run")
-    assert [m["step"] for m in got] == list(range(1, STEPS + 1))
-    for m, ref in zip(got, reference):
-        assert close(m["loss"], ref["loss"]), (name, m["step"], m["loss"], ref["loss"])
-        assert close(m["grad_norm"], ref["grad_norm"]), (name, m["step"], m["grad_norm"], ref["grad_norm"])
-        assert m["tokens"] == ref["tokens"]
+    assert_matches(name, metrics(tmp_path / "run"), reference)
 
 
 # DeepSeek-V3's multi-head latent attention (and its MoE layer) under tensor, sequence and context parallelism: the
@@ -146,11 +150,7 @@ def test_mla_layout_matches_one_process(tmp_path, data_dir, deepseek, name):
     n, sets = MLA_LAYOUTS[name]
     rec = recipe(tmp_path, data_dir, model=model)
     train_ranks(n, rec, sets)
-    got = metrics(tmp_path / "run")
-    assert [m["step"] for m in got] == list(range(1, STEPS + 1))
-    for m, ref in zip(got, reference):
-        assert close(m["loss"], ref["loss"]), (name, m["step"], m["loss"], ref["loss"])
-        assert close(m["grad_norm"], ref["grad_norm"]), (name, m["step"], m["grad_norm"], ref["grad_norm"])
+    assert_matches(name, metrics(tmp_path / "run"), reference)
 
 
 # A vocabulary tp does not divide (the quickstart's 17 tokens): tensor parallelism pads the output and embedding rows
@@ -169,10 +169,7 @@ def test_tp_pads_a_vocabulary_it_does_not_divide(tmp_path, data_dir, odd_vocab, 
     model, reference = odd_vocab
     rec = recipe(tmp_path, data_dir, model=model)
     train_ranks(2, rec, sets + ["train.micro_batch_size=4"])
-    got = metrics(tmp_path / "run")
-    for m, ref in zip(got, reference):
-        assert close(m["loss"], ref["loss"]), (sets, m["step"], m["loss"], ref["loss"])
-        assert close(m["grad_norm"], ref["grad_norm"]), (sets, m["step"], m["grad_norm"], ref["grad_norm"])
+    assert_matches(sets, metrics(tmp_path / "run"), reference)
     ckpt = tmp_path / "run" / "checkpoints" / f"step_{STEPS:08d}"
     from safetensors import safe_open
     shapes = {}

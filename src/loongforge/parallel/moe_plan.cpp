@@ -1,6 +1,8 @@
 // The offline hot-expert replication planners behind `loongforge moe-plan` (moe_plan.h, docs/moe_plan.md): input
 // parsing, the EPLB-style baseline, the topology-aware planner and the traffic model that scores both.
-// Over ~600 lines until its typed JSON look-ups (as_int64, get_int, get_positive) move to the shared JSON reader.
+// Over ~600 lines: the planners share the traffic model and input checks here. Its JSON look-ups (as_int64,
+// get_int, get_positive) stay its own: planner inputs come from other tools' load dumps, so integral floats count as
+// integers and every field has a lower bound, which lf::JsonReader (core/json.h) does not do.
 #include "loongforge/parallel/moe_plan.h"
 
 #include <algorithm>
