@@ -7,19 +7,13 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "test_util.h"
 
 namespace {
 
 using nlohmann::json;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lf::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using lf::test::error_of;
 
 TEST(JsonReader, TypedFieldsAndDefaults) {
   json j = json::parse(R"({"n": 3, "x": 2.5, "b": true, "s": "hi", "l": [1, 2], "one": 7, "nul": null,

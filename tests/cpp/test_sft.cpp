@@ -10,6 +10,7 @@
 #include "loongforge/core/fs.h"
 #include "loongforge/data/chat_template.h"
 #include "loongforge/data/sft_dataset.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace lf::data;
@@ -96,14 +97,7 @@ V cat(std::initializer_list<V> parts) {
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lf::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using lf::test::error_of;
 
 }  // namespace
 

@@ -10,9 +10,20 @@
 #include <sstream>
 #include <string>
 
+#include "loongforge/core/error.h"
 #include "loongforge/core/fs.h"
 
 namespace lf::test {
+
+// The message of the lf::Error f() throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const lf::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 // A fresh, empty folder named after the running test (and TAG), under the system temp folder.
 inline std::filesystem::path temp_dir(const std::string& tag = "") {
