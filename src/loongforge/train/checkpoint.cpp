@@ -99,24 +99,19 @@ void checkpoint_test_delay() { test_delay(); }
 std::string save_checkpoint(const std::string& root, int64_t step, models::Model& model,
                             const TrainableSet& trainable, optim::AdamW& opt, const nlohmann::json& trainer_state,
                             const std::string& tokenizer_src, int keep) {
-  fs::path tmp = begin_checkpoint(root, step, true);
-  if (trainable.lora) {  // the adapter in PEFT's layout, plus config and tokenizer for convenience
-    io::save_peft_adapter(tmp.string(), model, *trainable.lora, trainable.base_model);
-    nlohmann::json cfg = model.config_json();
-    write_file_atomic((tmp / "base_config.json").string(), cfg.dump(2) + "\n");
-  } else {  // weights as a Hugging Face folder, fp32 (the master weights)
-    io::export_model(model, tmp.string(), at::kFloat, size_t(5) << 30, tokenizer_src);
+  // A world of one through the one writer: the whole tensors by checkpoint name (LoRA runs: the adapter).
+  std::map<std::string, at::Tensor> weights, m, v;
+  if (trainable.lora) {
+    for (size_t i = 0; i < trainable.names.size(); ++i) weights[trainable.names[i]] = trainable.params[i].detach();
+  } else {
+    for (auto& [name, t] : models::checkpoint_targets(model)) weights[name] = t.detach();
   }
-  test_delay();
-  io::NamedTensors state;
   for (size_t i = 0; i < trainable.names.size(); ++i) {
-    state.emplace_back("exp_avg." + trainable.names[i], opt.exp_avg()[i]);
-    state.emplace_back("exp_avg_sq." + trainable.names[i], opt.exp_avg_sq()[i]);
+    m[trainable.names[i]] = opt.exp_avg()[i];
+    v[trainable.names[i]] = opt.exp_avg_sq()[i];
   }
-  state.emplace_back("rng.cpu", cpu_rng_state());
-  io::save_file((tmp / "optimizer.safetensors").string(), state, {{"optimizer_steps", std::to_string(opt.steps())}});
-  write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(2) + "\n");
-  return commit_checkpoint(root, step, tmp.string(), keep);
+  return write_checkpoint(root, step, CheckpointRanks{}, weights, m, v, opt.steps(), model, trainable, trainer_state,
+                          tokenizer_src, keep);
 }
 
 OptimizerStateReader::OptimizerStateReader(const std::string& dir) : dir_(dir) {
@@ -183,7 +178,7 @@ nlohmann::json load_checkpoint(const std::string& dir, models::Model& model,
     }
   }
   opt.set_steps(st.steps());
-  if (st.saved_world() == 1 && fs::exists(fs::path(dir) / "optimizer.safetensors")) {
+  if (st.saved_world() == 1 && fs::exists(fs::path(dir) / "optimizer.safetensors")) {  // the RNG of a world of one
     auto f = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
     if (f->contains("rng.cpu")) set_cpu_rng_state(f->tensor("rng.cpu"));
   }
@@ -248,6 +243,98 @@ std::string rank_file(const std::string& stem, int rank) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%s-rank-%05d.safetensors", stem.c_str(), rank);
   return buf;
+}
+
+std::string shard_file(const std::string& stem, int rank, int world) {
+  return world == 1 ? stem + ".safetensors" : rank_file(stem, rank);
+}
+
+std::string write_checkpoint(const std::string& root, int64_t step, const CheckpointRanks& ranks,
+                             const std::map<std::string, at::Tensor>& weights,
+                             const std::map<std::string, at::Tensor>& m, const std::map<std::string, at::Tensor>& v,
+                             int64_t optimizer_steps, const models::Model& model, const TrainableSet& trainable,
+                             const nlohmann::json& st, const std::string& tokenizer, int keep) {
+  using nlohmann::json;
+  const bool main = ranks.rank == 0, one = ranks.world == 1;
+  // one process: a temporary folder of its own (a killed run's leftovers never clash); else one name for every rank
+  std::string tmp;
+  if (main) tmp = begin_checkpoint(root, step, one);
+  ranks.barrier();
+  if (!one) tmp = (fs::path(root) / (".tmp-" + checkpoint_name(step))).string();
+  io::NamedTensors wt, ot;
+  json mine = json::object(), mine_opt = json::object();  // checkpoint name -> weight file; parameter -> moments file
+  size_t i = 0;
+  const std::string weight_stem = trainable.lora ? "adapter" : "model";
+  for (const auto& [n, t] : weights) {
+    if (static_cast<int>(i++ % static_cast<size_t>(ranks.writers)) != ranks.writer) continue;
+    wt.emplace_back(n, t.to(at::kCPU, at::kFloat).contiguous());
+    mine[n] = shard_file(weight_stem, ranks.rank, ranks.world);
+  }
+  i = 0;
+  for (const auto& [n, t] : m) {
+    if (static_cast<int>(i++ % static_cast<size_t>(ranks.writers)) != ranks.writer) continue;
+    ot.emplace_back("exp_avg." + n, t.to(at::kCPU).contiguous());
+    ot.emplace_back("exp_avg_sq." + n, v.at(n).to(at::kCPU).contiguous());
+    mine_opt[n] = shard_file("optimizer", ranks.rank, ranks.world);
+  }
+  ot.emplace_back("rng.cpu", cpu_rng_state());
+  if (!wt.empty())
+    io::save_file((fs::path(tmp) / shard_file(weight_stem, ranks.rank, ranks.world)).string(), wt, {{"format", "pt"}});
+  io::save_file((fs::path(tmp) / shard_file("optimizer", ranks.rank, ranks.world)).string(), ot,
+                {{"optimizer_steps", std::to_string(optimizer_steps)}});
+  write_file_atomic((fs::path(tmp) / ("index-rank-" + std::to_string(ranks.rank) + ".json")).string(),
+                    json{{"weights", mine}, {"optimizer", mine_opt}}.dump());
+  checkpoint_test_delay();
+  ranks.barrier();
+  std::string final_dir = (fs::path(root) / checkpoint_name(step)).string();
+  if (main) {
+    json weight_map = json::object(), opt_map = json::object();
+    int64_t total = 0;
+    for (int rk = 0; rk < ranks.world; ++rk) {
+      fs::path f = fs::path(tmp) / ("index-rank-" + std::to_string(rk) + ".json");
+      json part = read_json_file(f.string());
+      for (auto it = part["weights"].begin(); it != part["weights"].end(); ++it) weight_map[it.key()] = it.value();
+      for (auto it = part["optimizer"].begin(); it != part["optimizer"].end(); ++it) opt_map[it.key()] = it.value();
+      fs::remove(f);
+    }
+    if (trainable.lora) {
+      // The adapter in PEFT's layout (as a single-process LoRA run writes it): the ranks' shares of whole
+      // tensors merged into adapter_model.safetensors, in model order; the base stays where it is.
+      std::map<std::string, at::Tensor> all;
+      for (int rk = 0; rk < ranks.world; ++rk) {
+        fs::path f = fs::path(tmp) / shard_file("adapter", rk, ranks.world);
+        if (!fs::exists(f)) continue;
+        {
+          auto file = io::SafetensorsFile::open(f.string());
+          for (const auto& e : file->entries()) all[e.name] = file->tensor(e.name).clone();
+        }
+        fs::remove(f);
+      }
+      io::NamedTensors ordered;
+      for (const auto& n : trainable.names) {
+        if (!all.count(n)) throw Error(tmp + ": adapter tensor '" + n + "' was written by no rank");
+        ordered.emplace_back(n, all[n]);
+      }
+      io::save_peft_tensors(tmp, ordered, *trainable.lora, trainable.base_model);
+      write_file_atomic((fs::path(tmp) / "base_config.json").string(), model.config_json().dump(2) + "\n");
+    } else {
+      for (int rk = 0; rk < ranks.world; ++rk) {  // total_size: bytes of every weight, as transformers writes it
+        fs::path f = fs::path(tmp) / shard_file("model", rk, ranks.world);
+        if (fs::exists(f)) total += static_cast<int64_t>(fs::file_size(f));
+      }
+      json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+      if (!one)  // a world of one: model.safetensors alone, as save_pretrained writes a model that fits one file
+        write_file_atomic((fs::path(tmp) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+    }
+    json oindex = {{"world", ranks.world}, {"layout", ranks.layout}, {"optimizer_steps", optimizer_steps},
+                   {"weight_map", opt_map}};
+    if (!one) write_file_atomic((fs::path(tmp) / "optimizer.index.json").string(), oindex.dump(2) + "\n");
+    if (!trainable.lora) io::write_model_metadata(model, tmp, at::kFloat, tokenizer);
+    write_file_atomic((fs::path(tmp) / "trainer_state.json").string(), st.dump(2) + "\n");
+    final_dir = commit_checkpoint(root, step, tmp, keep);
+  }
+ranks.barrier();
+return final_dir;
 }
 
 }  // namespace lf::train

@@ -8,6 +8,7 @@
 // half-written latest checkpoint.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -31,13 +32,34 @@ struct TrainableSet {  // the parameters the optimizer updates, by HF name, in o
 
 std::string checkpoint_name(int64_t step);
 
-// Writes ROOT/step_N atomically and points ROOT/latest at it; keeps the newest `keep` checkpoints (0: all).
-// Returns the folder written.
+// One process's checkpoint (a world of one through write_checkpoint): writes ROOT/step_N atomically and points
+// ROOT/latest at it; keeps the newest `keep` checkpoints (0: all). Returns the folder written.
 std::string save_checkpoint(const std::string& root, int64_t step, models::Model& model,
                             const TrainableSet& trainable, optim::AdamW& opt, const nlohmann::json& trainer_state,
                             const std::string& tokenizer_src, int keep);
 
-// The steps of save_checkpoint, for engines that write a checkpoint from several processes: a fresh temporary
+// Where this process stands among the writers of a checkpoint (the default: a world of one).
+struct CheckpointRanks {
+  int rank = 0, world = 1;        // in the job; rank 0 writes the indexes and metadata
+  int writer = 0, writers = 1;    // among the ranks holding the same whole tensors: each writes every writers-th one
+  std::function<void()> barrier = [] {};
+  std::string layout = "single process";
+};
+// The one checkpoint writer: every rank writes its share of the whole weights (by checkpoint name; LoRA runs: the
+// adapter by parameter name) and of the optimizer moments (by parameter name) into <stem>-rank-R.safetensors, rank
+// 0 the indexes (model.safetensors.index.json, the format transformers reads; optimizer.index.json), config.json,
+// tokenizer files and trainer_state.json (LoRA: PEFT's adapter_config.json + adapter_model.safetensors instead of the
+// weights). A world of one writes model.safetensors and optimizer.safetensors without indexes. Collective (barrier).
+std::string write_checkpoint(const std::string& root, int64_t step, const CheckpointRanks& ranks,
+                             const std::map<std::string, at::Tensor>& weights,
+                             const std::map<std::string, at::Tensor>& exp_avg,
+                             const std::map<std::string, at::Tensor>& exp_avg_sq, int64_t optimizer_steps,
+                             const models::Model& model, const TrainableSet& trainable,
+                             const nlohmann::json& trainer_state, const std::string& tokenizer, int keep);
+// The file of rank R's share: <stem>.safetensors in a world of one, else rank_file.
+std::string shard_file(const std::string& stem, int rank, int world);
+
+// The steps of write_checkpoint, for engines that write a checkpoint from several processes: a fresh temporary
 // folder for step N (unique: named after this process; else the same name on every rank of a job); then, once
 // every file is in it, fsync + rename into ROOT/step_N + point ROOT/latest at it + prune to `keep`.
 std::string begin_checkpoint(const std::string& root, int64_t step, bool unique);

@@ -455,82 +455,15 @@ class DistEngine : public Engine {
     std::map<std::string, at::Tensor> m = whole(full_state("exp_avg")), v = whole(full_state("exp_avg_sq"));
     // Each tensor of this stage is written by one of the stage's ranks (round robin over dp x cp x tp).
     const parallel::Group& stage = mesh_->group_over({"dp_rep", "ep", "dp_shard", "cp", "tp"});
-    std::string tmp;
-    if (is_main()) tmp = begin_checkpoint(root, step, false);
-    barrier();
-    tmp = (fs::path(root) / (".tmp-" + checkpoint_name(step))).string();
-    io::NamedTensors wt, ot;
-    json mine = json::object(), mine_opt = json::object();  // checkpoint name -> weight file; parameter -> moments file
-    size_t i = 0;
-    const std::string weight_stem = b_.trainable.lora ? "adapter" : "model";
-    for (const auto& [n, t] : weights) {
-      if (static_cast<int>(i++ % static_cast<size_t>(stage.size())) != stage.rank()) continue;
-      wt.emplace_back(n, t.to(at::kFloat).contiguous());
-      mine[n] = rank_file(weight_stem, comm_->rank());
-    }
-    i = 0;
-    for (const auto& [n, t] : m) {
-      if (static_cast<int>(i++ % static_cast<size_t>(stage.size())) != stage.rank()) continue;
-      ot.emplace_back("exp_avg." + n, t.contiguous());
-      ot.emplace_back("exp_avg_sq." + n, v.at(n).contiguous());
-      mine_opt[n] = rank_file("optimizer", comm_->rank());
-    }
-    ot.emplace_back("rng.cpu", cpu_rng_state());
-    if (!wt.empty()) io::save_file((fs::path(tmp) / rank_file(weight_stem, comm_->rank())).string(), wt, {{"format", "pt"}});
-    io::save_file((fs::path(tmp) / rank_file("optimizer", comm_->rank())).string(), ot,
-                  {{"optimizer_steps", std::to_string(opt_->steps())}});
-    write_file_atomic((fs::path(tmp) / ("index-rank-" + std::to_string(comm_->rank()) + ".json")).string(),
-                      json{{"weights", mine}, {"optimizer", mine_opt}}.dump());
-    checkpoint_test_delay();
-    barrier();
-    std::string final_dir = (fs::path(root) / checkpoint_name(step)).string();
-    if (is_main()) {
-      json weight_map = json::object(), opt_map = json::object();
-      int64_t total = 0;
-      for (int rk = 0; rk < comm_->world(); ++rk) {
-        fs::path f = fs::path(tmp) / ("index-rank-" + std::to_string(rk) + ".json");
-        json part = read_json_file(f.string());
-        for (auto it = part["weights"].begin(); it != part["weights"].end(); ++it) weight_map[it.key()] = it.value();
-        for (auto it = part["optimizer"].begin(); it != part["optimizer"].end(); ++it) opt_map[it.key()] = it.value();
-        fs::remove(f);
-      }
-      if (b_.trainable.lora) {
-        // The adapter in PEFT's layout (as a single-process LoRA run writes it): the ranks' shares of whole
-        // tensors merged into adapter_model.safetensors, in model order; the base stays where it is.
-        std::map<std::string, at::Tensor> all;
-        for (int rk = 0; rk < comm_->world(); ++rk) {
-          fs::path f = fs::path(tmp) / rank_file("adapter", rk);
-          if (!fs::exists(f)) continue;
-          {
-            auto file = io::SafetensorsFile::open(f.string());
-            for (const auto& e : file->entries()) all[e.name] = file->tensor(e.name).clone();
-          }
-          fs::remove(f);
-        }
-        io::NamedTensors ordered;
-        for (const auto& n : b_.trainable.names) {
-          if (!all.count(n)) throw Error(tmp + ": adapter tensor '" + n + "' was written by no rank");
-          ordered.emplace_back(n, all[n]);
-        }
-        io::save_peft_tensors(tmp, ordered, *b_.trainable.lora, b_.trainable.base_model);
-        write_file_atomic((fs::path(tmp) / "base_config.json").string(), b_.model->config_json().dump(2) + "\n");
-      } else {
-        for (int rk = 0; rk < comm_->world(); ++rk) {  // total_size: bytes of every weight, as transformers writes it
-          fs::path f = fs::path(tmp) / rank_file("model", rk);
-          if (fs::exists(f)) total += static_cast<int64_t>(fs::file_size(f));
-        }
-        json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-        write_file_atomic((fs::path(tmp) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
-      }
-      json oindex = {{"world", comm_->world()}, {"layout", layout_.describe()}, {"optimizer_steps", opt_->steps()},
-                     {"weight_map", opt_map}};
-      write_file_atomic((fs::path(tmp) / "optimizer.index.json").string(), oindex.dump(2) + "\n");
-      if (!b_.trainable.lora) io::write_model_metadata(*b_.model, tmp, at::kFloat, tokenizer);
-      write_file_atomic((fs::path(tmp) / "trainer_state.json").string(), st.dump(2) + "\n");
-      final_dir = commit_checkpoint(root, step, tmp, keep);
-    }
-    barrier();
-    return final_dir;
+    CheckpointRanks ranks;
+    ranks.rank = comm_->rank();
+    ranks.world = comm_->world();
+    ranks.writer = stage.rank();
+    ranks.writers = stage.size();
+    ranks.barrier = [this] { barrier(); };
+    ranks.layout = layout_.describe();
+    return write_checkpoint(root, step, ranks, weights, m, v, opt_->steps(), *b_.model, b_.trainable, st, tokenizer,
+                            keep);
   }
 
   json load(const std::string& dir) override {
@@ -585,7 +518,7 @@ class DistEngine : public Engine {
     }
     // The RNG continues where this rank left it when the layout's world size is the same.
     if (st.saved_world() == comm_->world()) {
-      std::string file = rank_file("optimizer", comm_->rank());
+      std::string file = shard_file("optimizer", comm_->rank(), st.saved_world());
       if (fs::exists(fs::path(dir) / file)) {
         auto f = io::SafetensorsFile::open((fs::path(dir) / file).string());
         if (f->contains("rng.cpu")) set_cpu_rng_state(f->tensor("rng.cpu"));
