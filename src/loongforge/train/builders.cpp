@@ -130,4 +130,39 @@ void use_fp8_linears(models::Model& model, bool blockwise) {
   }
 }
 
+EngineOptions engine_options(const json& r) {
+  EngineOptions o;
+  const json& op = r["optim"];
+  o.adamw = optim::AdamWOptions{op["lr"], op["beta1"], op["beta2"], op["eps"], op["weight_decay"]};
+  o.precision = r["precision"];
+  o.cuda_graphs = r["train"]["cuda_graphs"];
+  o.cpu_split = r["train"]["cpu_split"];
+  if (o.cpu_split < 0) throw Error("recipe: field 'train.cpu_split': must be >= 0 (0: one part per CPU thread, 1: off)");
+  o.random_adapters = r["lora"]["enabled"].get<bool>() && r["lora"]["dropout"].get<double>() > 0;
+  o.micro_batch_size = r["train"]["micro_batch_size"];
+  o.grad_accum = r["train"]["grad_accum"];
+  o.seq_len = r["data"]["seq_len"];
+  const json& p = r["parallel"];
+  parallel::Layout& l = o.layout;
+  l.dp = p["dp"];
+  l.tp = p["tp"];
+  l.pp = p["pp"];
+  l.vpp = p["vpp"];
+  l.cp = p["cp"];
+  l.ep = p["ep"];
+  l.cp_mode = p["cp_mode"];
+  l.sp = p["sp"];
+  l.zero = p["zero"];
+  l.hsdp_shard = p["hsdp_shard"];
+  for (const auto& n : p["pp_layout"]) l.pp_layout.push_back(n.get<int64_t>());
+  l.timeout_s = p["timeout_s"];
+  o.backend = p["backend"];
+  o.vocab_granule = p["vocab_granule"];
+  if (o.vocab_granule < 1)
+    throw Error("recipe: field 'parallel.vocab_granule': " + std::to_string(o.vocab_granule) + " must be >= 1");
+  o.guest_slots = r["moe"]["guest_slots"].get<int>();
+  o.ranks_per_node = r["moe"]["ranks_per_node"].get<int>();
+  return o;
+}
+
 }  // namespace lf::train

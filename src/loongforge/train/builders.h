@@ -17,6 +17,9 @@ namespace lf::train {
 ModelBundle build_model(const nlohmann::json& recipe);
 // The batch source of the recipe's data block for `split`.
 std::unique_ptr<BatchSource> build_data(const nlohmann::json& recipe, data::Split split, const std::string& tokenizer);
+// The engines' options from the recipe (optim.*, precision, train.*, parallel.*, moe.guest_slots/ranks_per_node),
+// checked: a bad value is one line naming the key.
+EngineOptions engine_options(const nlohmann::json& recipe);
 // The recipe's device after checking what this machine has. device: cuda without a usable GPU prints one line and
 // gives the CPU (train.cuda_graphs then has nothing to capture and is ignored); precision: fp8 needs the GPU. A
 // distributed run (any layout) gives each rank its local rank's GPU (modulo the GPUs it sees).

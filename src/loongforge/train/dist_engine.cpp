@@ -77,31 +77,13 @@ using nlohmann::json;
 
 namespace {
 
-parallel::Layout layout_of(const json& r) {
-  const json& p = r["parallel"];
-  parallel::Layout l;
-  l.dp = p["dp"];
-  l.tp = p["tp"];
-  l.pp = p["pp"];
-  l.vpp = p["vpp"];
-  l.cp = p["cp"];
-  l.ep = p["ep"];
-  l.cp_mode = p["cp_mode"];
-  l.sp = p["sp"];
-  l.zero = p["zero"];
-  l.hsdp_shard = p["hsdp_shard"];
-  for (const auto& n : p["pp_layout"]) l.pp_layout.push_back(n.get<int64_t>());
-  l.timeout_s = p["timeout_s"];
-  return l;
-}
-
 class DistEngine : public Engine {
  public:
-  DistEngine(const json& r, ModelBundle b, at::Device device)
-      : b_(std::move(b)), layout_(layout_of(r)), device_(device) {
+  DistEngine(const EngineOptions& o, ModelBundle b, at::Device device)
+      : b_(std::move(b)), layout_(o.layout), device_(device) {
     auto& model = *b_.model;
     schema_ = model.batch_schema();
-    parallel::validate(layout_, model, r["data"]["seq_len"], r["train"]["grad_accum"], b_.trainable.lora.has_value());
+    parallel::validate(layout_, model, o.seq_len, o.grad_accum, b_.trainable.lora.has_value());
     if (b_.trainable.lora) {
       const std::string blocks = model.split().blocks + ".";
       for (const auto& m : nn::lora_modules(model))
@@ -114,10 +96,10 @@ class DistEngine : public Engine {
     }
     // Replication options, before the processes meet (a bad recipe fails the same way everywhere).
     parallel::moe::GuestOptions guests;
-    guests.guest_slots = r["moe"]["guest_slots"].get<int>();
-    guests.ranks_per_node = r["moe"]["ranks_per_node"].get<int>();
+    guests.guest_slots = o.guest_slots;
+    guests.ranks_per_node = o.ranks_per_node;
     guests.hidden_size = model.hidden_size();
-    guests.bytes_per_element = r["precision"] == "fp32" ? 4 : 2;
+    guests.bytes_per_element = o.precision == "fp32" ? 4 : 2;
     if (!model.moe_blocks().empty()) guests.expert_params = 3 * model.hidden_size() * model.moe_blocks().front()->options.expert_ffn;
     parallel::check_guest_options(guests, layout_.ep);
     for (auto* blk : model.moe_blocks())  // the router losses' collectives run only when some are on
@@ -130,7 +112,7 @@ class DistEngine : public Engine {
     // auto: NCCL for GPUs; on the CPU Open MPI when mpirun started the job (shared-memory transport, bench/
     // comm_bench.cpp), else Gloo. Gloo and MPI stage GPU tensors through the host (several ranks on one GPU, for
     // tests); NCCL needs the GPUs.
-    const std::string backend = r["parallel"]["backend"];
+    const std::string& backend = o.backend;
     if (backend == "nccl" && !device_.is_cuda())
       throw Error("recipe: field 'parallel.backend': nccl needs GPUs (device: cuda); this run is on the CPU");
     const parallel::LaunchEnv launch = parallel::detect_launch();
@@ -155,16 +137,16 @@ class DistEngine : public Engine {
     mp_ = &mesh_->group_over({"pp", "tp"});
     ep_ = &mesh_->group("ep");
     dp_index_ = (mesh_->coord("dp_rep") * layout_.ep + mesh_->coord("ep")) * layout_.dp_shard() + mesh_->coord("dp_shard");
-    mb_ = r["train"]["micro_batch_size"];
+    mb_ = o.micro_batch_size;
 
     // Which parameters train (by name) and their weight decay, from the bundle.
     std::map<std::string, double> wd;
     for (size_t i = 0; i < b_.trainable.names.size(); ++i) wd[b_.trainable.names[i]] = b_.weight_decay[i];
-    optim::AdamWOptions ao{r["optim"]["lr"], r["optim"]["beta1"], r["optim"]["beta2"], r["optim"]["eps"], r["optim"]["weight_decay"]};
+    const optim::AdamWOptions& ao = o.adamw;
 
     if (layout_.zero == 3) {  // FSDP / HSDP (data parallel only; validated)
       parallel::FsdpOptions fo;
-      if (r["precision"] == "bf16") fo.compute_dtype = at::kBFloat16;  // bf16 copies of the gathered matmul weights
+      if (o.precision == "bf16") fo.compute_dtype = at::kBFloat16;  // bf16 copies of the gathered matmul weights
       if (device_.is_cuda()) fo.device = device_;  // only this rank's shards go to the GPU
       fsdp_ = parallel::fully_shard(model, shard, mesh_->group("dp_rep"), fo);
       if (device_.is_cuda()) model.to(device_);  // the buffers (and the released parameters' empty placeholders)
@@ -174,10 +156,8 @@ class DistEngine : public Engine {
       for (const auto& n : fsdp_->names()) saved_names_.push_back(n);
       return;
     }
-    if (r["parallel"]["vocab_granule"].get<int64_t>() < 1)
-      throw Error("recipe: field 'parallel.vocab_granule': " + r["parallel"]["vocab_granule"].dump() + " must be >= 1");
     if (layout_.tp > 1 || layout_.sp) {
-      plan_ = parallel::apply_tensor_parallel(model, *tp_, layout_.sp, r["parallel"]["vocab_granule"].get<int64_t>());
+      plan_ = parallel::apply_tensor_parallel(model, *tp_, layout_.sp, o.vocab_granule);
       // Replicated parameters with partial gradients (norms under sp, q/k norms): sum over tp as each gradient is
       // produced, before data-parallel reduction sees it.
       std::set<std::string> partial(plan_.partial_grad.begin(), plan_.partial_grad.end());
@@ -548,8 +528,8 @@ class DistEngine : public Engine {
 
 }  // namespace
 
-std::unique_ptr<Engine> make_distributed_engine(const json& r, ModelBundle bundle, at::Device device) {
-  return std::make_unique<DistEngine>(r, std::move(bundle), device);
+std::unique_ptr<Engine> make_distributed_engine(const EngineOptions& o, ModelBundle bundle, at::Device device) {
+  return std::make_unique<DistEngine>(o, std::move(bundle), device);
 }
 
 }  // namespace lf::train

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "loongforge/models/model.h"
+#include "loongforge/optim/adamw.h"
+#include "loongforge/parallel/layout.h"
 #include "loongforge/train/batch.h"
 #include "loongforge/train/checkpoint.h"
 
@@ -72,9 +74,24 @@ class Engine {
   virtual nlohmann::json step_metrics() { return nlohmann::json::object(); }
 };
 
-// The distributed engine for the recipe's `parallel` block (dist_engine.cpp); takes the full model.
+// What the engines take from a recipe, read and checked once (builders.h: engine_options); the engines never look
+// recipe keys up themselves.
+struct EngineOptions {
+  optim::AdamWOptions adamw;
+  std::string precision = "fp32";  // fp32 | bf16 | fp8
+  bool cuda_graphs = false;        // train.cuda_graphs
+  int64_t cpu_split = 0;           // train.cpu_split (0: one part per CPU thread, 1: off)
+  bool random_adapters = false;    // LoRA adapters with dropout (draw random numbers)
+  int64_t micro_batch_size = 1, grad_accum = 1, seq_len = 0;
+  parallel::Layout layout;         // parallel.*
+  std::string backend = "auto";    // parallel.backend
+  int64_t vocab_granule = 1;       // parallel.vocab_granule
+  int guest_slots = 0, ranks_per_node = 0;  // moe.guest_slots, moe.ranks_per_node
+};
+
+// The distributed engine for the layout (dist_engine.cpp); takes the full model.
 // device: where the model, batches and optimizer state live (each rank's local GPU, or the CPU).
-std::unique_ptr<Engine> make_distributed_engine(const nlohmann::json& recipe, ModelBundle bundle,
+std::unique_ptr<Engine> make_distributed_engine(const EngineOptions& options, ModelBundle bundle,
                                                 at::Device device = at::Device(at::kCPU));
 
 }  // namespace lf::train

@@ -66,18 +66,13 @@ class SingleEngine : public Engine {
  public:
   // cuda_graphs (train.cuda_graphs, on a CUDA device): the forward + backward of a micro-batch is captured in a CUDA
   // graph after kGraphWarmup eager steps and replayed for every later micro-batch of the captured shape.
-  explicit SingleEngine(const json& r, Built b, at::Device device = at::Device(at::kCPU), bool cuda_graphs = false)
-      : stream_(cuda_graphs && device.is_cuda() ? std::make_unique<kernels::cuda::StreamScope>() : nullptr),
+  SingleEngine(const EngineOptions& o, Built b, at::Device device)
+      : stream_(o.cuda_graphs && device.is_cuda() ? std::make_unique<kernels::cuda::StreamScope>() : nullptr),
         b_(std::move(b)),
         device_(device),
-        opt_(on_device(b_, device),
-             optim::AdamWOptions{r["optim"]["lr"], r["optim"]["beta1"], r["optim"]["beta2"], r["optim"]["eps"],
-                                 r["optim"]["weight_decay"]},
-             b_.weight_decay),
-        split_(r["train"]["cpu_split"].get<int64_t>()) {
-    if (split_ < 0) throw Error("recipe: field 'train.cpu_split': must be >= 0 (0: one part per CPU thread, 1: off)");
-    splittable_ = b_.model->moe_blocks().empty() && !b_.model->recomputed(0) &&
-                  !(r["lora"]["enabled"].get<bool>() && r["lora"]["dropout"].get<double>() > 0);
+        opt_(on_device(b_, device), o.adamw, b_.weight_decay),
+        split_(o.cpu_split) {
+    splittable_ = b_.model->moe_blocks().empty() && !b_.model->recomputed(0) && !o.random_adapters;
     if (stream_) check_graphable(*b_.model);
   }
   double forward_backward(const std::vector<Batch>& micro, int64_t counted, bool bf16) override {
@@ -253,8 +248,8 @@ class SingleEngine : public Engine {
 
 }  // namespace
 
-std::unique_ptr<Engine> make_single_engine(const json& r, ModelBundle bundle, at::Device device, bool cuda_graphs) {
-  return std::make_unique<SingleEngine>(r, std::move(bundle), device, cuda_graphs);
+std::unique_ptr<Engine> make_single_engine(const EngineOptions& o, ModelBundle bundle, at::Device device) {
+  return std::make_unique<SingleEngine>(o, std::move(bundle), device);
 }
 
 Bf16Autocast::Bf16Autocast(at::DeviceType device, bool on) : device_(device), on_(on) {

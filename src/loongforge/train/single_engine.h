@@ -10,7 +10,7 @@
 
 namespace lf::train {
 
-std::unique_ptr<Engine> make_single_engine(const nlohmann::json& recipe, ModelBundle bundle,
-                                           at::Device device = at::Device(at::kCPU), bool cuda_graphs = false);
+std::unique_ptr<Engine> make_single_engine(const EngineOptions& options, ModelBundle bundle,
+                                           at::Device device = at::Device(at::kCPU));
 
 }  // namespace lf::train

@@ -84,9 +84,9 @@ TrainOutcome train_run(const json& r, bool resume) {
   distributed = distributed || par["zero"].get<int64_t>() != 0 || par["sp"].get<bool>();
   const at::Device device = choose_device(r, distributed);
   if (r["precision"] == "fp8") use_fp8_linears(*b.model, r["fp8_scaling"] == "blockwise");
-  std::unique_ptr<Engine> engine = distributed ? make_distributed_engine(r, std::move(b), device)
-                                               : make_single_engine(r, std::move(b), device,
-                                                                    r["train"]["cuda_graphs"].get<bool>());
+  const EngineOptions eo = engine_options(r);
+  std::unique_ptr<Engine> engine = distributed ? make_distributed_engine(eo, std::move(b), device)
+                                               : make_single_engine(eo, std::move(b), device);
   const bool main_rank = engine->is_main();
   const int64_t dp = engine->data_parallel();
   optim::Schedule sched;
@@ -252,7 +252,9 @@ double evaluate_run(const json& r, const std::string& model_dir, int64_t batches
   b.tokenizer = tok;
   b.trainable.params = {model->parameters().front()};
   b.trainable.names = {"unused"};
-  auto engine = make_single_engine(r, std::move(b), choose_device(r, /*distributed=*/false));
+  EngineOptions eo = engine_options(r);
+  eo.cuda_graphs = false;  // evaluation: no training step to capture
+  auto engine = make_single_engine(eo, std::move(b), choose_device(r, /*distributed=*/false));
   return validation_loss(*engine, *src, batches, r["train"]["micro_batch_size"]);
 }
 
