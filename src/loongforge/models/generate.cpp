@@ -7,6 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace lf::models {
 
@@ -28,8 +29,11 @@ int64_t sample_token(const at::Tensor& logits, double temperature, double top_p,
 }
 
 namespace {
-const llama::CausalLMImpl& lm_of(const Model& any) {
-  auto* lm = dynamic_cast<const llama::CausalLMImpl*>(&any);
+// The decoder LM behind `any` (const or not), or one line naming the family that cannot generate.
+template <class M>
+auto& lm_of(M& any) {
+  using LM = std::conditional_t<std::is_const_v<M>, const llama::CausalLMImpl, llama::CausalLMImpl>;
+  auto* lm = dynamic_cast<LM*>(&any);
   if (!lm) throw Error("generate: the " + any.family() + " family (" + any.model_type() + ") does not generate text");
   return *lm;
 }
@@ -40,9 +44,7 @@ std::vector<int64_t> eos_token_ids(const Model& model) { return lm_of(model).con
 
 std::vector<int64_t> generate(Model& any, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
                               const std::function<void(int64_t)>& on_token) {
-  auto* lm = dynamic_cast<llama::CausalLMImpl*>(&any);
-  if (!lm) throw Error("generate: the " + any.family() + " family (" + any.model_type() + ") does not generate text");
-  llama::CausalLMImpl& model = *lm;
+  llama::CausalLMImpl& model = lm_of(any);
   at::NoGradGuard no_grad;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
   nn::KVCache cache = model.new_cache();

@@ -78,13 +78,19 @@ torch::nn::Module& Model::block(int64_t i) {
 
 at::Tensor Model::run_blocks(const Batch& inputs, at::Tensor h, int64_t begin, int64_t end) {
   const bool grad = at::GradMode::is_enabled();
+  std::vector<std::pair<int64_t, nn::MoEImpl*>> moe;  // looked up once, if any block is recomputed
+  bool moe_known = false;
   for (int64_t i = begin; i < end; ++i) {
     if (!(recomputed(i) && grad)) {
       h = block_forward(inputs, h, i);
       continue;
     }
+    if (!moe_known) {
+      moe = moe_layers();
+      moe_known = true;
+    }
     std::function<at::Tensor()> extra;
-    for (const auto& [idx, blk] : moe_layers())
+    for (const auto& [idx, blk] : moe)
       if (idx == i) extra = [this, i]() { return layer_loss_fn ? layer_loss_fn(i) : at::Tensor(); };
     h = nn::recompute([this, inputs, i](const at::Tensor& x) { return block_forward(inputs, x, i); }, h,
                       block(i).parameters(), std::move(extra));

@@ -482,11 +482,12 @@ class DistEngine : public Engine {
     }
     // Frozen parameters of this rank come from the checkpoint too.
     std::set<std::string> trained(all_names.begin(), all_names.end());
+    const auto map = b_.model->checkpoint_tensors();
     for (auto& item : b_.model->named_parameters()) {
       const std::string& n = item.key();
       if (lora || trained.count(n) || item.value().numel() == 0) continue;
       bool stored = ckpt->contains(n);
-      for (const auto& e : b_.model->checkpoint_tensors())
+      for (const auto& e : map)
         stored = stored || (e.param == n && e.index >= 0 && ckpt->contains(e.name));
       if (!stored) continue;
       item.value().copy_(local_of(n, read_whole(*ckpt, *b_.model, n, dir).to(at::kFloat)));
