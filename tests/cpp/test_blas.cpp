@@ -3,9 +3,12 @@
 // composite versions.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <limits>
+#include <tuple>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "loongforge/kernels/cpu/blas.h"
+#include "loongforge/kernels/cpu/gemm.h"
 #include "loongforge/kernels/linear.h"
 #include "loongforge/kernels/linear_ce.h"
 
@@ -42,6 +45,46 @@ TEST(Blas, GemmAllTranspositionsAndStrides) {
       EXPECT_LT(rel_err(cd, at::mm(op(a, ta), op(b, tb))), 1e-12);
     }
   }
+}
+
+// Both float32 backends (MKL, OpenBLAS: blas.h) against at::mm in float64: every transposition with padded row
+// strides, products large enough to be split over ATen's threads (by rows, and by columns when C is wide), and the
+// row-split products of the kernels (mm_rows) on transposed views, with and without accumulation.
+TEST(Blas, BothBackendsMatchMm) {
+  const cpu::BlasBackend chosen = cpu::blas_backend();
+  for (cpu::BlasBackend be : {cpu::BlasBackend::kMkl, cpu::BlasBackend::kOpenBlas}) {
+    cpu::set_blas_backend(be);  // throws when libopenblas is missing: it is a Debian dependency (scripts/setup.sh)
+    EXPECT_EQ(cpu::blas_backend(), be);
+    EXPECT_FALSE(cpu::blas_backend_description().empty());
+    at::manual_seed(39);
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{37, 29, 19}, {613, 301, 67}, {40, 900, 130}}) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          at::Tensor a = at::randn({ta ? k : m, (ta ? m : k) + 5}).narrow(1, 0, ta ? m : k);
+          at::Tensor b = at::randn({tb ? n : k, (tb ? k : n) + 3}).narrow(1, 0, tb ? k : n);
+          at::Tensor c0 = at::randn({m, n + 4});
+          for (float beta : {0.0f, 1.0f}) {
+            at::Tensor c = c0.clone();
+            if (beta == 0.0f) c.narrow(1, 0, n).fill_(std::numeric_limits<float>::quiet_NaN());  // never read
+            cpu::gemm<float>(ta, tb, m, n, k, 0.5f, a.data_ptr<float>(), a.stride(0), b.data_ptr<float>(),
+                             b.stride(0), beta, c.data_ptr<float>(), c.stride(0));
+            at::Tensor want = 0.5 * at::mm(op(a, ta), op(b, tb)) + beta * c0.narrow(1, 0, n).to(at::kDouble);
+            EXPECT_LT(rel_err(c.narrow(1, 0, n), want), 1e-5) << int(be) << ta << tb << m << " beta " << beta;
+            EXPECT_TRUE(at::equal(c.narrow(1, n, 4), c0.narrow(1, n, 4)));
+          }
+        }
+      }
+    }
+    for (bool accumulate : {false, true}) {
+      at::Tensor a = at::randn({300, 520}).t(), b = at::randn({300, 170});  // a^T [520, 300]
+      at::Tensor out = at::randn({520, 170}), out0 = out.clone();
+      cpu::mm_rows(out, a, b, 2, accumulate);
+      at::Tensor want = at::mm(a.to(at::kDouble), b.to(at::kDouble));
+      if (accumulate) want += out0.to(at::kDouble);
+      EXPECT_LT(rel_err(out, want), 1e-5) << int(be) << accumulate;
+    }
+  }
+  cpu::set_blas_backend(chosen);
 }
 
 // A packed B serves products of any row count up to the one it was packed for, with beta 0 or 1, and a second

@@ -2,6 +2,8 @@
 // to a safetensors file, so users (and our tests) can check parity with transformers tensor by tensor.
 #include <ATen/ATen.h>
 
+#include <map>
+
 #include "loongforge/cli/commands.h"
 #include "loongforge/core/error.h"
 #include "loongforge/io/hf_model.h"
@@ -31,8 +33,13 @@ void run_dump(const DumpArgs& a) {
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
   if (a.lora.empty()) {
+    // grad.<name> / after_step.<name> under the reference library's parameter names (Model::reference_name)
+    std::map<std::string, std::string> ref;
+    for (const auto& e : model->checkpoint_tensors())
+      if (e.index < 0 && !e.buffer) ref[e.param] = model->reference_name(e.name);
     for (auto& item : model->named_parameters()) {
-      names.push_back(item.key());
+      auto it = ref.find(item.key());
+      names.push_back(it != ref.end() ? it->second : item.key());
       params.push_back(item.value());
     }
   } else {  // only the adapter trains; outputs are deterministic, so adapter dropout is off (eval mode)
@@ -45,11 +52,20 @@ void run_dump(const DumpArgs& a) {
     model->eval();
   }
   io::NamedTensors out;
+  // Parameters the loss does not reach (a vision tower's layers past the feature layer) get a zero gradient in the
+  // output but, as torch.optim skips parameters without a gradient, no optimizer step (no weight decay).
+  std::vector<at::Tensor> reached;
   auto forward_backward = [&]() {
     models::Model::ReferenceOutput r = model->reference_forward(batch, a.batch);
     r.loss.backward();
-    for (auto& p : params)  // parameters the loss does not reach still get a (zero) gradient
-      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    const bool first_call = reached.empty();
+    for (auto& p : params) {
+      if (p.grad().defined()) {
+        if (first_call) reached.push_back(p);
+      } else {
+        p.mutable_grad() = at::zeros_like(p);
+      }
+    }
     return r;
   };
   auto first = forward_backward();
@@ -59,7 +75,7 @@ void run_dump(const DumpArgs& a) {
   for (size_t i = 0; i < params.size(); ++i) out.emplace_back("grad." + names[i], params[i].grad().to(at::kFloat).contiguous());
 
   if (!a.adamw.empty() || a.steps > 0) {
-    optim::AdamW opt(params, a.adamw.empty() ? optim::AdamWOptions{} : optim::AdamWOptions::parse(a.adamw));
+    optim::AdamW opt(reached, a.adamw.empty() ? optim::AdamWOptions{} : optim::AdamWOptions::parse(a.adamw));
     int64_t steps = std::max<int64_t>(a.steps, 1);
     at::Tensor losses = at::empty({steps}, at::kFloat), norms = at::empty({steps}, at::kFloat);
     for (int64_t s = 0; s < steps; ++s) {
@@ -68,7 +84,7 @@ void run_dump(const DumpArgs& a) {
         loss = forward_backward().loss;
       }
       losses[s] = loss.item<double>();
-      norms[s] = optim::clip_grad_norm(params, a.steps > 0 ? a.clip : 0.0);
+      norms[s] = optim::clip_grad_norm(reached, a.steps > 0 ? a.clip : 0.0);
       opt.step();
     }
     for (size_t i = 0; i < params.size(); ++i)

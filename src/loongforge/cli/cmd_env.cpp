@@ -1,5 +1,5 @@
 // loongforge env: what this build and this machine offer (for bug reports and before a first GPU run): LibTorch's
-// version, the CPU threads and vector units our kernels use, whether our CUDA kernels are compiled and which GPUs
+// version, the CPU threads and vector units our kernels use (and the BLAS behind their float32 GEMMs), whether our CUDA kernels are compiled and which GPUs
 // are usable (or why none is), and the collective backends.
 #include <ATen/Parallel.h>
 #include <torch/version.h>
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "loongforge/cli/commands.h"
+#include "loongforge/kernels/cpu/blas.h"
 #include "loongforge/kernels/cuda_ops.h"
 #include "loongforge/parallel/comm.h"
 
@@ -21,6 +22,7 @@ void print_env() {
   __builtin_cpu_init();
   const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   std::printf("cpu: %d threads, AVX2+FMA %s\n", at::get_num_threads(), avx2_fma ? "yes" : "no");
+  std::printf("cpu float32 gemm: %s\n", kernels::cpu::blas_backend_description().c_str());
   if (!cu::compiled()) {
     std::printf("cuda kernels: not compiled (LOONGFORGE_CUDA=OFF)\n");
   } else {

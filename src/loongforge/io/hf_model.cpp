@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "loongforge/core/error.h"
@@ -13,8 +14,25 @@
 namespace lf::io {
 namespace fs = std::filesystem;
 
+namespace {
+// Canonical name (Model::canonical_checkpoint_name) -> the name stored in the checkpoint; `dir` names it in errors.
+std::map<std::string, std::string> stored_names(const models::Model& model, const SafetensorsCheckpoint& ckpt,
+                                                const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& name : ckpt.names()) {
+    auto [it, fresh] = out.emplace(model.canonical_checkpoint_name(name), name);
+    if (!fresh)
+      throw Error(dir + ": tensors '" + it->second + "' and '" + name + "' are both '" + it->first +
+                  "' (two key layouts mixed in one checkpoint)");
+  }
+  return out;
+}
+}  // namespace
+
 void load_state(models::Model& model, const std::string& dir) {
   SafetensorsCheckpoint ckpt = SafetensorsCheckpoint::open(dir);
+  const std::map<std::string, std::string> stored = stored_names(model, ckpt, dir);
+  auto contains = [&](const std::string& n) { return stored.count(n) > 0; };
   at::NoGradGuard no_grad;
   std::vector<std::pair<std::string, at::Tensor>> targets;
   auto params = model.named_parameters(true);
@@ -23,7 +41,7 @@ void load_state(models::Model& model, const std::string& dir) {
   for (const auto& e : model.checkpoint_tensors()) {
     // A parameter stored under its in-memory name (stacked experts whole, Mixtral's "mlp" block: checkpoints
     // written name for name from the model's parameters) loads from there; otherwise from the mapped names.
-    if (e.name != e.param && !ckpt.contains(e.name) && ckpt.contains(e.param)) {
+    if (e.name != e.param && !contains(e.name) && contains(e.param)) {
       if (whole.insert(e.param).second) targets.emplace_back(e.param, e.buffer ? buffers[e.param] : params[e.param]);
       continue;
     }
@@ -32,17 +50,18 @@ void load_state(models::Model& model, const std::string& dir) {
   for (auto& item : targets) {
     const std::string& name = item.first;
     at::Tensor& p = item.second;
-    if (!ckpt.contains(name)) throw Error(dir + ": tensor '" + name + "' missing from the checkpoint");
-    std::vector<int64_t> shape = ckpt.shape(name);
+    if (!contains(name)) throw Error(dir + ": tensor '" + name + "' missing from the checkpoint");
+    const std::string& key = stored.at(name);
+    std::vector<int64_t> shape = ckpt.shape(key);
     if (at::IntArrayRef(shape) != p.sizes()) {
       std::string want = "[", got = "[";
       for (auto d : p.sizes()) want += std::to_string(d) + ",";
       for (auto d : shape) got += std::to_string(d) + ",";
       want.back() = ']';
       got.back() = ']';
-      throw Error(dir + ": tensor '" + name + "': shape " + got + " does not match the config's " + want);
+      throw Error(dir + ": tensor '" + key + "': shape " + got + " does not match the config's " + want);
     }
-    p.copy_(ckpt.tensor(name));
+    p.copy_(ckpt.tensor(key));
   }
 }
 
@@ -57,9 +76,9 @@ std::shared_ptr<models::Model> load_model(const std::string& dir, at::ScalarType
     expected.insert(e.name);
     expected.insert(e.param);  // stacked expert parameters may also be stored whole
   }
-  for (const auto& name : ckpt.names()) {
+  for (const auto& [name, key] : stored_names(*model, ckpt, dir)) {
     if (expected.count(name) || model->ignorable_checkpoint_tensor(name)) continue;
-    throw Error(dir + ": tensor '" + name + "' is not a parameter of a " + model->model_type() +
+    throw Error(dir + ": tensor '" + key + "' is not a parameter of a " + model->model_type() +
                 " model with this config.json");
   }
   load_state(*model, dir);

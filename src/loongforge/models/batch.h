@@ -28,9 +28,15 @@ class Batch {
   // Sets `name` (an undefined tensor removes it).
   void set(const std::string& name, at::Tensor t);
   bool empty() const { return t_.empty(); }
-  // Rows of the batch: dim 0 of its tensors (0 when empty).
+  // Rows of the batch: dim 0 of its row tensors (0 when there are none).
   int64_t num_rows() const;
-  // Rows [first, first + n) of every tensor (views).
+  // Item fields: a tensor whose dim 0 runs over items of the rows (images of the samples, patches) rather than over
+  // rows, with `<name>.row` [items] (int64, non-decreasing) saying which row each item belongs to. Engines treat
+  // them like the rest; rows() keeps the items of the rows it keeps.
+  void set_items(const std::string& name, at::Tensor items, at::Tensor row_of_item);
+  static bool is_item_index(const std::string& name) { return name.ends_with(".row"); }
+  bool is_item_field(const std::string& name) const { return t_.count(name + ".row") > 0; }
+  // Rows [first, first + n) of every tensor (views; item fields: their items of those rows, renumbered from 0).
   Batch rows(int64_t first, int64_t n) const;
   // Every tensor through f (name, tensor) -> tensor.
   Batch map(const std::function<at::Tensor(const std::string&, const at::Tensor&)>& f) const;

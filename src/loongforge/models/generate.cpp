@@ -2,6 +2,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/models/llama/model.h"
+#include "loongforge/models/vlm/llava.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -33,7 +34,9 @@ namespace {
 template <class M>
 auto& lm_of(M& any) {
   using LM = std::conditional_t<std::is_const_v<M>, const llama::CausalLMImpl, llama::CausalLMImpl>;
+  using VLM = std::conditional_t<std::is_const_v<M>, const vlm::LlavaImpl, vlm::LlavaImpl>;
   auto* lm = dynamic_cast<LM*>(&any);
+  if (auto* v = dynamic_cast<VLM*>(&any)) lm = v->language_model.get();
   if (!lm) throw Error("generate: the " + any.family() + " family (" + any.model_type() + ") does not generate text");
   return *lm;
 }
@@ -51,8 +54,17 @@ std::vector<int64_t> generate(Model& any, const std::vector<int64_t>& prompt, co
   std::vector<int64_t> out;
   auto device = model.output_weight().device();
   at::Tensor ids = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).unsqueeze(0).to(device);
+  auto* vlm = dynamic_cast<vlm::LlavaImpl*>(&any);
+  if (opts.pixel_values.defined() && !vlm)
+    throw Error("generate: the " + any.family() + " family (" + any.model_type() + ") takes no images");
   for (int64_t i = 0; i < opts.max_new_tokens; ++i) {
-    at::Tensor h = model.hidden_states(ids, {}, &cache);
+    at::Tensor h;
+    if (i == 0 && vlm) {  // the prompt: image features in its image tokens
+      const at::Tensor px = opts.pixel_values.defined() ? opts.pixel_values.to(device) : at::Tensor();
+      h = model.hidden_states_from(vlm->merged_embeddings(ids, px, "prompt"), {}, &cache);
+    } else {
+      h = model.hidden_states(ids, {}, &cache);
+    }
     at::Tensor logits = model.logits(h.select(1, h.size(1) - 1)).squeeze(0).to(at::kCPU);
     int64_t next = sample_token(logits, opts.temperature, opts.top_p, gen);
     out.push_back(next);

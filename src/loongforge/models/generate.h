@@ -15,10 +15,12 @@ struct GenerateOptions {
   double top_p = 1.0;
   uint64_t seed = 0;
   std::vector<int64_t> stop_ids;  // generation ends after one of these
+  // Vision-language models: the prompt's images [N, C, H, W], in the order of its image tokens (undefined: none).
+  at::Tensor pixel_values;
 };
 
 // Returns the new token ids (prompt excluded). on_token, when set, is called with each new id as it is produced.
-// Families that generate text (the decoder LMs); others: lf::Error.
+// Families that generate text (the decoder LMs, the vision-language models); others: lf::Error.
 std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
                               const std::function<void(int64_t)>& on_token = {});
 

@@ -30,11 +30,36 @@ void Batch::set(const std::string& name, at::Tensor t) {
   else t_.erase(name);
 }
 
-int64_t Batch::num_rows() const { return t_.empty() ? 0 : t_.begin()->second.size(0); }
+int64_t Batch::num_rows() const {
+  for (const auto& [k, t] : t_)
+    if (!is_item_index(k) && !is_item_field(k)) return t.size(0);
+  return 0;
+}
+
+void Batch::set_items(const std::string& name, at::Tensor items, at::Tensor row_of_item) {
+  TORCH_CHECK(items.defined() && row_of_item.defined() && row_of_item.dim() == 1 &&
+                  row_of_item.size(0) == items.size(0) && row_of_item.scalar_type() == at::kLong,
+              "Batch::set_items(", name, "): ", name, ".row must be int64 [items]");
+  t_[name] = std::move(items);
+  t_[name + ".row"] = std::move(row_of_item);
+}
 
 Batch Batch::rows(int64_t first, int64_t n) const {
   Batch out;
-  for (const auto& [k, t] : t_) out.t_[k] = t.narrow(0, first, n);
+  for (const auto& [k, t] : t_) {
+    if (is_item_index(k)) continue;
+    auto idx = t_.find(k + ".row");
+    if (idx == t_.end()) {
+      out.t_[k] = t.narrow(0, first, n);
+      continue;
+    }
+    // items of rows [first, first + n): a contiguous range, the rows being non-decreasing
+    const at::Tensor r = idx->second.cpu();
+    const int64_t lo = at::searchsorted(r, at::scalar_tensor(first, at::kLong)).item<int64_t>();
+    const int64_t hi = at::searchsorted(r, at::scalar_tensor(first + n, at::kLong)).item<int64_t>();
+    out.t_[k] = t.narrow(0, lo, hi - lo);
+    out.t_[k + ".row"] = idx->second.narrow(0, lo, hi - lo) - first;
+  }
   return out;
 }
 

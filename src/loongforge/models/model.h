@@ -144,6 +144,12 @@ class Model : public torch::nn::Module {
   virtual std::vector<CheckpointTensor> checkpoint_tensors() const;
   // Checkpoint tensors loading may skip (tied copies, buffers older versions saved).
   virtual bool ignorable_checkpoint_tensor(const std::string& name) const { return false; }
+  // The name checkpoint_tensors() uses for a tensor stored under another key layout the family's library also
+  // loads (older exports, in-memory names): loading renames every stored name through this first.
+  virtual std::string canonical_checkpoint_name(const std::string& stored) const { return stored; }
+  // The name the reference library gives the parameter behind checkpoint tensor `name` in memory (transformers'
+  // named_parameters()): `dump` writes grad.<this>. Usually the checkpoint name itself.
+  virtual std::string reference_name(const std::string& checkpoint_name) const { return checkpoint_name; }
 
   // ---- hooks layouts install (see the layouts in parallel/) ----
   // Replaces the vocabulary head's summed cross-entropy (vocabulary-parallel layouts): hidden [.., H], the output

@@ -5,6 +5,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
 #include "loongforge/models/llama/family.h"
+#include "loongforge/models/vlm/llava.h"
 
 namespace lf::models {
 namespace {
@@ -12,6 +13,7 @@ namespace {
 std::vector<Family> builtin() {
   std::vector<Family> out;
   out.push_back(llama::family());
+  out.push_back(vlm::family());
   return out;
 }
 

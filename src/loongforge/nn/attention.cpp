@@ -47,6 +47,15 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return at::scaled_dot_product_attention(q, k, v, allowed, 0.0, false, scale, gqa);
 }
 
+at::Tensor full_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                          const at::Tensor& segment_ids) {
+  const bool gqa = q.size(1) != k.size(1);
+  if (!segment_ids.defined()) return at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, scale, gqa);
+  TORCH_CHECK(q.size(2) == k.size(2), "full_attention: segment_ids need queries and keys of one sequence");
+  at::Tensor allowed = (segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1)).unsqueeze(1);  // [B,1,T,T]
+  return at::scaled_dot_product_attention(q, k, v, allowed, 0.0, false, scale, gqa);
+}
+
 std::pair<at::Tensor, int64_t> document_ranges(const at::Tensor& segment_ids) {
   TORCH_CHECK(segment_ids.dim() == 2 && segment_ids.scalar_type() == at::kLong,
               "document_ranges: segment_ids must be int64 [B, T]");

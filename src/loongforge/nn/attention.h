@@ -25,6 +25,11 @@ struct KVCache {
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t q_offset,
                             int64_t window, double scale, const at::Tensor& segment_ids = {});
 
+// Bidirectional attention (vision encoders, diffusion transformers): every query sees every key, or with
+// segment_ids [B,T] only the keys of its own segment (several images packed in one sequence). Shapes as above.
+at::Tensor full_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                          const at::Tensor& segment_ids = {});
+
 // The hook every attention module exposes (models::Model::attention_modules): its head counts, sliding window and
 // an optional replacement of the attention computation. Layouts install themselves here: tensor parallelism lowers
 // heads/kv_heads to this rank's share, context parallelism (ring, all-to-all) and packed-document kernels set
@@ -35,13 +40,15 @@ struct AttentionHook {
                                                const at::Tensor& segment_ids)>;
   AttentionHook(int64_t heads, int64_t kv_heads, int64_t window) : heads(heads), kv_heads(kv_heads), window(window) {}
   virtual ~AttentionHook() = default;
-  // attention_fn when set, else causal_attention.
+  // attention_fn when set, else causal_attention (full_attention for a bidirectional module).
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t q_offset, double scale,
                     const at::Tensor& segment_ids) const {
-    return attention_fn ? attention_fn(q, k, v, q_offset, window, scale, segment_ids)
-                        : causal_attention(q, k, v, q_offset, window, scale, segment_ids);
+    if (attention_fn) return attention_fn(q, k, v, q_offset, window, scale, segment_ids);
+    return causal ? causal_attention(q, k, v, q_offset, window, scale, segment_ids)
+                  : full_attention(q, k, v, scale, segment_ids);
   }
   int64_t heads, kv_heads, window;
+  bool causal = true;  // false: every query sees every key (of its segment): vision encoders, diffusion transformers
   AttentionFn attention_fn;
 };
 

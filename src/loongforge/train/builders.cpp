@@ -165,4 +165,43 @@ EngineOptions engine_options(const json& r) {
   return o;
 }
 
+RunOptions run_options(const json& r) {
+  RunOptions o;
+  o.seed = static_cast<uint64_t>(r["seed"].get<int64_t>());
+  o.threads = static_cast<int>(r["train"]["threads"].get<int64_t>());
+  o.output_dir = r["output_dir"];
+  o.steps = r["train"]["steps"];
+  o.stop_at_step = r["train"]["stop_at_step"];
+  const json& sc = r["schedule"];
+  o.schedule.kind = sc["kind"];
+  o.schedule.lr = r["optim"]["lr"];
+  o.schedule.min_lr_ratio = sc["min_lr_ratio"];
+  o.schedule.warmup_steps = sc["warmup_steps"];
+  o.schedule.decay_steps = sc["decay_steps"];
+  o.schedule.total_steps = o.steps;
+  o.clip = r["optim"]["clip"];
+  for (const char* v : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"})
+    if (const char* n = std::getenv(v)) o.distributed = o.distributed || std::atoi(n) > 1;
+  const json& par = r["parallel"];
+  for (const char* k : {"dp", "tp", "pp", "cp", "vpp", "ep"}) o.distributed = o.distributed || par[k].get<int64_t>() != 1;
+  o.distributed = o.distributed || par["zero"].get<int64_t>() != 0 || par["sp"].get<bool>();
+  o.fp8 = r["precision"] == "fp8";
+  o.fp8_blockwise = r["fp8_scaling"] == "blockwise";
+  o.validate = r["data"]["valid_fraction"].get<double>() > 0;
+  o.eval_every = r["eval"]["every"];
+  o.eval_batches = r["eval"]["batches"];
+  o.log_every = std::max<int64_t>(1, r["log"]["every"].get<int64_t>());
+  o.progress = r["log"]["progress"];
+  o.tensorboard = r["log"]["tensorboard"];
+  o.plot = r["log"]["plot"];
+  o.peak_tflops = r["log"]["peak_tflops"];
+  o.checkpoint_every = r["checkpoint"]["every"];
+  o.keep = static_cast<int>(r["checkpoint"]["keep"].get<int64_t>());
+  o.model_path = r["model"]["path"];
+  o.model_family = r["model"]["family"];
+  o.tokenizer = r["model"]["tokenizer"];
+  if (o.tokenizer.empty()) o.tokenizer = o.model_path;
+  return o;
+}
+
 }  // namespace lf::train

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "loongforge/data/pretrain_dataset.h"
+#include "loongforge/optim/schedule.h"
 #include "loongforge/train/batch.h"
 #include "loongforge/train/engine.h"
 
@@ -20,6 +21,28 @@ std::unique_ptr<BatchSource> build_data(const nlohmann::json& recipe, data::Spli
 // The engines' options from the recipe (optim.*, precision, train.*, parallel.*, moe.guest_slots/ranks_per_node),
 // checked: a bad value is one line naming the key.
 EngineOptions engine_options(const nlohmann::json& recipe);
+// What the training loop itself takes from the recipe (the engines take EngineOptions), read once.
+struct RunOptions {
+  uint64_t seed = 0;                  // seed
+  int threads = 0;                    // train.threads (0: leave ATen's default)
+  std::string output_dir;             // output_dir
+  int64_t steps = 0, stop_at_step = 0;  // train.steps, train.stop_at_step (0: none)
+  optim::Schedule schedule;           // schedule.*, optim.lr; total_steps = steps
+  double clip = 1.0;                  // optim.clip
+  bool distributed = false;           // a layout other than one process, or launched as several processes
+  bool fp8 = false, fp8_blockwise = false;  // precision: fp8, fp8_scaling: blockwise
+  bool validate = false;              // data.valid_fraction > 0
+  int64_t eval_every = 0, eval_batches = 0;  // eval.every, eval.batches
+  int64_t log_every = 1;              // log.every (at least 1)
+  std::string progress = "auto";      // log.progress
+  bool tensorboard = false, plot = false;  // log.tensorboard, log.plot
+  double peak_tflops = 0;             // log.peak_tflops
+  int64_t checkpoint_every = 0;       // checkpoint.every
+  int keep = 0;                       // checkpoint.keep
+  std::string model_path, model_family, tokenizer;  // model.path, model.family, model.tokenizer (or model.path)
+};
+RunOptions run_options(const nlohmann::json& recipe);
+
 // The recipe's device after checking what this machine has. device: cuda without a usable GPU prints one line and
 // gives the CPU (train.cuda_graphs then has nothing to capture and is ignored); precision: fp8 needs the GPU. A
 // distributed run (any layout) gives each rank its local rank's GPU (modulo the GPUs it sees).

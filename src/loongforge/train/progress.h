@@ -1,7 +1,6 @@
 // Progress on the terminal (a bar with ETA on a TTY, lines otherwise) and the peak FLOP rate MFU is measured against.
 #pragma once
 #include <ATen/core/Tensor.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cstdint>
@@ -10,8 +9,8 @@
 
 namespace lf::train {
 
-// log.peak_tflops, else the device's dense bf16 peak (H100/H200) or the CPU's AVX2 FMA rate x threads.
-double peak_flops(const nlohmann::json& recipe, const at::Device& device);
+// peak_tflops (log.peak_tflops) when > 0, else the device's dense bf16 peak (H100/H200) or the CPU's AVX2 FMA rate x threads.
+double peak_flops(double peak_tflops, const at::Device& device);
 
 class Progress {
  public:

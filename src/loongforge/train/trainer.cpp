@@ -66,42 +66,29 @@ TrainOutcome train_run(const json& r, bool resume) {
   // its mmap threshold back to the kernel on free and fault them in again (zeroed) on the next step; keep them.
   ::mallopt(M_MMAP_THRESHOLD, 1 << 30);
   ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  if (r["train"]["threads"].get<int64_t>() > 0) at::set_num_threads(static_cast<int>(r["train"]["threads"].get<int64_t>()));
-  at::manual_seed(static_cast<uint64_t>(r["seed"].get<int64_t>()));
-  const std::string out = r["output_dir"];
+  const RunOptions ro = run_options(r);
+  if (ro.threads > 0) at::set_num_threads(ro.threads);
+  at::manual_seed(ro.seed);
+  const std::string& out = ro.output_dir;
   fs::create_directories(out);
   const std::string ckpt_root = (fs::path(out) / "checkpoints").string();
 
   ModelBundle b = build_model(r);
   const std::string tokenizer = b.tokenizer;
   const std::shared_ptr<models::Model> model = b.model;  // (the engine holds it too)
-  const json& o = r["optim"];
-  const json& par = r["parallel"];
-  bool distributed = false;  // launched as several processes, or a layout that needs them
-  for (const char* v : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"})
-    if (const char* n = std::getenv(v)) distributed = distributed || std::atoi(n) > 1;
-  for (const char* k : {"dp", "tp", "pp", "cp", "vpp", "ep"}) distributed = distributed || par[k].get<int64_t>() != 1;
-  distributed = distributed || par["zero"].get<int64_t>() != 0 || par["sp"].get<bool>();
-  const at::Device device = choose_device(r, distributed);
-  if (r["precision"] == "fp8") use_fp8_linears(*b.model, r["fp8_scaling"] == "blockwise");
+  const at::Device device = choose_device(r, ro.distributed);
+  if (ro.fp8) use_fp8_linears(*b.model, ro.fp8_blockwise);
   const EngineOptions eo = engine_options(r);
-  std::unique_ptr<Engine> engine = distributed ? make_distributed_engine(eo, std::move(b), device)
+  std::unique_ptr<Engine> engine = ro.distributed ? make_distributed_engine(eo, std::move(b), device)
                                                : make_single_engine(eo, std::move(b), device);
   const bool main_rank = engine->is_main();
   const int64_t dp = engine->data_parallel();
-  optim::Schedule sched;
-  sched.kind = r["schedule"]["kind"];
-  sched.lr = o["lr"];
-  sched.min_lr_ratio = r["schedule"]["min_lr_ratio"];
-  sched.warmup_steps = r["schedule"]["warmup_steps"];
-  sched.decay_steps = r["schedule"]["decay_steps"];
-  const int64_t steps = r["train"]["steps"];
-  sched.total_steps = steps;
+  const optim::Schedule& sched = ro.schedule;
+  const int64_t steps = ro.steps;
 
   auto data = build_data(r, data::Split::Train, tokenizer);
   std::unique_ptr<BatchSource> valid;
-  const int64_t eval_every = r["eval"]["every"];
-  if (r["data"]["valid_fraction"].get<double>() > 0) valid = build_data(r, data::Split::Valid, tokenizer);
+  if (ro.validate) valid = build_data(r, data::Split::Valid, tokenizer);
   // Every evaluation uses the same first eval.batches validation batches, so values compare across steps and
   // with `loongforge eval`.
   const json valid_start = valid ? valid->state() : json();
@@ -118,15 +105,11 @@ TrainOutcome train_run(const json& r, bool resume) {
     if (main_rank) std::printf("resumed from %s at step %lld\n", dir->c_str(), static_cast<long long>(step));
   }
 
-  const int64_t mb = r["train"]["micro_batch_size"], accum = r["train"]["grad_accum"];
-  const double clip = o["clip"];
-  const bool bf16 = r["precision"] == "bf16" || r["precision"] == "fp8";  // fp8: bf16 autocast around the FP8 GEMMs
-  const int64_t log_every = std::max<int64_t>(1, r["log"]["every"].get<int64_t>());
-  const int64_t ckpt_every = r["checkpoint"]["every"];
-  const int keep = static_cast<int>(r["checkpoint"]["keep"].get<int64_t>());
-  const double seq = static_cast<double>(r["data"]["seq_len"].get<int64_t>());
-  const double flops_per_token = model->train_flops_per_sample(r["data"]["seq_len"].get<int64_t>()) / seq;
-  const double peak = peak_flops(r, device);
+  const int64_t mb = eo.micro_batch_size, accum = eo.grad_accum;
+  const bool bf16 = eo.precision == "bf16" || eo.precision == "fp8";  // fp8: bf16 autocast around the FP8 GEMMs
+  const double seq = static_cast<double>(eo.seq_len);
+  const double flops_per_token = model->train_flops_per_sample(eo.seq_len) / seq;
+  const double peak = peak_flops(ro.peak_tflops, device);
 
   const std::string metrics_path = (fs::path(out) / "metrics.jsonl").string();
   if (main_rank && resume && fs::exists(metrics_path)) {  // drop lines of steps after the checkpoint (they will be redone)
@@ -144,9 +127,9 @@ TrainOutcome train_run(const json& r, bool resume) {
     write_file_atomic((fs::path(out) / "recipe.yaml").string(), recipe_to_yaml(r));
     metrics.open(metrics_path, resume ? std::ios::app : std::ios::trunc);
     if (!metrics) throw Error((fs::path(out) / "metrics.jsonl").string() + ": cannot write");
-    if (r["log"]["tensorboard"].get<bool>()) tb = std::make_unique<io::TensorBoardWriter>((fs::path(out) / "tensorboard").string());
+    if (ro.tensorboard) tb = std::make_unique<io::TensorBoardWriter>((fs::path(out) / "tensorboard").string());
   }
-  Progress progress(main_rank ? r["log"]["progress"].get<std::string>() : "off", steps);
+  Progress progress(main_rank ? ro.progress : "off", steps);
 
   auto state_json = [&]() {
     json st = {{"step", step}, {"tokens", tokens_seen}, {"data", data->state()}, {"recipe", r}};
@@ -155,7 +138,7 @@ TrainOutcome train_run(const json& r, bool resume) {
   TrainOutcome outcome;
   auto t_start = std::chrono::steady_clock::now();
   int64_t start_step = step;
-  const int64_t stop_at = r["train"]["stop_at_step"];  // leave early (with a checkpoint), e.g. before a preemption
+  const int64_t stop_at = ro.stop_at_step;  // leave early (with a checkpoint), e.g. before a preemption
   while (step < steps && !(stop_at > 0 && step >= stop_at)) {
     auto t0 = std::chrono::steady_clock::now();
     std::vector<Batch> micro;
@@ -168,7 +151,7 @@ TrainOutcome train_run(const json& r, bool resume) {
     counted = engine->global_counted(counted);
     // The loss of the step averages over every counted token of all its micro-batches (and ranks).
     double loss = engine->forward_backward(micro, counted, bf16) / static_cast<double>(std::max<int64_t>(1, counted));
-    double gnorm = engine->clip_grad_norm(clip);
+    double gnorm = engine->clip_grad_norm(ro.clip);
     double lr = sched.at(step);
     engine->step(lr);
     engine->zero_grad();
@@ -184,9 +167,9 @@ TrainOutcome train_run(const json& r, bool resume) {
     if (device.is_cuda()) line["max_memory_allocated"] = kernels::cuda::max_memory_allocated();
     const json extra = engine->step_metrics();
     for (auto it = extra.begin(); it != extra.end(); ++it) line[it.key()] = it.value();
-    if (valid && eval_every > 0 && (step % eval_every == 0 || step == steps)) {
+    if (valid && ro.eval_every > 0 && (step % ro.eval_every == 0 || step == steps)) {
       valid->restore(valid_start);
-      double vl = validation_loss(*engine, *valid, r["eval"]["batches"], mb);
+      double vl = validation_loss(*engine, *valid, ro.eval_batches, mb);
       line["valid_loss"] = vl;
       if (tb) tb->add_scalar("valid/loss", vl, step);
       progress.note("step " + std::to_string(step) + " valid loss " + std::to_string(vl));
@@ -202,16 +185,16 @@ TrainOutcome train_run(const json& r, bool resume) {
       tb->add_scalar("train/lr", lr, step);
       tb->add_scalar("train/tokens_per_s", tps, step);
     }
-    progress.update(step, loss, lr, tps, eta, step % log_every == 0 || step == steps);
+    progress.update(step, loss, lr, tps, eta, step % ro.log_every == 0 || step == steps);
     outcome.last_loss = loss;
-    if ((ckpt_every > 0 && step % ckpt_every == 0) || step == steps || step == stop_at) {
-      outcome.last_checkpoint = engine->save(ckpt_root, step, state_json(), tokenizer, keep);
-      if (ckpt_every > 0 && step != steps) progress.note("saved " + outcome.last_checkpoint);
+    if ((ro.checkpoint_every > 0 && step % ro.checkpoint_every == 0) || step == steps || step == stop_at) {
+      outcome.last_checkpoint = engine->save(ckpt_root, step, state_json(), tokenizer, ro.keep);
+      if (ro.checkpoint_every > 0 && step != steps) progress.note("saved " + outcome.last_checkpoint);
     }
   }
   progress.done();
   if (tb) tb->flush();
-  if (main_rank && r["log"]["plot"].get<bool>()) {
+  if (main_rank && ro.plot) {
     // The whole run's curve, resumed runs included: read metrics.jsonl back.
     io::Series train_s{"train loss", {}, {}, 0x1f77b4}, valid_s{"valid loss", {}, {}, 0xd62728};
     std::ifstream in((fs::path(out) / "metrics.jsonl").string());
@@ -236,17 +219,16 @@ TrainOutcome train_run(const json& r, bool resume) {
 }
 
 double evaluate_run(const json& r, const std::string& model_dir, int64_t batches) {
+  const RunOptions ro = run_options(r);
   std::shared_ptr<models::Model> model;
-  const std::string family = r["model"]["family"];
   if (fs::exists(fs::path(model_dir) / "adapter_config.json")) {  // a LoRA checkpoint: base from the recipe
-    model = io::load_model(r["model"]["path"].get<std::string>(), at::kFloat, family);
+    model = io::load_model(ro.model_path, at::kFloat, ro.model_family);
     io::load_peft_adapter(model_dir, *model);
   } else {
-    model = io::load_model(model_dir, at::kFloat, family);
+    model = io::load_model(model_dir, at::kFloat, ro.model_family);
   }
-  std::string tok = r["model"]["tokenizer"].get<std::string>();
-  if (tok.empty()) tok = r["model"]["path"].get<std::string>();
-  auto src = build_data(r, r["data"]["valid_fraction"].get<double>() > 0 ? data::Split::Valid : data::Split::Train, tok);
+  const std::string& tok = ro.tokenizer;
+  auto src = build_data(r, ro.validate ? data::Split::Valid : data::Split::Train, tok);
   ModelBundle b;
   b.model = model;
   b.tokenizer = tok;
@@ -255,7 +237,7 @@ double evaluate_run(const json& r, const std::string& model_dir, int64_t batches
   EngineOptions eo = engine_options(r);
   eo.cuda_graphs = false;  // evaluation: no training step to capture
   auto engine = make_single_engine(eo, std::move(b), choose_device(r, /*distributed=*/false));
-  return validation_loss(*engine, *src, batches, r["train"]["micro_batch_size"]);
+  return validation_loss(*engine, *src, batches, eo.micro_batch_size);
 }
 
 }  // namespace

@@ -1,6 +1,14 @@
 // Direct calls into the BLAS that LibTorch carries (the x86 torch wheels link MKL into libtorch_cpu), for the CPU
 // kernels: a row-major GEMM without ATen's per-call overhead, and GEMMs against a pre-packed B operand.
 //
+// Which BLAS runs the float32 products is chosen at run time (blas_backend()): MKL, except on AMD CPUs with AVX-512,
+// where MKL takes its AVX2 code path (`mkl_blas_def_sgemm_kernel_0_zen` in a profile of a Zen 5 EPYC) and Debian's
+// OpenBLAS, told to use its AVX-512 (SkylakeX) kernels, is about twice as fast on every training-step shape measured
+// (bench/blas_backends.py; bench/results/cpu_train.md). Debian 12's OpenBLAS 0.3.21 does not know Zen 4/5 and would
+// pick its Haswell kernels, so it is loaded with OPENBLAS_CORETYPE=SkylakeX (and one thread: the kernels split the
+// work over ATen's threads themselves). LOONGFORGE_BLAS=mkl|openblas overrides the choice,
+// LOONGFORGE_OPENBLAS_CORETYPE the kernels (OPENBLAS_CORETYPE in the environment is left to other OpenBLAS users).
+//
 // The symbols are declared weak: a LibTorch built without MKL leaves them null, and every call here then falls back to
 // at::mm_out / at::addmm_ on views (same results up to rounding). MKL runs single-threaded inside an OpenMP parallel
 // region (our per-thread parts), multi-threaded outside it, as when ATen calls it.
@@ -16,6 +24,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 
 namespace lf::kernels::cpu {
 
@@ -25,8 +34,17 @@ template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
           T beta, T* c, int64_t ldc);
 
+enum class BlasBackend { kMkl, kOpenBlas };
+// The backend of the float32 products: chosen once (see above), or as set by set_blas_backend.
+BlasBackend blas_backend();
+// Forces a backend (tests and benchmarks compare them); kOpenBlas throws when libopenblas cannot be loaded.
+void set_blas_backend(BlasBackend backend);
+// A line for `loongforge env` and the logs: the backend, and why (e.g. "OpenBLAS 0.3.21 (SkylakeX kernels): AMD CPU
+// with AVX-512").
+std::string blas_backend_description();
+
 // True when LibTorch exports MKL's packed-GEMM API (cblas_sgemm_pack_get_size / _pack / _compute) and
-// LOONGFORGE_PACKED_GEMM=0 is not set in the environment.
+// LOONGFORGE_PACKED_GEMM=0 is not set in the environment, and MKL is the backend.
 bool has_packed_gemm();
 
 // B of C = A op(B) packed once, for any number of products with row counts up to `max_m`. float32 only. Without the

@@ -90,8 +90,35 @@ namespace cpu {
 // Products below this many multiply-adds run as one at::mm (the fork/join would cost more than it gains).
 constexpr double kMinSplitMacs = 4.0e6;
 
+namespace {
+// A 2-D float view as a BLAS operand: transposed or not, and its leading dimension; false when neither layout fits.
+bool blas_operand(const at::Tensor& t, bool& trans, int64_t& ld) {
+  const int64_t r = t.size(0), c = t.size(1);
+  if (t.stride(1) == 1 && t.stride(0) >= std::max<int64_t>(c, 1)) {
+    trans = false, ld = t.stride(0);
+    return true;
+  }
+  if (t.stride(0) == 1 && t.stride(1) >= std::max<int64_t>(r, 1)) {
+    trans = true, ld = t.stride(1);
+    return true;
+  }
+  return false;
+}
+}  // namespace
+
 void mm_rows(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, int64_t parts, bool accumulate) {
   const int64_t m = a.size(0);
+  if (out.scalar_type() == at::kFloat && a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
+      blas_backend() == BlasBackend::kOpenBlas && a.size(1) > 0) {
+    // gemm splits over ATen's threads itself (kernels/cpu/blas.cpp)
+    bool ta = false, tb = false, tc = false;
+    int64_t lda = 0, ldb = 0, ldc = 0;
+    if (blas_operand(a, ta, lda) && blas_operand(b, tb, ldb) && blas_operand(out, tc, ldc) && !tc) {
+      gemm<float>(ta, tb, m, b.size(1), a.size(1), 1.0f, a.const_data_ptr<float>(), lda, b.const_data_ptr<float>(),
+                  ldb, accumulate ? 1.0f : 0.0f, out.mutable_data_ptr<float>(), ldc);
+      return;
+    }
+  }
   auto one = [&](at::Tensor o, const at::Tensor& ab) {
     if (accumulate) o.addmm_(ab, b);
     else at::mm_out(o, ab, b);

@@ -161,7 +161,16 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const at::Te
     position_ids = at::arange(past, past + input_ids.size(1), input_ids.options().dtype(at::kLong))
                        .unsqueeze(0).expand({input_ids.size(0), input_ids.size(1)});
   }
-  at::Tensor h = embed(input_ids);
+  return hidden_states_from(embed(input_ids), position_ids, cache, segment_ids);
+}
+
+at::Tensor CausalLMImpl::hidden_states_from(at::Tensor h, const at::Tensor& position_ids_in, nn::KVCache* cache,
+                                            const at::Tensor& segment_ids) {
+  at::Tensor position_ids = position_ids_in;
+  if (!position_ids.defined()) {
+    int64_t past = cache ? cache->length() : 0;
+    position_ids = at::arange(past, past + h.size(1), h.options().dtype(at::kLong)).unsqueeze(0).expand({h.size(0), h.size(1)});
+  }
   auto [cos, sin] = rotary(position_ids, h.scalar_type());
   h = run_layers(h, cos, sin, 0, config_.num_hidden_layers, cache, segment_ids);
   return final_norm(h);

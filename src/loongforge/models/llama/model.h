@@ -111,6 +111,9 @@ class CausalLMImpl : public models::Model {
   // restrict attention to packed documents.
   at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids = {},
                            nn::KVCache* cache = nullptr, const at::Tensor& segment_ids = {});
+  // hidden_states from input embeddings h [B,T,hidden] (a VLM's text + image features).
+  at::Tensor hidden_states_from(at::Tensor h, const at::Tensor& position_ids = {}, nn::KVCache* cache = nullptr,
+                                const at::Tensor& segment_ids = {});
   // Logits [B,T,V] from hidden states.
   at::Tensor logits(const at::Tensor& hidden);
   // The pieces of hidden_states: embeddings of input_ids (embed_fn when set); cos/sin of the positions; layers

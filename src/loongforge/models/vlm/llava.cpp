@@ -1,0 +1,294 @@
+// LLaVA on the model contract (models/vlm/llava.h).
+#include "loongforge/models/vlm/llava.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <string>
+
+#include "loongforge/core/error.h"
+#include "loongforge/core/json.h"
+#include "loongforge/nn/loss.h"
+
+namespace lf::models::vlm {
+
+namespace {
+
+bool starts(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
+// `file` names the config in errors; the sub-configs are read with their field names as paths.
+nlohmann::json sub_config(const nlohmann::json& j, const char* key, const char* default_type) {
+  nlohmann::json c = j.contains(key) && j[key].is_object() ? j[key] : nlohmann::json::object();
+  if (!c.contains("model_type")) c["model_type"] = default_type;  // transformers' defaults
+  return c;
+}
+
+}  // namespace
+
+LlavaConfig LlavaConfig::from_json(const nlohmann::json& j, const std::string& file) {
+  JsonReader r(j, file);
+  LlavaConfig c;
+  c.raw = j;
+  c.vision = vision::VitConfig::from_json(sub_config(j, "vision_config", "clip_vision_model"), file, "vision_config");
+  try {
+    c.text = llama::DecoderConfig::from_json(sub_config(j, "text_config", "llama"), file);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (in text_config)");
+  }
+  c.image_token_id = r.has("image_token_id") ? r.integer("image_token_id") : r.integer("image_token_index", 32000);
+  const nlohmann::json& fl = r.has("vision_feature_layer") ? j["vision_feature_layer"] : nlohmann::json(-2);
+  c.feature_layer_list = fl.is_array();
+  c.feature_layers = r.has("vision_feature_layer") ? r.int_list("vision_feature_layer") : std::vector<int64_t>{-2};
+  if (c.feature_layers.empty()) r.fail("vision_feature_layer", "no layer given");
+  c.select_strategy = r.string("vision_feature_select_strategy", "default");
+  if (c.select_strategy != "default" && c.select_strategy != "full")
+    r.fail("vision_feature_select_strategy", "'" + c.select_strategy + "' is not default or full");
+  c.projector_act = r.string("projector_hidden_act", "gelu");
+  c.projector_bias = r.boolean("multimodal_projector_bias", true);
+  try {
+    vision::activation(c.projector_act, at::zeros({1}));
+  } catch (const Error& e) {
+    r.fail("projector_hidden_act", e.what());
+  }
+  for (int64_t l : c.feature_layers) {
+    const int64_t n = c.vision.num_hidden_layers;
+    if (l < -(n + 1) || l > n)
+      r.fail("vision_feature_layer", std::to_string(l) + " is not a layer of a " + std::to_string(n) + "-layer tower");
+  }
+  if (c.image_token_id < 0 || c.image_token_id >= c.text.vocab_size)
+    r.fail(r.has("image_token_id") ? "image_token_id" : "image_token_index",
+           std::to_string(c.image_token_id) + " is outside the vocabulary of " + std::to_string(c.text.vocab_size));
+  return c;
+}
+
+std::vector<int64_t> LlavaConfig::feature_indices() const {
+  std::vector<int64_t> out;
+  for (int64_t l : feature_layers) out.push_back(l < 0 ? vision.num_hidden_layers + 1 + l : l);
+  return out;
+}
+
+ProjectorImpl::ProjectorImpl(int64_t in, int64_t out, bool bias, std::string act) : act_(std::move(act)) {
+  linear_1 = register_module("linear_1", nn::Linear(in, out, bias));
+  linear_2 = register_module("linear_2", nn::Linear(out, out, bias));
+}
+
+at::Tensor ProjectorImpl::forward(const at::Tensor& x) { return linear_2(vision::activation(act_, linear_1(x))); }
+
+LlavaImpl::LlavaImpl(LlavaConfig c) : config_(std::move(c)) {
+  vision_tower = register_module("vision_tower", vision::VisionTower(config_.vision));
+  const int64_t in = config_.vision.hidden_size * static_cast<int64_t>(config_.feature_layers.size());
+  multi_modal_projector = register_module(
+      "multi_modal_projector", Projector(in, config_.text.hidden_size, config_.projector_bias, config_.projector_act));
+  language_model = register_module("language_model", llama::CausalLM(config_.text));
+  // What the features never reach cannot learn: the tower's layers past the last feature layer, its final norm and
+  // SigLIP's pooling head. Frozen, so that no optimizer decays them (torch skips parameters without gradients).
+  const std::vector<int64_t> idx = config_.feature_indices();
+  const int64_t used = *std::max_element(idx.begin(), idx.end());
+  for (auto& item : vision_tower->named_parameters()) {
+    const std::string& n = item.key();
+    bool unused = starts(n, "post_layernorm.") || starts(n, "head.");
+    if (starts(n, "encoder.layers.")) unused = std::stoll(n.substr(15)) >= used;
+    if (unused) item.value().set_requires_grad(false);
+  }
+}
+
+void LlavaImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(device, dtype, non_blocking);
+  language_model->to(device, dtype, non_blocking);  // its rotary tables
+}
+
+void LlavaImpl::to(torch::Device device, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
+  language_model->to(device, non_blocking);
+}
+
+void LlavaImpl::init_weights(double std) {
+  const double text_std = std < 0 ? config_.text.raw.value("initializer_range", 0.02) : std;
+  vision_tower->init_weights(std);
+  language_model->init_weights(text_std);
+  at::NoGradGuard no_grad;
+  // transformers initialises the projector with the text config's initializer_range (normal, zero bias)
+  for (auto& p : multi_modal_projector->named_parameters()) {
+    if (p.key().ends_with(".bias")) p.value().zero_();
+    else p.value().normal_(0.0, text_std);
+  }
+}
+
+BatchSchema LlavaImpl::batch_schema() const {
+  BatchSchema s = language_model->batch_schema();
+  BatchField px;
+  px.name = "pixel_values";
+  px.dtype = at::kFloat;
+  px.dims = 4;
+  px.required = false;
+  px.doc = "images [N, C, H, W] in the order of their image tokens; item field (pixel_values.row: each image's row)";
+  s.push_back(px);
+  return s;
+}
+
+double LlavaImpl::train_flops_per_sample(int64_t seq) const {
+  // the language model over the sequence; the tower and projector per image token it carries are small next to it
+  return language_model->train_flops_per_sample(seq);
+}
+
+at::Tensor LlavaImpl::image_features(const at::Tensor& pixel_values) {
+  const std::vector<int64_t> idx = config_.feature_indices();
+  const int64_t upto = *std::max_element(idx.begin(), idx.end());
+  std::vector<at::Tensor> hs = vision_tower->hidden_states(pixel_values, upto);
+  std::vector<at::Tensor> picked;
+  for (int64_t i : idx) {
+    at::Tensor h = hs[static_cast<size_t>(i)];
+    picked.push_back(config_.select_strategy == "default" ? h.narrow(1, 1, h.size(1) - 1) : h);
+  }
+  return multi_modal_projector(picked.size() == 1 ? picked[0] : at::cat(picked, -1));
+}
+
+at::Tensor LlavaImpl::merged_embeddings(const at::Tensor& ids, const at::Tensor& pixel_values, const std::string& where) {
+  at::Tensor h = embed_fn ? embed_fn(ids) : language_model->embed(ids);
+  const at::Tensor mask = ids == config_.image_token_id;
+  const int64_t tokens = mask.sum().item<int64_t>();
+  const int64_t images = pixel_values.defined() ? pixel_values.size(0) : 0;
+  if (tokens != images * config_.tokens_per_image())
+    throw Error(where + ": " + std::to_string(tokens) + " image tokens (id " + std::to_string(config_.image_token_id) +
+                ") for " + std::to_string(images) + " images of " + std::to_string(config_.tokens_per_image()) +
+                " tokens each");
+  if (images == 0) return h;
+  const auto& v = config_.vision;
+  if (pixel_values.dim() != 4 || pixel_values.size(1) != v.num_channels || pixel_values.size(2) != v.image_size ||
+      pixel_values.size(3) != v.image_size)
+    throw Error(where + ": pixel_values must be [images, " + std::to_string(v.num_channels) + ", " +
+                std::to_string(v.image_size) + ", " + std::to_string(v.image_size) + "]");
+  at::Tensor f = image_features(pixel_values.to(h.scalar_type())).to(h.scalar_type());
+  return h.masked_scatter(mask.unsqueeze(-1), f.reshape({-1, f.size(-1)}));
+}
+
+at::Tensor LlavaImpl::embed(const Batch& b) { return merged_embeddings(b.at("input_ids"), b.get("pixel_values"), "batch"); }
+
+at::Tensor LlavaImpl::head_loss_sum(const at::Tensor& h, const Batch& b) {
+  if (vocab_loss_fn) return vocab_loss_fn(h, language_model->output_weight(), b.at("targets"));
+  return language_model->head_loss_sum(h, b);
+}
+
+Model::ReferenceOutput LlavaImpl::reference_forward(const std::map<std::string, at::Tensor>& batch,
+                                                    const std::string& file) {
+  auto it = batch.find("input_ids");
+  if (it == batch.end()) throw file_error(file, "input_ids", "missing");
+  const at::Tensor ids = it->second;
+  if (ids.scalar_type() != at::kLong || ids.dim() != 2) throw file_error(file, "input_ids", "expected int64 [B,T]");
+  if (ids.numel() && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= config_.text.vocab_size))
+    throw file_error(file, "input_ids", "ids must lie in [0, " + std::to_string(config_.text.vocab_size) + ")");
+  at::Tensor labels = ids;
+  if (auto l = batch.find("labels"); l != batch.end()) {
+    labels = l->second;
+    if (labels.scalar_type() != at::kLong || labels.sizes() != ids.sizes())
+      throw file_error(file, "labels", "expected int64 with the shape of input_ids");
+  }
+  at::Tensor px;
+  if (auto p = batch.find("pixel_values"); p != batch.end()) px = p->second;
+  Batch b{{"input_ids", ids}};
+  at::Tensor h = merged_embeddings(ids, px, file);
+  const Batch in = block_inputs(b, h.scalar_type());
+  h = post_blocks(run_blocks(in, h, 0, num_blocks()));
+  at::Tensor logits = language_model->logits(h);
+  return {{{"logits", logits}}, nn::causal_lm_loss(logits, labels)};
+}
+
+Split LlavaImpl::split() const {
+  Split s = language_model->split();
+  auto prefix = [](std::vector<std::string>& v) {
+    for (auto& n : v) n = "language_model." + n;
+  };
+  prefix(s.pre);
+  prefix(s.post);
+  prefix(s.tied);
+  s.blocks = "language_model." + s.blocks;
+  s.pre.insert(s.pre.begin(), {"vision_tower", "multi_modal_projector"});
+  return s;
+}
+
+TensorParallelSpec LlavaImpl::tensor_parallel_spec() const {
+  TensorParallelSpec t = language_model->tensor_parallel_spec();
+  for (auto& rule : t.rules) rule.pattern = R"(language_model\.)" + rule.pattern;
+  return t;  // the tower and projector match no rule: replicated over the tensor-parallel group
+}
+
+std::string LlavaImpl::cuda_graph_blocker() const {
+  const std::string lm = language_model->cuda_graph_blocker();
+  return lm.empty() ? "the image-token count of a batch is read on the host (feature scatter)" : lm;
+}
+
+std::vector<CheckpointTensor> LlavaImpl::checkpoint_tensors() const {
+  std::vector<CheckpointTensor> out;
+  for (const auto& item : vision_tower->named_parameters()) out.push_back({"vision_tower." + item.key(), "vision_tower." + item.key()});
+  for (const auto& item : multi_modal_projector->named_parameters())
+    out.push_back({"multi_modal_projector." + item.key(), "multi_modal_projector." + item.key()});
+  for (CheckpointTensor e : language_model->checkpoint_tensors()) {
+    e.name = "language_model." + e.name;
+    e.param = "language_model." + e.param;
+    out.push_back(e);
+  }
+  return out;
+}
+
+bool LlavaImpl::ignorable_checkpoint_tensor(const std::string& name) const {
+  return starts(name, "language_model.") &&
+         language_model->ignorable_checkpoint_tensor(name.substr(std::string("language_model.").size()));
+}
+
+std::string LlavaImpl::canonical_checkpoint_name(const std::string& n) const {
+  // transformers' llava key mapping, as loading applies it: llava-hf's CLIP/SigLIP `vision_model.` level, and the
+  // in-memory names (model.vision_tower., model.multi_modal_projector., model.language_model., lm_head.)
+  if (starts(n, "vision_tower.vision_model.")) return "vision_tower." + n.substr(26);
+  if (starts(n, "model.vision_tower.")) return canonical_checkpoint_name(n.substr(6));
+  if (starts(n, "model.multi_modal_projector.")) return n.substr(6);
+  if (starts(n, "model.language_model.")) return "language_model.model." + n.substr(21);
+  if (starts(n, "lm_head.")) return "language_model." + n;
+  return n;
+}
+
+std::string LlavaImpl::reference_name(const std::string& n) const {
+  if (starts(n, "language_model.lm_head.")) return n.substr(15);
+  if (starts(n, "language_model.model.")) return "model.language_model." + n.substr(21);
+  return "model." + n;
+}
+
+namespace {
+
+nlohmann::json describe(const LlavaConfig& c) {
+  const auto& v = c.vision;
+  const int64_t in = v.hidden_size * static_cast<int64_t>(c.feature_layers.size()), d = c.text.hidden_size;
+  const int64_t projector = in * d + d * d + (c.projector_bias ? 2 * d : 0);
+  const int64_t text = c.text.num_parameters();
+  nlohmann::json tower = {{"model_type", v.model_type},         {"parameters", v.num_parameters()},
+                          {"layers", v.num_hidden_layers},      {"hidden_size", v.hidden_size},
+                          {"heads", v.num_attention_heads},     {"image_size", v.image_size},
+                          {"patch_size", v.patch_size},         {"feature_layers", c.feature_layers},
+                          {"feature_select_strategy", c.select_strategy}};
+  nlohmann::json lm = {{"model_type", c.text.model_type}, {"parameters", text},
+                       {"layers", c.text.num_hidden_layers}, {"hidden_size", c.text.hidden_size},
+                       {"vocab_size", c.text.vocab_size}};
+  return {{"family", "vlm"},
+          {"model_type", "llava"},
+          {"parameters", v.num_parameters() + projector + text},
+          {"image_token_id", c.image_token_id},
+          {"tokens_per_image", c.tokens_per_image()},
+          {"components",
+           {{"vision_tower", tower},
+            {"multi_modal_projector", {{"kind", "mlp2x_" + c.projector_act}, {"parameters", projector}}},
+            {"language_model", lm}}}};
+}
+
+}  // namespace
+
+Family family() {
+  Family f;
+  f.name = "vlm";
+  f.model_types = {"llava"};
+  f.build = [](const nlohmann::json& j, const std::string& file) -> std::shared_ptr<Model> {
+    return Llava(LlavaConfig::from_json(j, file)).ptr();
+  };
+  f.describe = [](const nlohmann::json& j, const std::string& file) { return describe(LlavaConfig::from_json(j, file)); };
+  return f;
+}
+
+}  // namespace lf::models::vlm
