@@ -1,4 +1,5 @@
 // loongforge data tokenize: text / JSON-lines corpora -> a token shard (PREFIX.bin + PREFIX.idx, docs/data_format.md).
+// loongforge data synth: synthetic tasks. loongforge data preprocess: a model's image processor on image files.
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -16,11 +17,13 @@
 #include <vector>
 
 #include "loongforge/cli/commands.h"
-#include "loongforge/data/synthetic.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/data/image/processor.h"
+#include "loongforge/data/synthetic.h"
 #include "loongforge/data/token_shards.h"
 #include "loongforge/data/tokenizer/tokenizer.h"
+#include "loongforge/io/safetensors.h"
 
 namespace lf::cli {
 
@@ -215,6 +218,30 @@ void run(const DataTokenizeOptions& o, bool eos_flag_given) {
                  "(pass --eos-token to add one)\n");
 }
 
+struct PreprocessOptions {
+  std::string model, out, backend = "pil";
+  std::vector<std::string> images;
+};
+
+std::string shape(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+void preprocess(const PreprocessOptions& o) {
+  namespace img = data::image;
+  const img::ImageProcessor proc = img::ImageProcessor::from_pretrained(o.model, img::backend_from_name(o.backend));
+  const img::ProcessedImages r = proc.preprocess_files(o.images);
+  io::NamedTensors out{{"pixel_values", r.pixel_values}};
+  if (r.image_grid_thw.defined()) out.emplace_back("image_grid_thw", r.image_grid_thw);
+  io::save_file(o.out, out);
+  std::printf("data preprocess: wrote %s: pixel_values %s%s (%s, %s backend) from %zu image(s)\n", o.out.c_str(),
+              shape(r.pixel_values).c_str(),
+              r.image_grid_thw.defined() ? (", image_grid_thw " + shape(r.image_grid_thw)).c_str() : "",
+              proc.config().class_name.c_str(), o.backend.c_str(), o.images.size());
+}
+
 }  // namespace
 
 void add_data(CLI::App& app) {
@@ -264,6 +291,25 @@ void add_data(CLI::App& app) {
     std::printf("data synth: wrote %s/train.jsonl (%lld documents) and %s/tokenizer.json\n", so->out.c_str(),
                 static_cast<long long>(so->docs), so->out.c_str());
   });
+
+  auto po = std::make_shared<PreprocessOptions>();
+  auto* pre = data->add_subcommand(
+      "preprocess", "Run a model's image processor (its preprocessor_config.json) on images, as transformers does");
+  pre->add_option("--model", po->model, "Model folder with preprocessor_config.json (a VLM or vision encoder)")
+      ->required();
+  pre->add_option("--image", po->images, "JPEG or PNG file; repeat for several (processed in order)")->required();
+  pre->add_option("--out", po->out, "Output .safetensors")->required();
+  pre->add_option("--backend", po->backend,
+                  "Which transformers backend to reproduce: pil (what transformers uses without torchvision) or "
+                  "torchvision")
+      ->check(CLI::IsMember({"pil", "torchvision"}))
+      ->capture_default_str();
+  pre->footer(
+      "Writes pixel_values (float32; CLIP / SigLIP: [N, 3, H, W]; Qwen2-VL / Qwen2.5-VL / Qwen3-VL: flattened\n"
+      "patches [sum of patches, C * T * P * P]) and, for the Qwen processors, image_grid_thw (int64 [N, 3]).\n"
+      "Example:\n"
+      "  loongforge data preprocess --model path/to/Qwen2.5-VL-3B --image a.jpg --image b.png --out px.safetensors");
+  pre->callback([po] { preprocess(*po); });
 }
 
 }  // namespace lf::cli
