@@ -187,3 +187,34 @@ def test_llava_bad_input_is_one_line(tmp_path):
     (tmp_path / "m" / "config.json").write_text(json.dumps(conf))
     err = run_lf("info", tmp_path / "m", check=False).stderr
     assert "vision_config.model_type" in err and "dinov2" in err and len(err.strip().splitlines()) == 1
+
+
+def test_llava_generate_with_image_matches_transformers(tmp_path):
+    """`generate --image`: the folder's CLIP processor on a PNG, one image token in the prompt expanded to the image's
+    run, greedy ids = transformers' generate on the processor's pixel_values (KV cache on both sides)."""
+    from PIL import Image
+    torch.manual_seed(4)
+    cfg = llava_config("clip")
+    model = transformers.LlavaForConditionalGeneration(cfg).eval()
+    model.save_pretrained(tmp_path / "m")
+    proc = transformers.CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
+    proc.save_pretrained(tmp_path / "m")
+    g = torch.Generator().manual_seed(5)
+    img = Image.fromarray(torch.randint(0, 256, (40, 52, 3), generator=g, dtype=torch.uint8).numpy())
+    img.save(tmp_path / "img.png")
+    prompt = [1, 12, IMAGE_TOKEN, 30, 31]
+    out = run_lf("generate", "--model", tmp_path / "m", "--image", tmp_path / "img.png", "--prompt-ids",
+                 ",".join(map(str, prompt)), "--max-new-tokens", 8, "--ids")
+    ours = json.loads(out.stdout)
+    n = tokens_per_image(cfg)
+    ids = torch.tensor([prompt[:2] + [IMAGE_TOKEN] * n + prompt[3:]])
+    pixels = transformers.AutoImageProcessor.from_pretrained(tmp_path / "m")(img, return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, pixel_values=pixels, max_new_tokens=8, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    # we stop at the text config's end-of-sequence id; transformers was told not to
+    eos = cfg.text_config.eos_token_id
+    assert ours == ref[:len(ours)] and (len(ours) == 8 or ours[-1] == eos)
+    err = run_lf("generate", "--model", tmp_path / "m", "--image", tmp_path / "img.png", "--prompt-ids",
+                 f"1,{IMAGE_TOKEN},{IMAGE_TOKEN}", check=False).stderr
+    assert "2 image tokens" in err and len(err.strip().splitlines()) == 1

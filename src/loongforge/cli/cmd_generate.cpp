@@ -1,4 +1,5 @@
-// loongforge generate: text continuation from a Hugging Face checkpoint with a key/value cache.
+// loongforge generate: text continuation from a Hugging Face checkpoint with a key/value cache (and, for a
+// vision-language model, the images the prompt talks about).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -9,6 +10,7 @@
 #include "loongforge/cli/commands.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/data/image/processor.h"
 #include "loongforge/data/tokenizer/tokenizer.h"
 #include "loongforge/io/hf_model.h"
 #include "loongforge/kernels/cuda_ops.h"
@@ -19,6 +21,7 @@ namespace {
 
 struct GenerateArgs {
   std::string model, tokenizer, prompt, prompt_ids, device = "cpu";
+  std::vector<std::string> images;
   models::GenerateOptions opts;
   bool print_ids = false;
 };
@@ -49,6 +52,11 @@ void run_generate(GenerateArgs a) {
   } else {
     tok = data::Tokenizer::load(a.tokenizer.empty() ? a.model : a.tokenizer);
     prompt = tok->encode(a.prompt, /*add_special_tokens=*/true);
+  }
+  if (!a.images.empty()) {  // a vision-language model: the model folder's image processor, as transformers'
+    prompt = models::expand_image_tokens(*model, prompt, static_cast<int64_t>(a.images.size()));
+    const auto proc = data::image::ImageProcessor::from_pretrained(a.model);
+    a.opts.pixel_values = proc.preprocess_files(a.images).pixel_values;
   }
   if (prompt.empty()) throw Error("generate: the prompt is empty (give --prompt or --prompt-ids)");
   for (int64_t id : prompt)
@@ -91,6 +99,10 @@ void add_generate(CLI::App& app) {
   sub->add_option("--device", args->device, "cpu or cuda (GPU 0, fp32; without a usable GPU: one line, then the CPU)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--image", args->images, "an image (JPEG/PNG) for a vision-language model, repeatable; each "
+                                          "image token of the prompt (e.g. <image>) stands for one image, in order "
+                                          "(none: the images come first); preprocessed as the folder's "
+                                          "preprocessor_config.json says");
   sub->add_flag("--ids", args->print_ids, "print the generated ids as a JSON array instead of text");
   sub->callback([args] { run_generate(*args); });
 }

@@ -42,6 +42,25 @@ auto& lm_of(M& any) {
 }
 }  // namespace
 
+std::vector<int64_t> expand_image_tokens(const Model& model, const std::vector<int64_t>& prompt, int64_t images) {
+  const auto* v = dynamic_cast<const vlm::LlavaImpl*>(&model);
+  if (!v) throw Error("generate: the " + model.family() + " family (" + model.model_type() + ") takes no images");
+  const int64_t id = v->config().image_token_id, run = v->config().tokens_per_image();
+  const int64_t found = std::count(prompt.begin(), prompt.end(), id);
+  if (found == images * run) return prompt;
+  std::vector<int64_t> out;
+  if (found == 0) out.insert(out.end(), images * run, id);
+  else if (found != images)
+    throw Error("generate: the prompt has " + std::to_string(found) + " image tokens (id " + std::to_string(id) +
+                ") for " + std::to_string(images) + " images: give one per image, " + std::to_string(run) +
+                " per image, or none");
+  for (int64_t t : prompt) {
+    if (t == id) out.insert(out.end(), run, id);
+    else out.push_back(t);
+  }
+  return out;
+}
+
 int64_t vocab_size(const Model& model) { return lm_of(model).config().vocab_size; }
 std::vector<int64_t> eos_token_ids(const Model& model) { return lm_of(model).config().eos_token_ids; }
 

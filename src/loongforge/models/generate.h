@@ -24,6 +24,11 @@ struct GenerateOptions {
 std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
                               const std::function<void(int64_t)>& on_token = {});
 
+// A vision-language model's prompt for `images` images: each image token of `prompt` (one per image, as users write
+// "<image>") becomes the image's run of image tokens; a prompt already holding the full runs is kept; a prompt with
+// no image token gets the runs first. lf::Error when the model takes no images or the counts do not fit.
+std::vector<int64_t> expand_image_tokens(const Model& model, const std::vector<int64_t>& prompt, int64_t images);
+
 // The vocabulary size and end-of-sequence ids of a model that generates text (lf::Error otherwise).
 int64_t vocab_size(const Model& model);
 std::vector<int64_t> eos_token_ids(const Model& model);
