@@ -1,7 +1,9 @@
 #include "loongforge/data/sft_dataset.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -45,10 +47,44 @@ const std::string& str_field(const nlohmann::json& obj, const std::string& key, 
   return it->get_ref<const std::string&>();
 }
 
-// One line of the data file -> messages (alpaca / sharegpt / openai).
-std::vector<SftDataset::Message> parse_conversation(const nlohmann::json& j, const std::string& where) {
-  if (!j.is_object()) throw file_error(where, "", "expected a JSON object, got " + std::string(j.type_name()));
+struct Parsed {
   std::vector<SftDataset::Message> msgs;
+  std::vector<std::string> images;  // as written (relative paths resolved by the caller)
+};
+
+// An OpenAI content list -> template parts ({"type": "text", "text"} / {"type": "image"}), images appended in order.
+nlohmann::json content_parts(const nlohmann::json& a, const std::string& where, const std::string& f,
+                             std::vector<std::string>& images) {
+  nlohmann::json parts = nlohmann::json::array();
+  for (size_t i = 0; i < a.size(); ++i) {
+    const std::string fi = f + "[" + std::to_string(i) + "]";
+    if (!a[i].is_object()) throw file_error(where, fi, "expected an object");
+    const std::string& type = str_field(a[i], "type", where, fi + ".type");
+    if (type == "text") {
+      parts.push_back({{"type", "text"}, {"text", str_field(a[i], "text", where, fi + ".text")}});
+    } else if (type == "image" || type == "image_url") {
+      const nlohmann::json& v = a[i].contains(type) ? a[i][type] : a[i].contains("path") ? a[i]["path"] : a[i]["url"];
+      std::string path;
+      if (v.is_string()) path = v.get<std::string>();
+      else if (v.is_object() && v.contains("url") && v["url"].is_string()) path = v["url"].get<std::string>();
+      else throw file_error(where, fi + "." + type, "expected an image path (or {\"url\": PATH})");
+      if (path.rfind("file://", 0) == 0) path = path.substr(7);
+      if (path.rfind("http://", 0) == 0 || path.rfind("https://", 0) == 0 || path.rfind("data:", 0) == 0)
+        throw file_error(where, fi + "." + type, "only local image files are read ('" + path.substr(0, 40) + "')");
+      images.push_back(path);
+      parts.push_back({{"type", "image"}});
+    } else {
+      throw file_error(where, fi + ".type", "unknown content part '" + type + "' (expected text, image or image_url)");
+    }
+  }
+  return parts;
+}
+
+// One line of the data file -> messages (alpaca / sharegpt / openai) and the images they refer to.
+Parsed parse_conversation(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) throw file_error(where, "", "expected a JSON object, got " + std::string(j.type_name()));
+  Parsed out;
+  std::vector<SftDataset::Message>& msgs = out.msgs;
   auto system = [&] {  // alpaca / sharegpt: an optional top-level system prompt
     if (j.contains("system") && !j["system"].is_null()) {
       const std::string& s = str_field(j, "system", where, "system");
@@ -69,7 +105,10 @@ std::vector<SftDataset::Message> parse_conversation(const nlohmann::json& j, con
       const std::string& role = str_field(a[i], "role", where, f + ".role");
       if (role != "system" && role != "user" && role != "assistant")
         throw file_error(where, f + ".role", "unknown role '" + role + "' (expected system, user or assistant)");
-      msgs.push_back({role, str_field(a[i], "content", where, f + ".content")});
+      if (a[i].contains("content") && a[i]["content"].is_array())
+        msgs.push_back({role, content_parts(a[i]["content"], where, f + ".content", out.images)});
+      else
+        msgs.push_back({role, str_field(a[i], "content", where, f + ".content")});
     }
   } else if (j.contains("conversations")) {
     system();
@@ -100,7 +139,31 @@ std::vector<SftDataset::Message> parse_conversation(const nlohmann::json& j, con
   }
   if (std::none_of(msgs.begin(), msgs.end(), [](const auto& m) { return m.role == "assistant"; }))
     throw file_error(where, j.contains("messages") ? "messages" : "conversations", "no assistant message");
-  return msgs;
+  for (const char* key : {"image", "images"}) {  // LLaVA / ShareGPT: top-level paths, "<image>" markers in the text
+    if (!j.contains(key) || j[key].is_null()) continue;
+    const nlohmann::json& v = j[key];
+    if (!out.images.empty()) throw file_error(where, key, "images given twice (top level and in the content)");
+    if (v.is_string()) out.images.push_back(v.get<std::string>());
+    else if (v.is_array())
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (!v[i].is_string()) throw file_error(where, std::string(key) + "[" + std::to_string(i) + "]", "expected a path");
+        out.images.push_back(v[i].get<std::string>());
+      }
+    else throw file_error(where, key, "expected a path or a list of paths");
+  }
+  return out;
+}
+
+size_t count_markers(const std::string& s) {
+  size_t n = 0;
+  for (size_t p = s.find("<image>"); p != std::string::npos; p = s.find("<image>", p + 7)) ++n;
+  return n;
+}
+
+std::string replace_markers(std::string s, const std::string& with) {
+  if (with == "<image>") return s;
+  for (size_t p = s.find("<image>"); p != std::string::npos; p = s.find("<image>", p + with.size())) s.replace(p, 7, with);
+  return s;
 }
 
 bool is_space_token(const Tokenizer& tok, int64_t id) {
@@ -121,6 +184,29 @@ SftDataset::SftDataset(SftOptions opts, const Tokenizer& tok)
   for (const auto& file : opts_.files) {
     std::ifstream in(file, std::ios::binary);
     if (!in) throw file_error(file, "", "cannot open");
+    const std::filesystem::path root = opts_.image_root.empty() ? std::filesystem::path(file).parent_path()
+                                                                 : std::filesystem::path(opts_.image_root);
+    auto add = [&](const nlohmann::json& j, const std::string& where) {
+      Parsed p = parse_conversation(j, where);
+      if (!p.images.empty() && opts_.image_token_id < 0)
+        throw file_error(where, "image", "this model takes no images");
+      for (auto& path : p.images)
+        if (std::filesystem::path(path).is_relative()) path = (root / path).string();
+      convs_.push_back({where, std::move(p.msgs), std::move(p.images), {}, {}});
+    };
+    if (file.ends_with(".json")) {  // LLaVA's format: one list
+      std::stringstream ss;
+      ss << in.rdbuf();
+      nlohmann::json all;
+      try {
+        all = nlohmann::json::parse(ss.str());
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(file + ": invalid JSON: " + one_line(e.what()));
+      }
+      if (!all.is_array()) throw file_error(file, "", "expected a list of conversations");
+      for (size_t i = 0; i < all.size(); ++i) add(all[i], file + ":[" + std::to_string(i) + "]");
+      continue;
+    }
     std::string line;
     for (size_t n = 1; std::getline(in, line); ++n) {
       if (line.find_first_not_of(" \t\r\n") == std::string::npos) continue;
@@ -131,8 +217,30 @@ SftDataset::SftDataset(SftOptions opts, const Tokenizer& tok)
       } catch (const nlohmann::json::exception& e) {
         throw Error(where + ": invalid JSON: " + one_line(e.what()));
       }
-      convs_.push_back({where, parse_conversation(j, where), {}, {}});
+      add(j, where);
     }
+  }
+  for (Conv& c : convs_) {  // "<image>" markers: count them, put them in when missing, turn them into the placeholder
+    if (c.images.empty()) continue;
+    size_t markers = 0;
+    bool parts = false;
+    for (const auto& m : c.messages) {
+      if (m.content.is_string()) markers += count_markers(m.content.get_ref<const std::string&>());
+      else parts = true;
+    }
+    if (!parts && markers == 0) {
+      auto first_user = std::find_if(c.messages.begin(), c.messages.end(), [](const auto& m) { return m.role == "user"; });
+      if (first_user == c.messages.end()) throw file_error(c.where, "image", "no user message to put the images in");
+      std::string prefix;
+      for (size_t i = 0; i < c.images.size(); ++i) prefix += "<image>\n";
+      first_user->content = prefix + first_user->content.get<std::string>();
+      markers = c.images.size();
+    }
+    if (!parts && markers != c.images.size())
+      throw file_error(c.where, "image", std::to_string(c.images.size()) + " images but " + std::to_string(markers) +
+                                             " <image> markers in the text");
+    for (auto& m : c.messages)
+      if (m.content.is_string()) m.content = replace_markers(m.content.get<std::string>(), opts_.image_placeholder);
   }
   if (convs_.empty()) throw file_error(opts_.files.front(), "", "no conversations in the data files");
   if (convs_.size() > UINT32_MAX) throw file_error("sft options", "files", "too many conversations");
@@ -140,7 +248,11 @@ SftDataset::SftDataset(SftOptions opts, const Tokenizer& tok)
   for (size_t i = 0; i < convs_.size(); ++i) {
     Encoded e = encode_conversation(i);
     if (e.ids.empty()) throw Error(convs_[i].where + ": the conversation renders to no tokens");
+    if (!convs_[i].images.empty()) expand_images(convs_[i], e);
     if (e.ids.size() > max_tokens) {
+      if (!convs_[i].images.empty())
+        throw Error(convs_[i].where + ": " + std::to_string(e.ids.size()) + " tokens with its images, more than "
+                    "seq_len + 1 = " + std::to_string(max_tokens) + " (a cut image cannot be trained on)");
       ++truncated_;
       e.ids.resize(max_tokens);
       e.assistant_mask.resize(max_tokens);
@@ -156,13 +268,42 @@ SftDataset::SftDataset(SftOptions opts, const Tokenizer& tok)
     if (auto id = tok.token_to_id(opts_.eos_token)) pad_id_ = *id;
 }
 
+void SftDataset::expand_images(const Conv& c, Encoded& e) const {
+  const int64_t id = opts_.image_token_id;
+  const auto found = std::count(e.ids.begin(), e.ids.end(), id);
+  if (static_cast<size_t>(found) != c.images.size())
+    throw file_error(c.where, "image", std::to_string(c.images.size()) + " images but the rendered conversation has " +
+                                           std::to_string(found) + " image tokens (id " + std::to_string(id) + ")");
+  std::vector<int64_t> ids;
+  std::vector<uint8_t> mask;
+  size_t k = 0;
+  for (size_t t = 0; t < e.ids.size(); ++t) {
+    if (e.ids[t] != id) {
+      ids.push_back(e.ids[t]);
+      mask.push_back(e.assistant_mask[t]);
+      continue;
+    }
+    int64_t n = 0;
+    try {
+      n = opts_.image_tokens(c.images[k]);
+    } catch (const Error& err) {
+      throw Error(c.where + ": " + one_line(err.what()));
+    }
+    ++k;
+    ids.insert(ids.end(), n, id);
+    mask.insert(mask.end(), n, 0);
+  }
+  e.ids = std::move(ids);
+  e.assistant_mask = std::move(mask);
+}
+
 SftDataset::Encoded SftDataset::encode_conversation(size_t i) const {
   if (i >= convs_.size()) throw Error("sft data: conversation " + std::to_string(i) + " out of range");
   const Conv& c = convs_.at(i);
   const Tokenizer& tok = *tok_;
   auto render = [&](size_t n, bool gen) {
     ojson msgs = ojson::array();
-    for (size_t k = 0; k < n; ++k) msgs.push_back({{"role", c.messages[k].role}, {"content", c.messages[k].content}});
+    for (size_t k = 0; k < n; ++k) msgs.push_back({{"role", c.messages[k].role}, {"content", ojson(c.messages[k].content)}});
     ojson ctx = {{"messages", std::move(msgs)},      {"tools", nullptr},
                  {"add_generation_prompt", gen},     {"bos_token", opts_.bos_token},
                  {"eos_token", opts_.eos_token}};
@@ -267,6 +408,7 @@ SftSample SftDataset::next() {
     const Conv& c = convs_[conv_at(consumed_)];
     const size_t n = std::min(c.ids.size(), L);
     if (s.input_ids.size() + n > L) break;
+    s.images.insert(s.images.end(), c.images.begin(), c.images.end());
     for (size_t i = 0; i < n; ++i) {
       s.input_ids.push_back(c.ids[i]);
       s.labels.push_back(i + 1 < c.ids.size() && c.mask[i + 1] ? c.ids[i + 1] : -100);

@@ -5,7 +5,17 @@
 //   sharegpt {"conversations": [{"from": human|gpt|system (or user|assistant), "value"}...], "system"?}
 //   openai   {"messages": [{"role": system|user|assistant, "content"}...]}
 // Blank lines are skipped; every other line must be one of these with at least one assistant turn (lf::Error
-// "FILE:LINE: field 'F': what" otherwise).
+// "FILE:LINE: field 'F': what" otherwise). A .json file holding a list (LLaVA's format) gives one conversation per
+// element ("FILE:[i]" in errors).
+//
+// Images (vision-language models, SftOptions::image_token_id >= 0): a conversation's images are its top-level
+// "image" / "images" (a path or a list; relative paths from image_root, else the data file's folder) with "<image>"
+// markers in the text where they go (none: one "<image>\n" per image before the first user message), or image parts
+// of OpenAI content lists ({"type": "image" | "image_url", "image" | "image_url": {"url"} | "path"}), passed to the
+// template as {"type": "image"} next to {"type": "text", "text"}. Markers become image_placeholder before rendering;
+// after tokenizing, each image_token_id is expanded to image_tokens(path) copies (never assistant). The number of
+// markers must equal the number of images, and a conversation with images must fit seq_len + 1 tokens (one-line
+// errors naming FILE:LINE otherwise).
 //
 // A conversation is rendered with the chat template (add_generation_prompt=false; context: messages, tools=null,
 // add_generation_prompt, bos_token, eos_token, as transformers' apply_chat_template) and encoded with
@@ -34,7 +44,8 @@
 // (options, data, position in the stream): state()/restore() resume exactly.
 #pragma once
 #include <cstdint>
-#include <nlohmann/json_fwd.hpp>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -53,6 +64,11 @@ struct SftOptions {
   bool packing = true;               // several conversations per sequence (per-document attention, restarting positions)
   uint64_t seed = 1234;              // shuffle order per epoch
   int64_t pad_id = -1;               // -1: the id of eos_token, else 0
+  // Images (see above); image_token_id < 0: text only (image fields are an error).
+  int64_t image_token_id = -1;
+  std::string image_placeholder = "<image>";  // the text each <image> marker becomes (it must encode to image_token_id)
+  std::function<int64_t(const std::string& path)> image_tokens;  // tokens an image takes
+  std::string image_root;                                        // "" : each data file's folder
 };
 
 struct SftSample {  // one training sequence of exactly seq_len positions
@@ -60,6 +76,7 @@ struct SftSample {  // one training sequence of exactly seq_len positions
   std::vector<int64_t> labels;        // next token, already shifted; -100 = no loss
   std::vector<int64_t> position_ids;  // restart at 0 at each packed conversation (and at the padding)
   std::vector<int64_t> segment_ids;   // 0,0,..,1,1,..: which packed conversation; padding gets its own id
+  std::vector<std::string> images;    // the images of its image-token runs, in order
   bool operator==(const SftSample&) const = default;
 };
 
@@ -91,17 +108,20 @@ class SftDataset {
   Encoded encode_conversation(size_t i) const;
 
   struct Message {
-    std::string role, content;
+    std::string role;
+    nlohmann::json content;  // a string, or a list of {"type": "text", "text"} / {"type": "image"} parts
   };
 
  private:
   struct Conv {
     std::string where;  // FILE:LINE
     std::vector<Message> messages;
+    std::vector<std::string> images;  // in the order of their markers
     std::vector<int64_t> ids;  // truncated to seq_len + 1
     std::vector<uint8_t> mask;
   };
   size_t conv_at(uint64_t k);  // conversation index of stream position K
+  void expand_images(const Conv& c, Encoded& e) const;  // one image token per image -> its run of tokens
 
   SftOptions opts_;
   ChatTemplate tmpl_;

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -136,6 +137,14 @@ class Model : public torch::nn::Module {
   std::vector<nn::MoEImpl*> moe_blocks() const;
   // The block module i (its parameters: FSDP units, recomputation); the default looks "<split().blocks>.<i>" up.
   virtual torch::nn::Module& block(int64_t i);
+  // Vision-language models: the token that stands for image features in input_ids and how many of them one image
+  // takes (0: as many as the image processor's patch grid gives, grid_h * grid_w / merge_size^2). nullopt: the
+  // model takes no images.
+  struct ImageTokens {
+    int64_t token_id = -1;
+    int64_t per_image = 0;
+  };
+  virtual std::optional<ImageTokens> image_tokens() const { return std::nullopt; }
   // An empty string when a CUDA graph may capture a training step; else why not (one line).
   virtual std::string cuda_graph_blocker() const { return ""; }
 

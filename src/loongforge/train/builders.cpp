@@ -80,7 +80,8 @@ ModelBundle build_model(const json& r) {
   return b;
 }
 
-std::unique_ptr<BatchSource> build_data(const json& r, data::Split split, const std::string& tokenizer) {
+std::unique_ptr<BatchSource> build_data(const json& r, data::Split split, const std::string& tokenizer,
+                                        const models::Model* model) {
   const json& d = r["data"];
   if (d["format"] == "batch") {
     if (d["train"].size() != 1) throw Error("recipe: field 'data.train': format 'batch' takes one safetensors file");
@@ -91,9 +92,18 @@ std::unique_ptr<BatchSource> build_data(const json& r, data::Split split, const 
     for (const auto& s : d["train"]) files.push_back(s["path"].get<std::string>());
     if (files.empty()) throw Error("recipe: field 'data.train': no files (a list of {path: FILE.jsonl})");
     if (split == data::Split::Valid) throw Error("recipe: field 'data.valid_fraction': not supported for SFT data yet");
+    SftImages images;
+    if (auto it = model ? model->image_tokens() : std::nullopt) {
+      images.token_id = it->token_id;
+      images.per_image = it->per_image;
+      images.processor_dir = r["model"]["path"].get<std::string>();
+      if (images.processor_dir.empty()) images.processor_dir = tokenizer;
+      images.backend = d["image_backend"];
+      images.image_root = d["image_root"];
+    }
     return std::make_unique<SftSource>(files, tokenizer, d["chat_template"].get<std::string>(), d["seq_len"],
                                        d["assistant_only_loss"].get<bool>(), d["packing"].get<bool>(),
-                                       static_cast<uint64_t>(r["seed"].get<int64_t>()));
+                                       static_cast<uint64_t>(r["seed"].get<int64_t>()), images);
   }
   data::PretrainOptions o;
   for (const auto& s : d["train"]) o.sources.push_back({s["path"].get<std::string>(), s["weight"].get<double>()});

@@ -16,8 +16,10 @@ namespace lf::train {
 // The model of model.path / model.config (model.family), with moe.*, model.recompute, lora.* and model.freeze /
 // optim.no_decay applied.
 ModelBundle build_model(const nlohmann::json& recipe);
-// The batch source of the recipe's data block for `split`.
-std::unique_ptr<BatchSource> build_data(const nlohmann::json& recipe, data::Split split, const std::string& tokenizer);
+// The batch source of the recipe's data block for `split`; `model` (when given) says whether batches carry images
+// (Model::image_tokens; preprocessed as model.path's preprocessor_config.json says, data.image_root / image_backend).
+std::unique_ptr<BatchSource> build_data(const nlohmann::json& recipe, data::Split split, const std::string& tokenizer,
+                                        const models::Model* model = nullptr);
 // The engines' options from the recipe (optim.*, precision, train.*, parallel.*, moe.guest_slots/ranks_per_node),
 // checked: a bad value is one line naming the key.
 EngineOptions engine_options(const nlohmann::json& recipe);

@@ -31,7 +31,9 @@ const char* kDefaults = R"json({
     "chat_template": "",
     "assistant_only_loss": true,
     "packing": true,
-    "per_document_attention": false
+    "per_document_attention": false,
+    "image_root": "",
+    "image_backend": "pil"
   },
   "train": {"steps": 100, "micro_batch_size": 8, "grad_accum": 1, "threads": 0, "cpu_split": 0, "stop_at_step": 0,
             "cuda_graphs": false},
@@ -56,6 +58,7 @@ const std::map<std::string, std::vector<std::string>> kChoices = {
     {"device", {"cpu", "cuda"}},
     {"model.recompute", {"none", "full", "per_layer"}},
     {"data.format", {"pretrain", "sft", "batch"}},
+    {"data.image_backend", {"pil", "torchvision"}},
     {"schedule.kind", {"cosine", "linear", "constant", "wsd"}},
     {"log.progress", {"auto", "bar", "lines", "off"}},
     {"parallel.cp_mode", {"ring", "a2a"}},

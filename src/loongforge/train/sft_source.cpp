@@ -6,11 +6,13 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/data/image/decode.h"
 
 namespace lf::train {
 
 SftSource::SftSource(std::vector<std::string> files, const std::string& tokenizer_dir, const std::string& template_name,
-                     int64_t seq_len, bool assistant_only_loss, bool packing, uint64_t seed) {
+                     int64_t seq_len, bool assistant_only_loss, bool packing, uint64_t seed,
+                     const SftImages& images) {
   if (tokenizer_dir.empty()) throw Error("recipe: field 'model.tokenizer': SFT needs a tokenizer (or model.path)");
   tok_ = data::Tokenizer::load(tokenizer_dir);
   data::SftOptions o;
@@ -43,6 +45,25 @@ SftSource::SftSource(std::vector<std::string> files, const std::string& tokenize
     } catch (const Error&) {  // no template in the folder: fine, we have one
     }
   }
+  if (images.token_id >= 0) {
+    proc_ = std::make_unique<data::image::ImageProcessor>(data::image::ImageProcessor::from_pretrained(
+        images.processor_dir, data::image::backend_from_name(images.backend)));
+    o.image_token_id = images.token_id;
+    o.image_placeholder = tok_->id_to_token(images.token_id);  // what "<image>" markers become
+    o.image_root = images.image_root;
+    const data::image::ImageProcessor* proc = proc_.get();
+    const int64_t fixed = images.per_image;
+    if (fixed <= 0 && !proc->config().patches())
+      throw Error(images.processor_dir + ": the model takes a patch grid's tokens per image, but " +
+                  proc->config().class_name + " makes no patches");
+    o.image_tokens = [proc, fixed](const std::string& path) -> int64_t {
+      if (fixed > 0) return fixed;
+      const at::Tensor img = data::image::read_image(path);
+      auto [gh, gw] = proc->patch_grid(img.size(0), img.size(1));
+      const int64_t m = proc->config().merge_size;
+      return gh * gw / (m * m);
+    };
+  }
   ds_ = std::make_unique<data::SftDataset>(o, *tok_);
 }
 
@@ -56,15 +77,43 @@ Batch SftSource::next_rows(int64_t global_rows, int64_t first, int64_t b) {
   const int64_t t = ds_->options().seq_len;
   at::Tensor ids = at::empty({b, t}, at::kLong), tgt = at::empty({b, t}, at::kLong);
   at::Tensor pos = at::empty({b, t}, at::kLong), seg = at::empty({b, t}, at::kLong);
+  std::vector<std::string> paths;
+  std::vector<int64_t> image_row;
   for (int64_t i = 0; i < b; ++i) {
     data::SftSample s = ds_->next();
+    paths.insert(paths.end(), s.images.begin(), s.images.end());
+    image_row.insert(image_row.end(), s.images.size(), i);
     std::copy(s.input_ids.begin(), s.input_ids.end(), ids[i].data_ptr<int64_t>());
     std::copy(s.labels.begin(), s.labels.end(), tgt[i].data_ptr<int64_t>());
     std::copy(s.position_ids.begin(), s.position_ids.end(), pos[i].data_ptr<int64_t>());
     std::copy(s.segment_ids.begin(), s.segment_ids.end(), seg[i].data_ptr<int64_t>());
   }
   for (int64_t i = first + b; i < global_rows; ++i) ds_->next();
-  return token_batch(ids, tgt, pos, seg);
+  Batch out = token_batch(ids, tgt, pos, seg);
+  if (proc_) add_images(out, *proc_, paths, image_row);
+  return out;
+}
+
+void add_images(Batch& batch, const data::image::ImageProcessor& proc, const std::vector<std::string>& paths,
+                const std::vector<int64_t>& image_row) {
+  const at::Tensor rows = at::tensor(image_row, at::kLong);
+  if (paths.empty()) {  // no images in these rows: empty item fields keep the schema
+    const auto& c = proc.config();
+    if (c.patches()) {
+      batch.set_items("pixel_values", at::empty({0, 3 * c.temporal_patch_size * c.patch_size * c.patch_size}), rows);
+      batch.set_items("image_grid_thw", at::empty({0, 3}, at::kLong), rows);
+    }
+    return;
+  }
+  data::image::ProcessedImages px = proc.preprocess_files(paths);
+  if (!px.image_grid_thw.defined()) {
+    batch.set_items("pixel_values", px.pixel_values, rows);
+    return;
+  }
+  // patches: each patch's row from its image's grid
+  const at::Tensor per_image = px.image_grid_thw.prod(1);
+  batch.set_items("pixel_values", px.pixel_values, rows.repeat_interleave(per_image));
+  batch.set_items("image_grid_thw", px.image_grid_thw, rows);
 }
 
 nlohmann::json SftSource::state() const { return ds_->state(); }

@@ -2,16 +2,26 @@
 #pragma once
 #include <memory>
 
+#include "loongforge/data/image/processor.h"
 #include "loongforge/data/sft_dataset.h"
 #include "loongforge/train/batch.h"
 
 namespace lf::train {
 
+// Images of a vision-language model's conversations (data/sft_dataset.h): its image token, the tokens per image
+// (0: the processor's patch grid), the folder whose preprocessor_config.json says how to preprocess them.
+struct SftImages {
+  int64_t token_id = -1;  // < 0: text only
+  int64_t per_image = 0;
+  std::string processor_dir, backend = "pil", image_root;
+};
+
 class SftSource : public BatchSource {
  public:
   // template_name: "" (the tokenizer folder's chat_template), a built-in name (chatml, llama3, mistral), or a file.
+  // With images, batches carry pixel_values (and image_grid_thw for patch processors) as item fields of their rows.
   SftSource(std::vector<std::string> files, const std::string& tokenizer_dir, const std::string& template_name,
-            int64_t seq_len, bool assistant_only_loss, bool packing, uint64_t seed);
+            int64_t seq_len, bool assistant_only_loss, bool packing, uint64_t seed, const SftImages& images = {});
   Batch next(int64_t micro_batch_size) override;
   // Converts only rows [first, first + n) to tensors; the others are drawn (packing decides where each sample ends)
   // and dropped.
@@ -22,6 +32,12 @@ class SftSource : public BatchSource {
  private:
   std::unique_ptr<data::Tokenizer> tok_;
   std::unique_ptr<data::SftDataset> ds_;
+  std::unique_ptr<data::image::ImageProcessor> proc_;  // with images
 };
+
+// Decodes and preprocesses `paths` (the images of a batch's rows, image_row[i] the row of image i) into item fields of
+// `batch`: pixel_values (per image, or per patch with image_grid_thw per image).
+void add_images(Batch& batch, const data::image::ImageProcessor& proc, const std::vector<std::string>& paths,
+                const std::vector<int64_t>& image_row);
 
 }  // namespace lf::train

@@ -86,9 +86,9 @@ TrainOutcome train_run(const json& r, bool resume) {
   const optim::Schedule& sched = ro.schedule;
   const int64_t steps = ro.steps;
 
-  auto data = build_data(r, data::Split::Train, tokenizer);
+  auto data = build_data(r, data::Split::Train, tokenizer, model.get());
   std::unique_ptr<BatchSource> valid;
-  if (ro.validate) valid = build_data(r, data::Split::Valid, tokenizer);
+  if (ro.validate) valid = build_data(r, data::Split::Valid, tokenizer, model.get());
   // Every evaluation uses the same first eval.batches validation batches, so values compare across steps and
   // with `loongforge eval`.
   const json valid_start = valid ? valid->state() : json();
@@ -228,7 +228,7 @@ double evaluate_run(const json& r, const std::string& model_dir, int64_t batches
     model = io::load_model(model_dir, at::kFloat, ro.model_family);
   }
   const std::string& tok = ro.tokenizer;
-  auto src = build_data(r, ro.validate ? data::Split::Valid : data::Split::Train, tok);
+  auto src = build_data(r, ro.validate ? data::Split::Valid : data::Split::Train, tok, model.get());
   ModelBundle b;
   b.model = model;
   b.tokenizer = tok;

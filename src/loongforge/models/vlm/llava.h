@@ -85,6 +85,9 @@ class LlavaImpl : public Model {
   std::vector<nn::AttentionHook*> attention_modules() override { return language_model->attention_modules(); }
   std::vector<std::pair<int64_t, nn::MoEImpl*>> moe_layers() const override { return language_model->moe_layers(); }
   std::string cuda_graph_blocker() const override;
+  std::optional<ImageTokens> image_tokens() const override {
+    return ImageTokens{config_.image_token_id, config_.tokens_per_image()};
+  }
   std::vector<CheckpointTensor> checkpoint_tensors() const override;
   bool ignorable_checkpoint_tensor(const std::string& name) const override;
   std::string canonical_checkpoint_name(const std::string& stored) const override;
