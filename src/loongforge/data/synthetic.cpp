@@ -10,18 +10,17 @@
 
 namespace lf::data {
 
-namespace {
 // A character-level BPE tokenizer.json (no merges): special tokens, then one token per character.
-std::string char_tokenizer_json(const std::string& chars) {
+std::string char_tokenizer_json(const std::string& chars, const std::vector<std::string>& specials) {
   nlohmann::json vocab = nlohmann::json::object();
   nlohmann::json added = nlohmann::json::array();
-  const char* specials[] = {"<pad>", "<s>", "</s>"};
-  for (int i = 0; i < 3; ++i) {
-    vocab[specials[i]] = i;
-    added.push_back({{"id", i}, {"content", specials[i]}, {"single_word", false}, {"lstrip", false},
+  int id = 0;
+  for (const auto& sp : specials) {
+    vocab[sp] = id;
+    added.push_back({{"id", id}, {"content", sp}, {"single_word", false}, {"lstrip", false},
                      {"rstrip", false}, {"normalized", false}, {"special", true}});
+    ++id;
   }
-  int id = 3;
   for (char c : chars) vocab[std::string(1, c)] = id++;
   nlohmann::json tok = {
       {"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added},
@@ -32,10 +31,10 @@ std::string char_tokenizer_json(const std::string& chars) {
                  {"ignore_merges", false}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
   return tok.dump(2) + "\n";
 }
-}  // namespace
 
 void write_synthetic_task(const std::string& task, const std::string& out_dir, int64_t docs, int digits, uint64_t seed) {
-  if (task != "addition") throw Error("data synth: unknown task '" + task + "' (tasks: addition)");
+  if (task == "shapes") return write_shapes_task(out_dir, docs, seed);
+  if (task != "addition") throw Error("data synth: unknown task '" + task + "' (tasks: addition, shapes)");
   if (digits < 1 || digits > 9) throw Error("data synth: --digits must be in 1..9");
   std::filesystem::create_directories(out_dir);
   std::mt19937_64 rng(seed);
@@ -50,7 +49,7 @@ void write_synthetic_task(const std::string& task, const std::string& out_dir, i
   }
   namespace fs = std::filesystem;
   write_file_atomic((fs::path(out_dir) / "train.jsonl").string(), lines.str());
-  write_file_atomic((fs::path(out_dir) / "tokenizer.json").string(), char_tokenizer_json("0123456789+=\n "));
+  write_file_atomic((fs::path(out_dir) / "tokenizer.json").string(), char_tokenizer_json("0123456789+=\n ", {"<pad>", "<s>", "</s>"}));
   nlohmann::json cfg = {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"pad_token", "<pad>"},
                         {"model_max_length", 1024}, {"tokenizer_class", "PreTrainedTokenizerFast"}};
   write_file_atomic((fs::path(out_dir) / "tokenizer_config.json").string(), cfg.dump(2) + "\n");

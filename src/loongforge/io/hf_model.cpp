@@ -103,6 +103,7 @@ void write_model_metadata(const models::Model& model, const std::string& out_dir
   write_file_atomic((fs::path(out_dir) / "config.json").string(), cfg.dump(2) + "\n");
   if (!tokenizer_src.empty()) {
     for (const char* f : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                          "preprocessor_config.json", "processor_config.json", "chat_template.json",
                           "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt"}) {
       fs::path src = fs::path(tokenizer_src) / f;
       if (fs::exists(src) && fs::absolute(src) != fs::absolute(fs::path(out_dir) / f))

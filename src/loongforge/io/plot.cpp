@@ -1,7 +1,6 @@
 #include "loongforge/io/plot.h"
 
-#include <png.h>
-#include <unistd.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -12,6 +11,7 @@
 #include <limits>
 
 #include "loongforge/core/error.h"
+#include "loongforge/data/image/decode.h"
 
 namespace lf::io {
 namespace {
@@ -224,31 +224,8 @@ std::vector<Tick> log_ticks(double lo, double hi, int max_ticks) {  // lo, hi: l
 }
 
 void write_png(const std::string& path, const Canvas& c) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path parent = fs::path(path).parent_path();
-  if (!parent.empty()) fs::create_directories(parent, ec);
-  if (ec) throw file_error(path, "", "cannot create directory: " + ec.message());
-  std::string tmp = path + ".tmp." + std::to_string(getpid());
-  png_image img{};
-  img.version = PNG_IMAGE_VERSION;
-  img.width = png_uint_32(c.width());
-  img.height = png_uint_32(c.height());
-  img.format = PNG_FORMAT_RGB;
-  // <cstdio> remove/rename rather than std::filesystem's: libtorch.so exports its own (crashing) copies of some of
-  // those libstdc++ symbols, which win at link time in binaries that link LibTorch.
-  if (!png_image_write_to_file(&img, tmp.c_str(), 0, c.pixels(), 0, nullptr)) {
-    std::string why = img.message;
-    png_image_free(&img);
-    std::remove(tmp.c_str());
-    throw file_error(path, "", "cannot write PNG: " + why);
-  }
-  png_image_free(&img);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::string why = std::strerror(errno);
-    std::remove(tmp.c_str());
-    throw file_error(path, "", "cannot write PNG: " + why);
-  }
+  const at::Tensor rgb = at::from_blob(const_cast<uint8_t*>(c.pixels()), {c.height(), c.width(), 3}, at::kByte);
+  data::image::write_png(path, rgb);
 }
 
 }  // namespace

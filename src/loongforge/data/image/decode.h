@@ -29,6 +29,10 @@ at::Tensor decode_image(std::string_view bytes, const std::string& name, Alpha a
 at::Tensor read_image(const std::string& path, Alpha alpha = Alpha::drop);
 
 // The most pixels an image may have: Pillow's limit (2 x Image.MAX_IMAGE_PIXELS), against decompression bombs.
+// Writes uint8 [H, W, 3] RGB (or [H, W] grey) as PNG, atomically (a temporary file renamed into place); one-line
+// lf::Error naming `path` when it cannot.
+void write_png(const std::string& path, const at::Tensor& image);
+
 inline constexpr int64_t kMaxImagePixels = 2 * int64_t{89478485};
 
 }  // namespace lf::data::image

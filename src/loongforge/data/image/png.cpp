@@ -4,13 +4,18 @@
 // management. A file that ends early or fails a check is an error: Pillow raises on it too.
 #include <png.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "loongforge/core/error.h"
 #include "loongforge/data/image/codecs.h"
+#include "loongforge/data/image/decode.h"
 
 namespace lf::data::image::detail {
 
@@ -107,3 +112,39 @@ at::Tensor decode_png(const uint8_t* data, size_t size, const std::string& name)
 }
 
 }  // namespace lf::data::image::detail
+
+namespace lf::data::image {
+
+void write_png(const std::string& path, const at::Tensor& image) {
+  const bool grey = image.dim() == 2;
+  if (image.scalar_type() != at::kByte || !(grey || (image.dim() == 3 && image.size(2) == 3)))
+    throw file_error(path, "", "write_png takes uint8 [H, W, 3] or [H, W]");
+  const at::Tensor px = image.cpu().contiguous();
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  if (ec) throw file_error(path, "", "cannot create directory: " + ec.message());
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  png_image img{};
+  img.version = PNG_IMAGE_VERSION;
+  img.width = png_uint_32(px.size(1));
+  img.height = png_uint_32(px.size(0));
+  img.format = grey ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
+  // <cstdio> remove/rename rather than std::filesystem's: libtorch.so exports its own (crashing) copies of some of
+  // those libstdc++ symbols, which win at link time in binaries that link LibTorch.
+  if (!png_image_write_to_file(&img, tmp.c_str(), 0, px.const_data_ptr<uint8_t>(), 0, nullptr)) {
+    const std::string why = img.message;
+    png_image_free(&img);
+    std::remove(tmp.c_str());
+    throw file_error(path, "", "cannot write PNG: " + why);
+  }
+  png_image_free(&img);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw file_error(path, "", "cannot write PNG: " + why);
+  }
+}
+
+}  // namespace lf::data::image

@@ -119,8 +119,18 @@ VitEmbeddingsImpl::VitEmbeddingsImpl(const VitConfig& c) : c_(c) {
 }
 
 at::Tensor VitEmbeddingsImpl::forward(const at::Tensor& pixel_values) {
-  at::Tensor p = patch_embedding(pixel_values.to(patch_embedding->weight.scalar_type()));  // [N, D, g, g]
-  p = p.flatten(2).transpose(1, 2);
+  // The strided convolution as one GEMM over the flattened patches (the same sums). ATen's CPU convolution gave wrong
+  // weight gradients under the row-split engine (parts' backward on several threads at once; correct on one):
+  // a GEMM has no such problem and is faster at these shapes.
+  const at::Tensor& w = patch_embedding->weight;  // [D, C, P, P]
+  const int64_t n = pixel_values.size(0), c = pixel_values.size(1), P = c_.patch_size;
+  const int64_t gh = pixel_values.size(2) / P, gw = pixel_values.size(3) / P;
+  at::Tensor patches = pixel_values.to(w.scalar_type())
+                           .reshape({n, c, gh, P, gw, P})
+                           .permute({0, 2, 4, 1, 3, 5})
+                           .reshape({n, gh * gw, c * P * P});
+  const at::Tensor& b = patch_embedding->options.bias() ? patch_embedding->bias : at::Tensor();
+  at::Tensor p = at::linear(patches, w.reshape({w.size(0), -1}), b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
   if (c_.class_token) p = at::cat({class_embedding.view({1, 1, -1}).expand({p.size(0), 1, -1}), p}, 1);
   return p + position_embedding->weight.unsqueeze(0);
 }
