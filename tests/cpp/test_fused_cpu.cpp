@@ -8,6 +8,7 @@
 #include "loongforge/kernels/linear_ce.h"
 #include "loongforge/kernels/rope.h"
 #include "loongforge/kernels/swiglu.h"
+#include "loongforge/nn/rotary.h"
 #include "test_util.h"
 
 namespace {
@@ -266,6 +267,31 @@ TEST(RopeKernel, FallsBackToComposite) {
   EXPECT_TRUE(at::equal(lf::kernels::apply_rope(xb, ang.detach().cos(), ang.detach().sin()),
                         lf::kernels::apply_rope_reference(xb, ang.detach().cos(), ang.detach().sin())));
   EXPECT_THROW(lf::kernels::rope_forward_cpu(x.squeeze(0), ang.detach().cos(), ang.detach().sin()), c10::Error);
+}
+
+// Multimodal RoPE (Qwen2-VL's mrope_section): [3, B, T] positions with three equal rows give the 1D tables; otherwise
+// each frequency section turns with its own row (temporal, height, width, then again from temporal).
+TEST(Rotary, MultimodalSectionsTakeTheirOwnRows) {
+  lf::nn::RopeSpec spec;
+  spec.head_dim = 12;
+  spec.max_position_embeddings = 64;
+  spec.mrope_section = {2, 1, 3};
+  lf::nn::Rotary rope(spec);
+  at::Tensor pos = at::arange(10, at::kLong).view({2, 5});
+  auto [c1, s1] = rope.cos_sin(pos);
+  auto [c3, s3] = rope.cos_sin(pos.unsqueeze(0).expand({3, 2, 5}));
+  EXPECT_TRUE(at::equal(c1, c3) && at::equal(s1, s3));
+  at::Tensor rows = at::stack({pos, pos * 2 + 1, pos * 3 + 7});
+  auto [c, s] = rope.cos_sin(rows);
+  ASSERT_EQ(c.sizes(), c1.sizes());
+  const int64_t row_of_freq[6] = {0, 0, 1, 2, 2, 2};
+  for (int64_t f = 0; f < 6; ++f) {
+    auto [cr, sr] = rope.cos_sin(rows[row_of_freq[f]]);
+    for (int64_t half : {0, 6}) {
+      EXPECT_TRUE(at::equal(c.select(-1, f + half), cr.select(-1, f + half))) << f;
+      EXPECT_TRUE(at::equal(s.select(-1, f + half), sr.select(-1, f + half))) << f;
+    }
+  }
 }
 
 // ---- Linear with row-split GEMMs -----------------------------------------------------------------------------------

@@ -55,9 +55,11 @@ def make_batch(cfg, images_per_row=(1, 2), text_len=9, seed=0):
     return ids, pixels, labels
 
 
-def hf_reference(model, ids, pixels, labels):
+def hf_reference(model, ids, pixels, labels, **inputs):
+    """transformers' logits, loss, gradients and parameters after one AdamW step (inputs: the model's other
+    arguments, e.g. image_grid_thw)."""
     model.train()
-    out = model(input_ids=ids, pixel_values=pixels, labels=labels)
+    out = model(input_ids=ids, pixel_values=pixels, labels=labels, **inputs)
     out.loss.backward()
     ref = {"logits": out.logits.detach().clone(), "loss": out.loss.detach().reshape(1)}
     params = dict(model.named_parameters())

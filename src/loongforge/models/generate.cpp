@@ -34,7 +34,7 @@ namespace {
 template <class M>
 auto& lm_of(M& any) {
   using LM = std::conditional_t<std::is_const_v<M>, const llama::CausalLMImpl, llama::CausalLMImpl>;
-  using VLM = std::conditional_t<std::is_const_v<M>, const vlm::LlavaImpl, vlm::LlavaImpl>;
+  using VLM = std::conditional_t<std::is_const_v<M>, const vlm::VisionLanguageModel, vlm::VisionLanguageModel>;
   auto* lm = dynamic_cast<LM*>(&any);
   if (auto* v = dynamic_cast<VLM*>(&any)) lm = v->language_model.get();
   if (!lm) throw Error("generate: the " + any.family() + " family (" + any.model_type() + ") does not generate text");

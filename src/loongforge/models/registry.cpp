@@ -5,7 +5,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
 #include "loongforge/models/llama/family.h"
-#include "loongforge/models/vlm/llava.h"
+#include "loongforge/models/vlm/family.h"
 
 namespace lf::models {
 namespace {

@@ -79,6 +79,18 @@ std::pair<at::Tensor, at::Tensor> Rotary::cos_sin(const at::Tensor& position_ids
     if (seq_len > spec_.max_position_embeddings) inv = compute_inv_freq(seq_len, &scaling);
   }
   at::Tensor freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv.to(position_ids.device());
+  if (position_ids.dim() == 3) {  // [3, B, T] multimodal positions: section i from row i % 3
+    TORCH_CHECK(!spec_.mrope_section.empty() && position_ids.size(0) == 3,
+                "Rotary: [3, B, T] positions need mrope_section");
+    std::vector<at::Tensor> parts;
+    int64_t begin = 0;
+    for (size_t i = 0; i < spec_.mrope_section.size(); ++i) {
+      const int64_t n = spec_.mrope_section[i];
+      parts.push_back(freqs.select(0, static_cast<int64_t>(i % 3)).narrow(-1, begin, n));
+      begin += n;
+    }
+    freqs = at::cat(parts, -1);
+  }
   at::Tensor emb = at::cat({freqs, freqs}, -1);
   return {emb.cos() * scaling, emb.sin() * scaling};
 }

@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <vector>
 
 namespace lf::nn {
 
@@ -15,12 +16,17 @@ struct RopeSpec {
   double beta_fast = 32.0, beta_slow = 1.0;                                  // yarn
   double attention_factor = -1, mscale = 0, mscale_all_dim = 0;             // yarn (<= 0: unset)
   bool truncate = true;                                                      // yarn
+  // Multimodal RoPE (Qwen2-VL / 2.5-VL): the rotary frequencies split into temporal / height / width sections
+  // (sizes summing to head_dim / 2), each rotated by its own row of [3, B, T] positions.
+  std::vector<int64_t> mrope_section;
 };
 
 class Rotary {
  public:
   explicit Rotary(RopeSpec spec);
-  // cos, sin of shape [B, T, head_dim] (position_ids [B, T] int64), float32, times the attention scaling.
+  // cos, sin of shape [B, T, head_dim] (position_ids [B, T] int64), float32, times the attention scaling. With
+  // mrope_section, position_ids may be [3, B, T] (temporal, height, width): frequency section i takes its angles
+  // from row i % 3 (transformers' Qwen2-VL recomposition); [B, T] positions then act as three equal rows.
   std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& position_ids) const;
   const at::Tensor& inv_freq() const { return inv_freq_; }
   // Keeps the frequencies on `device` (the model's), so a forward there copies nothing from the host (a copy from

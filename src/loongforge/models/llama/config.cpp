@@ -24,6 +24,8 @@ RopeConfig parse_rope(const json& j, const std::string& file, int64_t max_pos) {
   JsonReader rd = top.object(block);
   r.theta = rd.number("rope_theta", r.theta);
   r.type = rd.has("rope_type") ? rd.string("rope_type") : rd.string("type", std::string("default"));
+  if (r.type == "mrope") r.type = "default";  // Qwen2-VL's older spelling (transformers reads it as default)
+  if (rd.has("mrope_section")) r.mrope_section = rd.int_list("mrope_section");
   if (rd.has("partial_rotary_factor") && rd.number("partial_rotary_factor") != 1.0)
     throw file_error(file, block + ".partial_rotary_factor", "partial rotary embeddings are not supported");
   if (top.has("partial_rotary_factor") && top.number("partial_rotary_factor") != 1.0)
@@ -259,6 +261,13 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   }
   if (c.model_type == "qwen3_moe" || c.model_type == "mixtral") parse_moe(rd, c);
   c.rope = parse_rope(j, file, c.max_position_embeddings);
+  if (!c.rope.mrope_section.empty()) {
+    int64_t sum = 0;
+    for (int64_t n : c.rope.mrope_section) sum += n > 0 ? n : -(int64_t(1) << 40);
+    if (sum != c.head_dim / 2)
+      throw file_error(file, (j.contains("rope_scaling") ? "rope_scaling" : "rope_parameters") + std::string(".mrope_section"),
+                       "positive sections summing to head_dim / 2 = " + std::to_string(c.head_dim / 2) + " expected");
+  }
   if (c.mla) c.attention_scale = mla_softmax_scale(j, c);
   return c;
 }

@@ -21,6 +21,9 @@ struct RopeConfig {
   std::optional<double> attention_factor, mscale, mscale_all_dim;
   double beta_fast = 32.0, beta_slow = 1.0;
   bool truncate = true;
+  // Qwen2-VL / 2.5-VL multimodal RoPE: the temporal / height / width sections of the head_dim / 2 frequencies
+  // (rope_parameters.mrope_section; empty: plain 1D positions)
+  std::vector<int64_t> mrope_section;
 };
 
 struct DecoderConfig {

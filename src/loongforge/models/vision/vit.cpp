@@ -41,11 +41,7 @@ VitConfig VitConfig::from_json(const nlohmann::json& j, const std::string& file,
                                       std::to_string(c.hidden_size));
   if (c.image_size % c.patch_size != 0)
     r.fail("patch_size", std::to_string(c.patch_size) + " does not divide image_size " + std::to_string(c.image_size));
-  try {
-    activation(c.hidden_act, at::zeros({1}));
-  } catch (const Error& e) {
-    r.fail("hidden_act", e.what());
-  }
+  require_activation(r, "hidden_act", c.hidden_act);
   return c;
 }
 
@@ -67,6 +63,14 @@ at::Tensor activation(const std::string& name, const at::Tensor& x) {
   if (name == "silu" || name == "swish") return at::silu(x);
   throw Error("activation '" + name + "' is not supported (known: gelu, gelu_pytorch_tanh, gelu_new, quick_gelu, relu, "
               "silu)");
+}
+
+void require_activation(const JsonReader& r, const std::string& key, const std::string& name) {
+  try {
+    activation(name, at::zeros({1}));
+  } catch (const Error& e) {
+    r.fail(key, e.what());
+  }
 }
 
 VitAttentionImpl::VitAttentionImpl(int64_t hidden, int64_t heads)

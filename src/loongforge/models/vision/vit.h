@@ -18,6 +18,10 @@
 #include "loongforge/nn/attention.h"
 #include "loongforge/nn/linear.h"
 
+namespace lf {
+class JsonReader;
+}
+
 namespace lf::models::vision {
 
 struct VitConfig {
@@ -43,6 +47,8 @@ struct VitConfig {
 
 // x through a transformers activation by name (gelu, gelu_pytorch_tanh, gelu_new, quick_gelu, relu, silu).
 at::Tensor activation(const std::string& name, const at::Tensor& x);
+// An error naming r's field `key` unless `activation` knows `name`.
+void require_activation(const JsonReader& r, const std::string& key, const std::string& name);
 
 class VitAttentionImpl : public torch::nn::Module, public nn::AttentionHook {
  public:

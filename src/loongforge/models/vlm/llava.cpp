@@ -8,7 +8,6 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
-#include "loongforge/nn/loss.h"
 
 namespace lf::models::vlm {
 
@@ -45,11 +44,7 @@ LlavaConfig LlavaConfig::from_json(const nlohmann::json& j, const std::string& f
     r.fail("vision_feature_select_strategy", "'" + c.select_strategy + "' is not default or full");
   c.projector_act = r.string("projector_hidden_act", "gelu");
   c.projector_bias = r.boolean("multimodal_projector_bias", true);
-  try {
-    vision::activation(c.projector_act, at::zeros({1}));
-  } catch (const Error& e) {
-    r.fail("projector_hidden_act", e.what());
-  }
+  vision::require_activation(r, "projector_hidden_act", c.projector_act);
   for (int64_t l : c.feature_layers) {
     const int64_t n = c.vision.num_hidden_layers;
     if (l < -(n + 1) || l > n)
@@ -92,16 +87,6 @@ LlavaImpl::LlavaImpl(LlavaConfig c) : config_(std::move(c)) {
   }
 }
 
-void LlavaImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
-  torch::nn::Module::to(device, dtype, non_blocking);
-  language_model->to(device, dtype, non_blocking);  // its rotary tables
-}
-
-void LlavaImpl::to(torch::Device device, bool non_blocking) {
-  torch::nn::Module::to(device, non_blocking);
-  language_model->to(device, non_blocking);
-}
-
 void LlavaImpl::init_weights(double std) {
   const double text_std = std < 0 ? config_.text.raw.value("initializer_range", 0.02) : std;
   vision_tower->init_weights(std);
@@ -124,11 +109,6 @@ BatchSchema LlavaImpl::batch_schema() const {
   px.doc = "images [N, C, H, W] in the order of their image tokens; item field (pixel_values.row: each image's row)";
   s.push_back(px);
   return s;
-}
-
-double LlavaImpl::train_flops_per_sample(int64_t seq) const {
-  // the language model over the sequence; the tower and projector per image token it carries are small next to it
-  return language_model->train_flops_per_sample(seq);
 }
 
 at::Tensor LlavaImpl::image_features(const at::Tensor& pixel_values) {
@@ -164,57 +144,13 @@ at::Tensor LlavaImpl::merged_embeddings(const at::Tensor& ids, const at::Tensor&
 
 at::Tensor LlavaImpl::embed(const Batch& b) { return merged_embeddings(b.at("input_ids"), b.get("pixel_values"), "batch"); }
 
-at::Tensor LlavaImpl::head_loss_sum(const at::Tensor& h, const Batch& b) {
-  if (vocab_loss_fn) return vocab_loss_fn(h, language_model->output_weight(), b.at("targets"));
-  return language_model->head_loss_sum(h, b);
-}
-
 Model::ReferenceOutput LlavaImpl::reference_forward(const std::map<std::string, at::Tensor>& batch,
                                                     const std::string& file) {
-  auto it = batch.find("input_ids");
-  if (it == batch.end()) throw file_error(file, "input_ids", "missing");
-  const at::Tensor ids = it->second;
-  if (ids.scalar_type() != at::kLong || ids.dim() != 2) throw file_error(file, "input_ids", "expected int64 [B,T]");
-  if (ids.numel() && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= config_.text.vocab_size))
-    throw file_error(file, "input_ids", "ids must lie in [0, " + std::to_string(config_.text.vocab_size) + ")");
-  at::Tensor labels = ids;
-  if (auto l = batch.find("labels"); l != batch.end()) {
-    labels = l->second;
-    if (labels.scalar_type() != at::kLong || labels.sizes() != ids.sizes())
-      throw file_error(file, "labels", "expected int64 with the shape of input_ids");
-  }
+  auto [ids, labels] = reference_ids(batch, file);
   at::Tensor px;
   if (auto p = batch.find("pixel_values"); p != batch.end()) px = p->second;
-  Batch b{{"input_ids", ids}};
   at::Tensor h = merged_embeddings(ids, px, file);
-  const Batch in = block_inputs(b, h.scalar_type());
-  h = post_blocks(run_blocks(in, h, 0, num_blocks()));
-  at::Tensor logits = language_model->logits(h);
-  return {{{"logits", logits}}, nn::causal_lm_loss(logits, labels)};
-}
-
-Split LlavaImpl::split() const {
-  Split s = language_model->split();
-  auto prefix = [](std::vector<std::string>& v) {
-    for (auto& n : v) n = "language_model." + n;
-  };
-  prefix(s.pre);
-  prefix(s.post);
-  prefix(s.tied);
-  s.blocks = "language_model." + s.blocks;
-  s.pre.insert(s.pre.begin(), {"vision_tower", "multi_modal_projector"});
-  return s;
-}
-
-TensorParallelSpec LlavaImpl::tensor_parallel_spec() const {
-  TensorParallelSpec t = language_model->tensor_parallel_spec();
-  for (auto& rule : t.rules) rule.pattern = R"(language_model\.)" + rule.pattern;
-  return t;  // the tower and projector match no rule: replicated over the tensor-parallel group
-}
-
-std::string LlavaImpl::cuda_graph_blocker() const {
-  const std::string lm = language_model->cuda_graph_blocker();
-  return lm.empty() ? "the image-token count of a batch is read on the host (feature scatter)" : lm;
+  return reference_output(h, block_inputs(Batch{{"input_ids", ids}}, h.scalar_type()), labels);
 }
 
 std::vector<CheckpointTensor> LlavaImpl::checkpoint_tensors() const {
@@ -280,15 +216,12 @@ nlohmann::json describe(const LlavaConfig& c) {
 
 }  // namespace
 
-Family family() {
-  Family f;
-  f.name = "vlm";
-  f.model_types = {"llava"};
-  f.build = [](const nlohmann::json& j, const std::string& file) -> std::shared_ptr<Model> {
-    return Llava(LlavaConfig::from_json(j, file)).ptr();
-  };
-  f.describe = [](const nlohmann::json& j, const std::string& file) { return describe(LlavaConfig::from_json(j, file)); };
-  return f;
+std::shared_ptr<Model> build_llava(const nlohmann::json& j, const std::string& file) {
+  return Llava(LlavaConfig::from_json(j, file)).ptr();
+}
+
+nlohmann::json describe_llava(const nlohmann::json& j, const std::string& file) {
+  return describe(LlavaConfig::from_json(j, file));
 }
 
 }  // namespace lf::models::vlm

@@ -21,6 +21,7 @@
 #include "loongforge/models/model.h"
 #include "loongforge/models/registry.h"
 #include "loongforge/models/vision/vit.h"
+#include "loongforge/models/vlm/base.h"
 #include "loongforge/nn/linear.h"
 
 namespace lf::models::vlm {
@@ -54,7 +55,7 @@ class ProjectorImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Projector);
 
-class LlavaImpl : public Model {
+class LlavaImpl : public VisionLanguageModel {
  public:
   explicit LlavaImpl(LlavaConfig c);
 
@@ -65,26 +66,11 @@ class LlavaImpl : public Model {
   // The decoder LM's fields plus pixel_values [images, C, H, W] (float), the images of the batch in the order of
   // their image tokens (row by row); pixel_values.row [images] gives each image's row (Batch::rows splits by it).
   BatchSchema batch_schema() const override;
-  int64_t loss_terms(const Batch& b) const override { return language_model->loss_terms(b); }
-  double train_flops_per_sample(int64_t seq) const override;
   at::Tensor embed(const Batch& b) override;
   Batch block_inputs(const Batch& b, at::ScalarType dtype) const override {
     return language_model->block_inputs(b, dtype);
   }
-  at::Tensor block_forward(const Batch& in, const at::Tensor& h, int64_t i) override {
-    return language_model->block_forward(in, h, i);
-  }
-  at::Tensor post_blocks(const at::Tensor& h) override { return language_model->post_blocks(h); }
-  at::Tensor head_loss_sum(const at::Tensor& h, const Batch& b) override;
-  int64_t hidden_size() const override { return config_.text.hidden_size; }
-  int64_t num_blocks() const override { return config_.text.num_hidden_layers; }
-  torch::nn::Module& block(int64_t i) override { return language_model->block(i); }
   ReferenceOutput reference_forward(const std::map<std::string, at::Tensor>& batch, const std::string& file) override;
-  Split split() const override;
-  TensorParallelSpec tensor_parallel_spec() const override;
-  std::vector<nn::AttentionHook*> attention_modules() override { return language_model->attention_modules(); }
-  std::vector<std::pair<int64_t, nn::MoEImpl*>> moe_layers() const override { return language_model->moe_layers(); }
-  std::string cuda_graph_blocker() const override;
   std::optional<ImageTokens> image_tokens() const override {
     return ImageTokens{config_.image_token_id, config_.tokens_per_image()};
   }
@@ -99,20 +85,20 @@ class LlavaImpl : public Model {
   // errors: the counts must match).
   at::Tensor merged_embeddings(const at::Tensor& ids, const at::Tensor& pixel_values, const std::string& where);
   const LlavaConfig& config() const { return config_; }
-  using torch::nn::Module::to;
-  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
-  void to(torch::Device device, bool non_blocking = false) override;
 
   vision::VisionTower vision_tower{nullptr};
   Projector multi_modal_projector{nullptr};
-  llama::CausalLM language_model{nullptr};
+
+ protected:
+  std::vector<std::string> vision_modules() const override { return {"vision_tower", "multi_modal_projector"}; }
 
  private:
   LlavaConfig config_;
 };
 TORCH_MODULE(Llava);
 
-// The registry entry of the vision-language family (model_type llava).
-Family family();
+// Registry pieces of model_type llava (models/vlm/family.h lists them in the vision-language family).
+std::shared_ptr<Model> build_llava(const nlohmann::json& config, const std::string& file);
+nlohmann::json describe_llava(const nlohmann::json& config, const std::string& file);
 
 }  // namespace lf::models::vlm

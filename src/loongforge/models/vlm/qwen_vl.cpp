@@ -1,0 +1,271 @@
+// Qwen2.5-VL on the model contract (models/vlm/qwen_vl.h).
+#include "loongforge/models/vlm/qwen_vl.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <string>
+
+#include "loongforge/core/error.h"
+#include "loongforge/core/json.h"
+
+namespace lf::models::vlm {
+
+namespace {
+
+bool starts(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
+// transformers' Qwen2_5_VLTextConfig defaults for fields a config.json may leave out.
+const std::vector<std::pair<const char*, nlohmann::json>>& text_defaults() {
+  static const std::vector<std::pair<const char*, nlohmann::json>> d = {
+      {"vocab_size", 152064},          {"hidden_size", 8192},        {"intermediate_size", 29568},
+      {"num_hidden_layers", 80},       {"num_attention_heads", 64},  {"num_key_value_heads", 8},
+      {"max_position_embeddings", 32768}, {"rms_norm_eps", 1e-5},    {"rope_theta", 1000000.0}};
+  return d;
+}
+
+}  // namespace
+
+QwenVLConfig QwenVLConfig::from_json(const nlohmann::json& j, const std::string& file) {
+  JsonReader r(j, file);
+  QwenVLConfig c;
+  c.raw = j;
+  const nlohmann::json vision = r.has("vision_config") ? j.at("vision_config") : nlohmann::json::object();
+  if (!vision.is_object()) r.expected("vision_config", "an object");
+  c.vision = vision::QwenVitConfig::from_json(vision, file, "vision_config");
+  // The decoder: text_config (transformers 5), or the top-level fields (the configs Qwen published).
+  const bool nested = r.has("text_config");
+  nlohmann::json t = nested ? j.at("text_config") : j;
+  if (!t.is_object()) r.expected("text_config", "an object");
+  t.erase("vision_config");
+  for (const auto& [k, v] : text_defaults())
+    if (!t.contains(k) || t.at(k).is_null()) t[k] = v;
+  t.erase("head_dim");  // Qwen2.5-VL's attention uses hidden_size / num_attention_heads
+  const bool tied = r.boolean("tie_word_embeddings", false) ||
+                    (nested && t.contains("tie_word_embeddings") && t.at("tie_word_embeddings") == true);
+  t["tie_word_embeddings"] = tied;
+  t["model_type"] = "qwen2";
+  try {
+    c.text = llama::DecoderConfig::from_json(t, file);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + (nested ? " (in text_config)" : ""));
+  }
+  const std::string rope_block = std::string(nested ? "text_config." : "") +
+                                 (t.contains("rope_scaling") && !t.at("rope_scaling").is_null() ? "rope_scaling"
+                                                                                                 : "rope_parameters");
+  auto& sections = c.text.rope.mrope_section;
+  if (sections.empty()) sections = {16, 24, 24};  // transformers' default
+  int64_t sum = 0;
+  for (int64_t n : sections) sum += n;
+  if (sum != c.text.head_dim / 2)
+    throw file_error(file, rope_block + ".mrope_section",
+                     "sections summing to head_dim / 2 = " + std::to_string(c.text.head_dim / 2) + " expected");
+  if (c.text.rope.type != "default")
+    throw file_error(file, rope_block + ".rope_type", "'" + c.text.rope.type + "' is not supported with multimodal rope");
+  c.image_token_id = r.integer("image_token_id", c.image_token_id);
+  c.video_token_id = r.integer("video_token_id", c.video_token_id);
+  if (c.image_token_id < 0 || c.image_token_id >= c.text.vocab_size)
+    r.fail("image_token_id",
+           std::to_string(c.image_token_id) + " is outside the vocabulary of " + std::to_string(c.text.vocab_size));
+  if (c.vision.out_hidden_size != c.text.hidden_size)
+    throw file_error(file, "vision_config.out_hidden_size",
+                     std::to_string(c.vision.out_hidden_size) + " differs from the language model's hidden_size " +
+                         std::to_string(c.text.hidden_size));
+  return c;
+}
+
+QwenVLImpl::QwenVLImpl(QwenVLConfig c) : config_(std::move(c)) {
+  visual = register_module("visual", vision::QwenVisionTower(config_.vision));
+  language_model = register_module("language_model", llama::CausalLM(config_.text));
+}
+
+void QwenVLImpl::init_weights(double std) {
+  visual->init_weights(std);
+  language_model->init_weights(std);
+}
+
+BatchSchema QwenVLImpl::batch_schema() const {
+  BatchSchema s;
+  for (const BatchField& f : language_model->batch_schema())
+    if (f.name == "input_ids" || f.name == "targets") s.push_back(f);
+  BatchField px;
+  px.name = "pixel_values";
+  px.dtype = at::kFloat;
+  px.required = false;
+  px.doc = "patches [patches, C * temporal_patch_size * patch_size^2] of the images in token order; item field "
+           "(pixel_values.row: each patch's row)";
+  s.push_back(px);
+  BatchField grid;
+  grid.name = "image_grid_thw";
+  grid.required = false;
+  grid.doc = "each image's (t, h, w) in patches [images, 3]; item field (image_grid_thw.row)";
+  s.push_back(grid);
+  return s;
+}
+
+at::Tensor QwenVLImpl::rope_index(const at::Tensor& ids, const at::Tensor& image_mask, const at::Tensor& grid_thw,
+                                  const std::string& where) const {
+  const int64_t rows = ids.size(0), len = ids.size(1), m = config_.vision.spatial_merge_size;
+  const at::Tensor mask = image_mask.to(at::kCPU, at::kBool).contiguous();
+  const at::Tensor grid = grid_thw.defined() ? grid_thw.to(at::kCPU, at::kLong).contiguous() : at::zeros({0, 3}, at::kLong);
+  const bool* is_image = mask.data_ptr<bool>();
+  const int64_t* g = grid.data_ptr<int64_t>();
+  at::Tensor pos = at::empty({3, rows, len}, at::kLong);
+  int64_t* p = pos.data_ptr<int64_t>();
+  const int64_t plane = rows * len;
+  int64_t image = 0;
+  for (int64_t b = 0; b < rows; ++b) {
+    int64_t next = 0;  // the position the next token starts at
+    for (int64_t i = 0; i < len;) {
+      const int64_t at_ = b * len + i;
+      if (!is_image[at_]) {
+        p[at_] = p[plane + at_] = p[2 * plane + at_] = next++;
+        ++i;
+        continue;
+      }
+      if (image >= grid.size(0))
+        throw Error(where + ": row " + std::to_string(b) + " has image tokens past the " + std::to_string(grid.size(0)) +
+                    " images of image_grid_thw");
+      const int64_t t = g[3 * image], gh = g[3 * image + 1] / m, gw = g[3 * image + 2] / m, n = t * gh * gw;
+      for (int64_t k = 0; k < n; ++k)
+        if (i + k >= len || !is_image[at_ + k])
+          throw Error(where + ": row " + std::to_string(b) + ": image " + std::to_string(image) + " (grid " +
+                      std::to_string(t) + "x" + std::to_string(gh * m) + "x" + std::to_string(gw * m) + ") needs " +
+                      std::to_string(n) + " consecutive image tokens from position " + std::to_string(i));
+      for (int64_t k = 0; k < n; ++k) {
+        p[at_ + k] = next + k / (gh * gw);
+        p[plane + at_ + k] = next + (k / gw) % gh;
+        p[2 * plane + at_ + k] = next + k % gw;
+      }
+      next += std::max(gh, gw);  // transformers: the text after an image starts at its start + max(rows, columns)
+      i += n;
+      ++image;
+    }
+  }
+  return pos.to(ids.device());
+}
+
+at::Tensor QwenVLImpl::merged_embeddings(const at::Tensor& ids, const at::Tensor& pixel_values,
+                                         const at::Tensor& grid_thw, const at::Tensor& image_mask,
+                                         const std::string& where) {
+  at::Tensor h = embed_fn ? embed_fn(ids) : language_model->embed(ids);
+  const int64_t tokens = image_mask.sum().item<int64_t>();
+  int64_t needed = 0, images = 0;
+  if (grid_thw.defined()) {
+    if (grid_thw.dim() != 2 || grid_thw.size(1) != 3) throw Error(where + ": image_grid_thw must be [images, 3]");
+    const at::Tensor g = grid_thw.to(at::kCPU, at::kLong);
+    images = g.size(0);
+    needed = images ? (g.select(1, 0) * g.select(1, 1) * g.select(1, 2)).sum().item<int64_t>() /
+                          config_.vision.merge_unit()
+                    : 0;
+  }
+  if (tokens != needed)
+    throw Error(where + ": " + std::to_string(tokens) + " image tokens (id " + std::to_string(config_.image_token_id) +
+                ") but the " + std::to_string(images) + " images of image_grid_thw give " + std::to_string(needed) +
+                " (t * h * w / spatial_merge_size^2 each)");
+  if (images == 0) return h;
+  if (!pixel_values.defined()) throw Error(where + ": image_grid_thw without pixel_values");
+  at::Tensor f = visual(pixel_values, grid_thw, where).to(h.scalar_type());
+  return h.masked_scatter(image_mask.unsqueeze(-1).to(h.device()), f);
+}
+
+at::Tensor QwenVLImpl::embed(const Batch& b) {
+  const at::Tensor& ids = b.at("input_ids");
+  return merged_embeddings(ids, b.get("pixel_values"), b.get("image_grid_thw"), ids == config_.image_token_id, "batch");
+}
+
+Batch QwenVLImpl::block_inputs(const Batch& b, at::ScalarType dtype) const {
+  const at::Tensor& ids = b.at("input_ids");
+  const at::Tensor grid = b.get("image_grid_thw");
+  at::Tensor pos = rope_index(ids, ids == config_.image_token_id, grid, "batch");
+  auto [cos, sin] = language_model->rotary(pos, dtype);
+  return Batch{{"cos", cos}, {"sin", sin}};
+}
+
+Model::ReferenceOutput QwenVLImpl::reference_forward(const std::map<std::string, at::Tensor>& batch,
+                                                     const std::string& file) {
+  auto get = [&](const char* name) {
+    auto it = batch.find(name);
+    return it == batch.end() ? at::Tensor() : it->second;
+  };
+  auto [ids, labels] = reference_ids(batch, file);
+  for (const char* name : {"pixel_values_videos", "video_grid_thw"})
+    if (get(name).defined()) throw file_error(file, name, "videos are not supported yet");
+  const at::Tensor px = get("pixel_values"), grid = get("image_grid_thw");
+  if (px.defined() != grid.defined())
+    throw file_error(file, px.defined() ? "image_grid_thw" : "pixel_values", "missing (pixel_values comes with image_grid_thw)");
+  if (grid.defined() && (grid.dim() != 2 || grid.size(1) != 3 || at::isFloatingType(grid.scalar_type())))
+    throw file_error(file, "image_grid_thw", "expected integers [images, 3]");
+  if (px.defined() && !at::isFloatingType(px.scalar_type())) throw file_error(file, "pixel_values", "expected floats");
+  if (at::Tensor am = get("attention_mask"); am.defined()) {
+    if (am.sizes() != ids.sizes() || !(am == 1).all().item<bool>())
+      throw file_error(file, "attention_mask", "padding is not supported (all ones with the shape of input_ids expected)");
+  }
+  // transformers groups the positions by mm_token_type_ids (1: image); without it, by the image tokens
+  at::Tensor rope_mask = ids == config_.image_token_id;
+  if (at::Tensor tt = get("mm_token_type_ids"); tt.defined()) {
+    if (tt.sizes() != ids.sizes() || at::isFloatingType(tt.scalar_type()))
+      throw file_error(file, "mm_token_type_ids", "expected integers with the shape of input_ids");
+    if ((tt > 1).any().item<bool>() || (tt < 0).any().item<bool>())
+      throw file_error(file, "mm_token_type_ids", "only text (0) and image (1) tokens are supported");
+    rope_mask = tt == 1;
+  }
+  at::Tensor h = merged_embeddings(ids, px, grid, ids == config_.image_token_id, file);
+  auto [cos, sin] = language_model->rotary(rope_index(ids, rope_mask, grid, file), h.scalar_type());
+  return reference_output(h, Batch{{"cos", cos}, {"sin", sin}}, labels);
+}
+
+std::vector<CheckpointTensor> QwenVLImpl::checkpoint_tensors() const {
+  std::vector<CheckpointTensor> out;
+  for (const auto& item : visual->named_parameters()) out.push_back({"visual." + item.key(), "visual." + item.key()});
+  for (CheckpointTensor e : language_model->checkpoint_tensors()) {  // model.*, lm_head.weight
+    e.param = "language_model." + e.param;
+    out.push_back(e);
+  }
+  return out;
+}
+
+bool QwenVLImpl::ignorable_checkpoint_tensor(const std::string& name) const {
+  if (starts(name, "visual.")) return name.ends_with("rotary_pos_emb.inv_freq");
+  return language_model->ignorable_checkpoint_tensor(name);
+}
+
+std::string QwenVLImpl::canonical_checkpoint_name(const std::string& n) const {
+  // transformers' in-memory names (model.visual.*, model.language_model.*) -> the saved layout
+  if (starts(n, "model.visual.")) return n.substr(6);
+  if (starts(n, "model.language_model.")) return "model." + n.substr(21);
+  return n;
+}
+
+std::string QwenVLImpl::reference_name(const std::string& n) const {
+  if (starts(n, "visual.")) return "model." + n;
+  if (starts(n, "model.")) return "model.language_model." + n.substr(6);
+  return n;  // lm_head.weight
+}
+
+std::shared_ptr<Model> build_qwen_vl(const nlohmann::json& j, const std::string& file) {
+  return QwenVL(QwenVLConfig::from_json(j, file)).ptr();
+}
+
+nlohmann::json describe_qwen_vl(const nlohmann::json& j, const std::string& file) {
+  const QwenVLConfig c = QwenVLConfig::from_json(j, file);
+  const auto& v = c.vision;
+  const int64_t tower = v.num_tower_parameters(), merger = v.num_merger_parameters(), text = c.text.num_parameters();
+  nlohmann::json vt = {{"model_type", "qwen2_5_vl_vision"}, {"parameters", tower},
+                       {"layers", v.depth},                 {"hidden_size", v.hidden_size},
+                       {"heads", v.num_heads},              {"patch_size", v.patch_size},
+                       {"temporal_patch_size", v.temporal_patch_size}, {"window_size", v.window_size},
+                       {"fullatt_block_indexes", v.fullatt_block_indexes}};
+  nlohmann::json mg = {{"kind", "patch_merger"}, {"spatial_merge_size", v.spatial_merge_size}, {"parameters", merger}};
+  nlohmann::json lm = {{"model_type", "qwen2"},           {"parameters", text},
+                       {"layers", c.text.num_hidden_layers}, {"hidden_size", c.text.hidden_size},
+                       {"vocab_size", c.text.vocab_size},   {"mrope_section", c.text.rope.mrope_section},
+                       {"tied_embeddings", c.text.tie_word_embeddings}};
+  return {{"family", "vlm"},
+          {"model_type", "qwen2_5_vl"},
+          {"parameters", tower + merger + text},
+          {"image_token_id", c.image_token_id},
+          {"components", {{"vision_tower", vt}, {"merger", mg}, {"language_model", lm}}}};
+}
+
+}  // namespace lf::models::vlm

@@ -1,0 +1,85 @@
+// Qwen2.5-VL (transformers' Qwen2_5_VLForConditionalGeneration): the Qwen2.5-VL vision tower and patch merger
+// (models/vision/qwen_vit.h) and a Qwen2 decoder with multimodal RoPE. Each image's merged features replace its
+// image tokens (image_token_id) in order; positions are transformers' get_rope_index: text tokens count on from the
+// previous token, an image's tokens get (temporal, row, column) positions on its merged grid offset by the position
+// where the image starts, and the text after an image continues at that start + max(rows, columns). The rotary
+// frequencies are split into mrope_section (temporal, height, width) sections, each turned by its own position.
+//
+// On the contract (models/model.h) the tower and merger run inside embed(), before the language model's blocks:
+// pipeline stage 0 holds them, tensor parallelism leaves them replicated (the plan names only the language model's
+// modules). Batches carry the images as item fields: pixel_values [patches, C * T * P * P] with pixel_values.row
+// (each patch's row) and image_grid_thw [images, 3] with image_grid_thw.row.
+//
+// Module names: `visual.*` (the tower, as the checkpoint) and `language_model.{model,lm_head}.*` (a decoder LM).
+// Checkpoints use the key layout save_pretrained writes (`visual.*`, `model.*`, `lm_head.weight`); loading also
+// takes transformers' in-memory names (`model.visual.*`, `model.language_model.*`), which `dump` names gradients by.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "loongforge/models/llama/model.h"
+#include "loongforge/models/model.h"
+#include "loongforge/models/registry.h"
+#include "loongforge/models/vision/qwen_vit.h"
+#include "loongforge/models/vlm/base.h"
+
+namespace lf::models::vlm {
+
+struct QwenVLConfig {
+  vision::QwenVitConfig vision;
+  llama::DecoderConfig text;
+  int64_t image_token_id = 151655, video_token_id = 151656;
+  nlohmann::json raw;
+
+  static QwenVLConfig from_json(const nlohmann::json& j, const std::string& file);
+};
+
+class QwenVLImpl : public VisionLanguageModel {
+ public:
+  explicit QwenVLImpl(QwenVLConfig c);
+
+  std::string family() const override { return "vlm"; }
+  std::string model_type() const override { return "qwen2_5_vl"; }
+  const nlohmann::json& config_json() const override { return config_.raw; }
+  void init_weights(double std) override;
+  // input_ids, targets [B,T]; pixel_values [patches, C*T*P*P] and image_grid_thw [images, 3] (item fields with
+  // .row), the images in the order of their image tokens.
+  BatchSchema batch_schema() const override;
+  at::Tensor embed(const Batch& b) override;
+  // cos, sin of the multimodal positions of input_ids and image_grid_thw.
+  Batch block_inputs(const Batch& b, at::ScalarType dtype) const override;
+  // input_ids, optional labels, pixel_values + image_grid_thw, optional mm_token_type_ids (1 marks image tokens;
+  // default: the image_token_id tokens) and attention_mask (all ones).
+  ReferenceOutput reference_forward(const std::map<std::string, at::Tensor>& batch, const std::string& file) override;
+  std::vector<CheckpointTensor> checkpoint_tensors() const override;
+  bool ignorable_checkpoint_tensor(const std::string& name) const override;
+  std::string canonical_checkpoint_name(const std::string& stored) const override;
+  std::string reference_name(const std::string& checkpoint_name) const override;
+
+  // transformers' get_rope_index: [3, B, T] positions of ids [B,T] whose image tokens (where image_mask [B,T] is
+  // true) hold the images of grid_thw [images, 3] in order. `where` names the batch in errors.
+  at::Tensor rope_index(const at::Tensor& ids, const at::Tensor& image_mask, const at::Tensor& grid_thw,
+                        const std::string& where) const;
+  // Text embeddings with the images' merged features in their image tokens (the counts must match).
+  at::Tensor merged_embeddings(const at::Tensor& ids, const at::Tensor& pixel_values, const at::Tensor& grid_thw,
+                               const at::Tensor& image_mask, const std::string& where);
+  const QwenVLConfig& config() const { return config_; }
+
+  vision::QwenVisionTower visual{nullptr};
+
+ protected:
+  std::vector<std::string> vision_modules() const override { return {"visual"}; }
+
+ private:
+  QwenVLConfig config_;
+};
+TORCH_MODULE(QwenVL);
+
+// Registry pieces of model_type qwen2_5_vl (models/vlm/family.h lists them in the vision-language family).
+std::shared_ptr<Model> build_qwen_vl(const nlohmann::json& config, const std::string& file);
+nlohmann::json describe_qwen_vl(const nlohmann::json& config, const std::string& file);
+
+}  // namespace lf::models::vlm
