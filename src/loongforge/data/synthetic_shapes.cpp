@@ -27,7 +27,7 @@ constexpr const char* kShapes[] = {"circle", "square", "triangle"};
 
 // One image: the shape's colour and kind drawn at a random place and size on a noisy dark background.
 at::Tensor draw(std::mt19937_64& rng, int colour, int shape) {
-  std::uniform_int_distribution<int> bg(15, 70), noise(-12, 12), centre(20, 36), radius(10, 17);
+  std::uniform_int_distribution<int> bg(15, 70), noise(-12, 12), centre(25, 31), radius(13, 18);
   at::Tensor img = at::empty({kSize, kSize, 3}, at::kByte);
   uint8_t* p = img.mutable_data_ptr<uint8_t>();
   const int base[3] = {bg(rng), bg(rng), bg(rng)};

@@ -194,6 +194,13 @@ std::string CausalLMImpl::cuda_graph_blocker() const {
   return "";
 }
 
+std::string CausalLMImpl::reference_name(const std::string& n) const {
+  const std::string from = "." + config_.moe_checkpoint_name + ".", to = "." + config_.moe_module_name + ".";
+  if (from == to) return n;
+  const size_t p = n.find(from);
+  return p == std::string::npos ? n : n.substr(0, p) + to + n.substr(p + from.size());
+}
+
 bool CausalLMImpl::ignorable_checkpoint_tensor(const std::string& name) const {
   // buffers older transformers versions saved; a tied checkpoint may still carry lm_head.weight
   return name.ends_with("rotary_emb.inv_freq") || (config_.tie_word_embeddings && name == "lm_head.weight");

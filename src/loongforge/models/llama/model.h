@@ -105,6 +105,9 @@ class CausalLMImpl : public models::Model {
   // [E,d,f]); the routers' e_score_correction_bias are buffers saved with the weights.
   std::vector<CheckpointTensor> checkpoint_tensors() const override;
   bool ignorable_checkpoint_tensor(const std::string& name) const override;
+  // transformers' in-memory name of a checkpoint tensor: Mixtral's checkpoints say block_sparse_moe where the module
+  // is mlp.
+  std::string reference_name(const std::string& checkpoint_name) const override;
 
   // ---- the decoder LM's own interface (generation, tests) ----
   // Final hidden states [B,T,hidden]. position_ids [B,T] (default: cache length + 0..T-1); segment_ids [B,T]

@@ -183,8 +183,10 @@ std::string LlavaImpl::canonical_checkpoint_name(const std::string& n) const {
 }
 
 std::string LlavaImpl::reference_name(const std::string& n) const {
-  if (starts(n, "language_model.lm_head.")) return n.substr(15);
-  if (starts(n, "language_model.model.")) return "model.language_model." + n.substr(21);
+  if (starts(n, "language_model.")) {  // the language model's own in-memory name, placed as transformers places it
+    const std::string lm = language_model->reference_name(n.substr(15));
+    return starts(lm, "model.") ? "model.language_model." + lm.substr(6) : lm;
+  }
   return "model." + n;
 }
 

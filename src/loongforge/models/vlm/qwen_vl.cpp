@@ -239,8 +239,9 @@ std::string QwenVLImpl::canonical_checkpoint_name(const std::string& n) const {
 
 std::string QwenVLImpl::reference_name(const std::string& n) const {
   if (starts(n, "visual.")) return "model." + n;
-  if (starts(n, "model.")) return "model.language_model." + n.substr(6);
-  return n;  // lm_head.weight
+  const std::string lm = language_model->reference_name(n);  // the language model's in-memory name
+  if (starts(lm, "model.")) return "model.language_model." + lm.substr(6);
+  return lm;  // lm_head.weight
 }
 
 std::shared_ptr<Model> build_qwen_vl(const nlohmann::json& j, const std::string& file) {
