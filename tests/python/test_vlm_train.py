@@ -123,3 +123,38 @@ def test_image_marker_mismatch_is_one_line(tmp_path):
         {"from": "human", "value": "<image>"}, {"from": "gpt", "value": "ok"}]}]))
     err = run_lf("train", recipe(tmp_path, model_dir, tmp_path / "e.json"), check=False).stderr
     assert "missing.png" in err and len(err.strip().splitlines()) == 1
+
+
+def test_component_learning_rates_and_frozen_parts(tmp_path):
+    """optim.lr_multipliers: multiplier 0 on the vision tower leaves it bitwise as loaded while the rest trains; the
+    tower's parts its features never reach (CLIP's post_layernorm) stay as loaded too (no weight decay); a multiplier
+    of 0.5 at lr 2e-3 gives bitwise the run at lr 1e-3."""
+    from safetensors.torch import load_file
+    model_dir = tmp_path / "m"
+    make_model_dir(model_dir)
+    draw(tmp_path / "a.png", (220, 30, 30))
+    draw(tmp_path / "b.png", (30, 40, 210))
+    data = [{"image": f, "conversations": [{"from": "human", "value": "<image>\nWhat colour?"},
+                                           {"from": "gpt", "value": c}]} for f, c in (("a.png", "Red."), ("b.png", "Blue."))]
+    (tmp_path / "d.json").write_text(json.dumps(data))
+    start = load_file(str(model_dir / "model.safetensors"))
+
+    def run(name, *sets):
+        r = recipe(tmp_path, model_dir, tmp_path / "d.json", steps=3)
+        run_lf("train", r, "--set", f"output_dir={tmp_path / name}", "--set", "schedule.kind=constant",
+               "--set", "optim.weight_decay=0.1", *sets)
+        ck = tmp_path / name / "checkpoints" / (tmp_path / name / "checkpoints" / "latest").read_text().strip()
+        return load_file(str(ck / "model.safetensors"))
+
+    frozen = run("frozen", "--set", 'optim.lr_multipliers=[{pattern: "^vision_tower\\\\.", multiplier: 0}]')
+    for k, v in start.items():
+        same = torch.equal(frozen[k], v)
+        assert same == k.startswith("vision_tower."), k
+    full = run("full", "--set", "optim.lr=1e-3")
+    assert not torch.equal(full["vision_tower.encoder.layers.0.mlp.fc1.weight"],
+                           start["vision_tower.encoder.layers.0.mlp.fc1.weight"])
+    for k in ("vision_tower.post_layernorm.weight", "vision_tower.post_layernorm.bias"):
+        assert torch.equal(full[k], start[k]), k
+    half = run("half", "--set", "optim.lr=2e-3", "--set", 'optim.lr_multipliers=[{pattern: ".", multiplier: 0.5}]')
+    for k in full:
+        assert torch.equal(half[k], full[k]), k

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <type_traits>
 #if defined(__x86_64__)
@@ -155,6 +156,11 @@ bool cuda_multi_tensor(const std::vector<at::Tensor>& params) {
 }
 }  // namespace
 
+void AdamW::set_lr_scale(std::vector<double> scale) {
+  TORCH_CHECK(scale.empty() || scale.size() == params_.size(), "AdamW: one learning-rate scale per parameter");
+  lr_scale_ = std::move(scale);
+}
+
 void AdamW::step(std::optional<double> lr, double grad_scale) {
   ++step_;
   const double rate = lr.value_or(opts_.lr);
@@ -167,19 +173,25 @@ void AdamW::step(std::optional<double> lr, double grad_scale) {
       if (p.grad().defined()) p.mutable_grad().mul_(grad_scale);
     grad_scale = 1.0;
   }
-  if (cuda_multi_tensor(params_)) {
-    std::vector<at::Tensor> ps, gs, ms, vs;
-    std::vector<double> wds;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!params_[i].grad().defined()) continue;
-      ps.push_back(params_[i]);
-      gs.push_back(params_[i].grad().contiguous());
-      ms.push_back(m_[i]);
-      vs.push_back(v_[i]);
-      wds.push_back(wd_[i]);
-    }
+  auto scale_of = [&](size_t i) { return lr_scale_.empty() ? 1.0 : lr_scale_[i]; };
+  if (cuda_multi_tensor(params_)) {  // one launch per learning-rate scale
+    std::map<double, std::vector<size_t>> by_scale;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].grad().defined()) by_scale[scale_of(i)].push_back(i);
     at::NoGradGuard no_grad;
-    kernels::cuda::multi_tensor_adamw(ps, gs, ms, vs, {rate, opts_.beta1, opts_.beta2, opts_.eps, step_}, wds);
+    for (const auto& [scale, idx] : by_scale) {
+      std::vector<at::Tensor> ps, gs, ms, vs;
+      std::vector<double> wds;
+      for (size_t i : idx) {
+        ps.push_back(params_[i]);
+        gs.push_back(params_[i].grad().contiguous());
+        ms.push_back(m_[i]);
+        vs.push_back(v_[i]);
+        wds.push_back(wd_[i]);
+      }
+      kernels::cuda::multi_tensor_adamw(ps, gs, ms, vs, {rate * scale, opts_.beta1, opts_.beta2, opts_.eps, step_},
+                                        wds);
+    }
     return;
   }
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -188,20 +200,21 @@ void AdamW::step(std::optional<double> lr, double grad_scale) {
     at::NoGradGuard no_grad;
     at::Tensor g = p.grad().contiguous();
     TORCH_CHECK(p.is_contiguous(), "AdamW: parameters must be contiguous");
+    const double rate_i = rate * scale_of(i);
     if (p.device().is_cpu() && (p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble)) {
       AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "adamw", [&] {
         adamw_kernel<scalar_t>(p.data_ptr<scalar_t>(), g.data_ptr<scalar_t>(), m_[i].data_ptr<scalar_t>(),
-                               v_[i].data_ptr<scalar_t>(), p.numel(), rate, opts_.beta1, opts_.beta2, opts_.eps,
+                               v_[i].data_ptr<scalar_t>(), p.numel(), rate_i, opts_.beta1, opts_.beta2, opts_.eps,
                                wd_[i], step_, grad_scale);
       });
     } else {  // composite path (other devices/dtypes), same formula
-      p.mul_(1 - rate * wd_[i]);
+      p.mul_(1 - rate_i * wd_[i]);
       m_[i].lerp_(g, 1 - opts_.beta1);
       v_[i].mul_(opts_.beta2).addcmul_(g, g, 1 - opts_.beta2);
       double bc1 = 1 - std::pow(opts_.beta1, static_cast<double>(step_));
       double bc2 = 1 - std::pow(opts_.beta2, static_cast<double>(step_));
       at::Tensor denom = (v_[i].sqrt() / std::sqrt(bc2)).add_(opts_.eps);
-      p.addcdiv_(m_[i], denom, -(rate / bc1));
+      p.addcdiv_(m_[i], denom, -(rate_i / bc1));
     }
   }
 }

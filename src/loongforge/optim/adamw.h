@@ -27,6 +27,9 @@ class AdamW {
   // Drops the gradients (set_to_none) or zeroes them in place, keeping their storage (a CUDA graph that
   // accumulates into them needs the same addresses every step).
   void zero_grad(bool set_to_none = true);
+  // Per-parameter learning-rate multipliers (empty: 1 for all): parameter i steps with lr * scale[i] (its weight
+  // decay too, as a parameter group's lr does in torch).
+  void set_lr_scale(std::vector<double> scale);
   int64_t steps() const { return step_; }
   const AdamWOptions& options() const { return opts_; }
   std::vector<at::Tensor>& exp_avg() { return m_; }
@@ -35,7 +38,7 @@ class AdamW {
 
  private:
   std::vector<at::Tensor> params_, m_, v_;
-  std::vector<double> wd_;
+  std::vector<double> wd_, lr_scale_;
   AdamWOptions opts_;
   int64_t step_ = 0;
 };

@@ -96,6 +96,15 @@ double DataParallelOptimizer::clip_grad_norm(double max_norm) {
   return total;
 }
 
+void DataParallelOptimizer::set_lr_scale(const std::map<std::string, double>& by_name) {
+  std::vector<double> scale;
+  for (const auto& pr : pieces_) {
+    auto it = by_name.find(engine_->names()[pr.piece.param]);
+    scale.push_back(it == by_name.end() ? 1.0 : it->second);
+  }
+  adam_->set_lr_scale(std::move(scale));
+}
+
 void DataParallelOptimizer::step(double lr) {
   finish_backward();
   // Re-attach the gradient views (a caller may have cleared .grad of our views; they alias the shards).

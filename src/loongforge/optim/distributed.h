@@ -53,6 +53,8 @@ class DataParallelOptimizer {
   double grad_sq_norm();
   void scale_grads(double total, double max_norm);
   void step(double lr);
+  // Learning-rate multipliers by parameter name (absent: 1), as AdamW::set_lr_scale.
+  void set_lr_scale(const std::map<std::string, double>& by_name);
   void zero_grad() { engine_->zero_grad(); }
   int64_t steps() const { return adam_->steps(); }
   void set_steps(int64_t s) { adam_->set_steps(s); }

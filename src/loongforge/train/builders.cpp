@@ -65,9 +65,23 @@ ModelBundle build_model(const json& r) {
   for (const auto& f : m["freeze"]) freeze.emplace_back(f.get<std::string>());
   for (const auto& f : r["optim"]["no_decay"]) no_decay.emplace_back(f.get<std::string>());
   double wd = r["optim"]["weight_decay"];
+  std::vector<std::pair<std::regex, double>> lr_mult;
+  for (const auto& e : r["optim"]["lr_multipliers"]) {
+    const std::string pat = e["pattern"];
+    const double mult = e["multiplier"];
+    if (pat.empty() || !(mult >= 0)) throw Error("recipe: field 'optim.lr_multipliers': each entry needs a pattern and a multiplier >= 0");
+    try {
+      lr_mult.emplace_back(std::regex(pat), mult);
+    } catch (const std::regex_error& err) {
+      throw Error("recipe: field 'optim.lr_multipliers': pattern '" + pat + "': " + err.what());
+    }
+  }
+  bool scaled = false;
   for (auto& item : b.model->named_parameters()) {
     const std::string& n = item.key();
-    bool frozen = std::any_of(freeze.begin(), freeze.end(), [&](const std::regex& re) { return std::regex_search(n, re); });
+    // what the recipe freezes, and what the model itself keeps frozen (a vision tower's layers its features skip)
+    bool frozen = !item.value().requires_grad() ||
+                  std::any_of(freeze.begin(), freeze.end(), [&](const std::regex& re) { return std::regex_search(n, re); });
     if (b.trainable.lora) frozen = frozen || n.find(".lora_") == std::string::npos;
     item.value().set_requires_grad(!frozen);
     if (frozen) continue;
@@ -75,7 +89,13 @@ ModelBundle build_model(const json& r) {
     b.trainable.names.push_back(n);
     b.trainable.params.push_back(item.value());
     b.weight_decay.push_back(nd ? 0.0 : wd);
+    double scale = 1.0;  // every matching pattern multiplies
+    for (const auto& [re, mult] : lr_mult)
+      if (std::regex_search(n, re)) scale *= mult;
+    scaled = scaled || scale != 1.0;
+    b.lr_scale.push_back(scale);
   }
+  if (!scaled) b.lr_scale.clear();
   if (b.trainable.params.empty()) throw Error("recipe: field 'model.freeze': every parameter is frozen");
   return b;
 }

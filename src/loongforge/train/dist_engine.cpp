@@ -140,8 +140,9 @@ class DistEngine : public Engine {
     mb_ = o.micro_batch_size;
 
     // Which parameters train (by name) and their weight decay, from the bundle.
-    std::map<std::string, double> wd;
+    std::map<std::string, double> wd, lr_scale;
     for (size_t i = 0; i < b_.trainable.names.size(); ++i) wd[b_.trainable.names[i]] = b_.weight_decay[i];
+    for (size_t i = 0; i < b_.lr_scale.size(); ++i) lr_scale[b_.trainable.names[i]] = b_.lr_scale[i];
     const optim::AdamWOptions& ao = o.adamw;
 
     if (layout_.zero == 3) {  // FSDP / HSDP (data parallel only; validated)
@@ -153,6 +154,7 @@ class DistEngine : public Engine {
       std::vector<double> decay;
       for (const auto& n : fsdp_->names()) decay.push_back(wd.count(n) ? wd[n] : 0.0);
       opt_ = std::make_unique<optim::DataParallelOptimizer>(fsdp_, decay, ao);
+      if (!lr_scale.empty()) opt_->set_lr_scale(lr_scale);
       for (const auto& n : fsdp_->names()) saved_names_.push_back(n);
       return;
     }
@@ -223,6 +225,10 @@ class DistEngine : public Engine {
     if (!enames.empty())  // expert slices: summed over the data ranks holding the same experts only
       eopt_ = std::make_unique<optim::DataParallelOptimizer>(enames, eparams, edecay, ao,
                                                              mesh_->group_over({"dp_rep", "cp"}), shard, dpo);
+    if (!lr_scale.empty()) {
+      opt_->set_lr_scale(lr_scale);
+      if (eopt_) eopt_->set_lr_scale(lr_scale);
+    }
   }
 
   void set_sync(bool last) {

@@ -20,6 +20,7 @@ struct ModelBundle {
   std::shared_ptr<models::Model> model;
   TrainableSet trainable;
   std::vector<double> weight_decay;
+  std::vector<double> lr_scale;  // optim.lr_multipliers, one per trainable parameter (empty: all 1)
   std::string tokenizer;
 };
 

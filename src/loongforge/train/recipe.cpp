@@ -38,7 +38,8 @@ const char* kDefaults = R"json({
   "train": {"steps": 100, "micro_batch_size": 8, "grad_accum": 1, "threads": 0, "cpu_split": 0, "stop_at_step": 0,
             "cuda_graphs": false},
   "optim": {"lr": 3e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
-            "no_decay": ["norm", "bias", "embed_tokens"], "clip": 1.0},
+            "no_decay": ["norm", "bias", "embed_tokens"], "clip": 1.0,
+            "lr_multipliers": [{"pattern": "", "multiplier": 1.0}]},
   "schedule": {"kind": "cosine", "warmup_steps": 0, "min_lr_ratio": 0.1, "decay_steps": 0},
   "lora": {"enabled": false, "r": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["q_proj"]},
   "moe": {"aux_loss_coef": -1.0, "seq_aux_loss_coef": 0.0, "z_loss_coef": 0.0, "bias_update_rate": 0.0,
@@ -230,6 +231,7 @@ json load_recipe(const std::string& path, const std::vector<std::string>& overri
   json recipe = recipe_defaults();
   // list items are templates in the schema, not defaults
   recipe["data"]["train"] = json::array();
+  recipe["optim"]["lr_multipliers"] = json::array();
   recipe["model"]["freeze"] = json::array();
   recipe["lora"]["target_modules"] = json::array({"q_proj", "k_proj", "v_proj", "o_proj"});
   if (!path.empty()) {

@@ -72,6 +72,7 @@ class SingleEngine : public Engine {
         device_(device),
         opt_(on_device(b_, device), o.adamw, b_.weight_decay),
         split_(o.cpu_split) {
+    if (!b_.lr_scale.empty()) opt_.set_lr_scale(b_.lr_scale);
     splittable_ = b_.model->moe_blocks().empty() && !b_.model->recomputed(0) && !o.random_adapters;
     if (stream_) check_graphable(*b_.model);
   }
