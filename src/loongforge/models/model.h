@@ -62,6 +62,8 @@ enum class TpStyle {
   ReplicatedInside,  // whole parameters inside a region (per-head norms, latent norms): gradients summed over tp
   VocabEmbedding,    // Embedding, vocabulary rows split; ids outside the slice give zeros, summed over tp
   VocabHead,         // output projection, vocabulary rows split; the loss never gathers whole logits
+  ReplicatedWhole,   // a module tree kept whole that runs on whole inputs on every rank before the sequence is cut
+                     // (a VLM's vision tower): its gradients are complete on each rank, under sp too
 };
 struct TpRule {
   std::string pattern;
@@ -166,6 +168,11 @@ class Model : public torch::nn::Module {
   std::function<at::Tensor(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets)> vocab_loss_fn;
   // Replaces the embedding lookup (vocabulary-parallel layouts).
   std::function<at::Tensor(const at::Tensor& ids)> embed_fn;
+  // Models whose embed() adds more than token embeddings (image features at image tokens) say so here: layouts
+  // that cut the sequence of the blocks' input (sequence parallelism) then give them whole sequences from embed_fn
+  // and install scatter_sequence_fn, which embed() applies to its result last.
+  virtual bool merges_embeddings() const { return false; }
+  std::function<at::Tensor(const at::Tensor& h)> scatter_sequence_fn;
 
   // ---- activation recomputation ----
   // Every n-th block (0: none; 1: all). Recomputed MoE blocks make their router statistics in the graph-free forward

@@ -47,6 +47,8 @@ std::pair<int64_t, bool> param_dim(models::TpStyle style, const std::string& loc
     case S::ReplicatedEntry:
     case S::ReplicatedInside:
       return {-1, true};
+    case S::ReplicatedWhole:
+      return {-1, false};
   }
   return {-2, false};  // not a parameter this style knows
 }
@@ -240,7 +242,7 @@ TensorParallelPlan apply_tensor_parallel(models::Model& m, const Group& tp_group
       vocab = true;
       continue;
     }
-    if (st.style == S::ReplicatedInside) continue;
+    if (st.style == S::ReplicatedInside || st.style == S::ReplicatedWhole) continue;
     auto* lin = st.module->as<nn::LinearImpl>();
     if (!lin) throw Error("tensor parallel: module '" + name + "' is not a linear layer (its plan style needs one)");
     if (st.style == S::Colwise || st.style == S::ReplicatedEntry) {
@@ -269,14 +271,22 @@ TensorParallelPlan apply_tensor_parallel(models::Model& m, const Group& tp_group
     const int64_t vl = emb->weight.size(0), lo = vl * tp_group.rank(), hi = lo + vl;
     int64_t pad = -1;
     if (auto p = emb->options.padding_idx(); p && *p >= lo && *p < hi) pad = *p - lo;
-    m.embed_fn = [emb, g, sp, lo, hi, pad](const at::Tensor& ids) {
+    // A model that merges more into the embeddings (models::Model::merges_embeddings) gets whole sequences and
+    // cuts them itself, through scatter_sequence_fn, once they are complete.
+    const bool scatter_here = sp && !m.merges_embeddings();
+    m.embed_fn = [emb, g, sp, scatter_here, lo, hi, pad](const at::Tensor& ids) {
       if (sp) check_sequence(ids.size(1), g->size());
       at::Tensor in = (ids >= lo).logical_and(ids < hi);
       at::Tensor local = (ids - lo).masked_fill(in.logical_not(), 0);
       at::Tensor e = at::embedding(emb->weight, local, pad);
       e = e * in.unsqueeze(-1).to(e.scalar_type());
-      return sp ? reduce_scatter(e, *g, 1) : reduce_from(e, *g);
+      return scatter_here ? reduce_scatter(e, *g, 1) : reduce_from(e, *g);
     };
+    if (sp && !scatter_here)
+      m.scatter_sequence_fn = [g](const at::Tensor& h) {
+        check_sequence(h.size(1), g->size());
+        return split(h, *g, 1);  // backward: the gradients of every part, gathered
+      };
   }
   if (vocab)
     m.vocab_loss_fn = [g, sp, v = plan.vocab](const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets) {

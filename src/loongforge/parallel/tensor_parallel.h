@@ -20,6 +20,8 @@
 //    whole; its gradient is partial. Router losses are computed identically on every tp rank: weight them by 1/tp
 //    in the loss that is backpropagated (the reported value stays whole). With expert parallelism on top, each ep
 //    rank's experts are these tp shards.
+//  - ReplicatedWhole: whole modules run on whole inputs before the sequence is cut (a VLM's vision tower): full
+//    gradients on every rank, never summed over tp;
 //  - everything else replicated.
 // Without sp, activations between regions are whole and replicated: copy_to at region entries, all-reduce at exits.
 // With sp they are split along the sequence (dim 1 of [B,T,H]) over tp: all-gather (backward reduce-scatter) at

@@ -26,7 +26,9 @@ Split VisionLanguageModel::split() const {
 TensorParallelSpec VisionLanguageModel::tensor_parallel_spec() const {
   TensorParallelSpec t = language_model->tensor_parallel_spec();
   for (auto& rule : t.rules) rule.pattern = R"(language_model\.)" + rule.pattern;
-  return t;  // the vision modules match no rule: replicated over the tensor-parallel group
+  // the vision modules stay whole on every tp rank, computing on whole images (full gradients, also under sp)
+  for (const auto& m : vision_modules()) t.rules.push_back({m, TpStyle::ReplicatedWhole});
+  return t;
 }
 
 std::string VisionLanguageModel::cuda_graph_blocker() const {

@@ -15,6 +15,8 @@ namespace lf::models::vlm {
 
 class VisionLanguageModel : public Model {
  public:
+  // image features join the token embeddings in embed() (sequence parallelism cuts after that)
+  bool merges_embeddings() const override { return true; }
   int64_t loss_terms(const Batch& b) const override { return language_model->loss_terms(b); }
   // the language model over the sequence; the vision modules per image token are small next to it
   double train_flops_per_sample(int64_t seq) const override { return language_model->train_flops_per_sample(seq); }

@@ -142,7 +142,10 @@ at::Tensor LlavaImpl::merged_embeddings(const at::Tensor& ids, const at::Tensor&
   return h.masked_scatter(mask.unsqueeze(-1), f.reshape({-1, f.size(-1)}));
 }
 
-at::Tensor LlavaImpl::embed(const Batch& b) { return merged_embeddings(b.at("input_ids"), b.get("pixel_values"), "batch"); }
+at::Tensor LlavaImpl::embed(const Batch& b) {
+  at::Tensor h = merged_embeddings(b.at("input_ids"), b.get("pixel_values"), "batch");
+  return scatter_sequence_fn ? scatter_sequence_fn(h) : h;
+}
 
 Model::ReferenceOutput LlavaImpl::reference_forward(const std::map<std::string, at::Tensor>& batch,
                                                     const std::string& file) {

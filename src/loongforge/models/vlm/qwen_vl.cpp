@@ -171,7 +171,9 @@ at::Tensor QwenVLImpl::merged_embeddings(const at::Tensor& ids, const at::Tensor
 
 at::Tensor QwenVLImpl::embed(const Batch& b) {
   const at::Tensor& ids = b.at("input_ids");
-  return merged_embeddings(ids, b.get("pixel_values"), b.get("image_grid_thw"), ids == config_.image_token_id, "batch");
+  at::Tensor h = merged_embeddings(ids, b.get("pixel_values"), b.get("image_grid_thw"), ids == config_.image_token_id,
+                                   "batch");
+  return scatter_sequence_fn ? scatter_sequence_fn(h) : h;
 }
 
 Batch QwenVLImpl::block_inputs(const Batch& b, at::ScalarType dtype) const {
