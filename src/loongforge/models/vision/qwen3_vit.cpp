@@ -110,7 +110,8 @@ Qwen3VisionTowerImpl::Qwen3VisionTowerImpl(Qwen3VitConfig c) : c_(std::move(c)) 
   for (int64_t i = 0; i < c_.depth; ++i) blocks->push_back(Qwen3VitBlock(c_));
   merger = register_module("merger", Qwen3PatchMerger(c_, false));
   deepstack_merger_list = register_module("deepstack_merger_list", torch::nn::ModuleList());
-  for (size_t i = 0; i < c_.deepstack_visual_indexes.size(); ++i) deepstack_merger_list->push_back(Qwen3PatchMerger(c_, true));
+  for (size_t i = 0; i < c_.deepstack_visual_indexes.size(); ++i)
+    deepstack_merger_list->push_back(Qwen3PatchMerger(c_, true));
 }
 
 at::Tensor Qwen3VisionTowerImpl::interpolated_positions(const at::Tensor& grid_thw, const at::Tensor& rows,
@@ -153,15 +154,17 @@ Qwen3VitOutput Qwen3VisionTowerImpl::forward(const at::Tensor& pixel_values, con
   for (int64_t i = 0; i < c_.depth; ++i) {
     x = (*blocks)[static_cast<size_t>(i)]->as<Qwen3VitBlockImpl>()->forward(x, cos, sin, frames);
     const auto& ds = c_.deepstack_visual_indexes;
-    if (auto it = std::find(ds.begin(), ds.end(), i); it != ds.end())
-      out.deepstack.push_back((*deepstack_merger_list)[static_cast<size_t>(it - ds.begin())]->as<Qwen3PatchMergerImpl>()->forward(x));
+    if (auto it = std::find(ds.begin(), ds.end(), i); it != ds.end()) {
+      auto* m = (*deepstack_merger_list)[static_cast<size_t>(it - ds.begin())]->as<Qwen3PatchMergerImpl>();
+      out.deepstack.push_back(m->forward(x));
+    }
   }
-  // the layout's order is the identity here, but keep the merged features in image order whatever it gives
-  out.merged = merger(x).index_select(0, lay.unit_back.to(dev));
-  for (at::Tensor& d : out.deepstack) d = d.index_select(0, lay.unit_back.to(dev));
+  out.merged = merger(x);  // one window per frame: the layout's order is the identity, nothing to order back
   return out;
 }
 
-void Qwen3VisionTowerImpl::init_weights(double std) { init_qwen_vit_weights(*this, std < 0 ? c_.initializer_range : std); }
+void Qwen3VisionTowerImpl::init_weights(double std) {
+  init_qwen_vit_weights(*this, std < 0 ? c_.initializer_range : std);
+}
 
 }  // namespace lf::models::vision
