@@ -6,6 +6,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/models/registry.h"
+#include "test_util.h"
 
 namespace {
 
@@ -28,28 +29,10 @@ TEST(QwenVL, TrainingLossEqualsReferenceAndSplitsByRows) {
   at::manual_seed(3);
   auto model = lf::models::build_model(tiny_config(), "config.json");
   model->init_weights(0.02);
-  // row 0: an image of 4x6 patches (6 tokens), row 1: one of 6x4 patches (6 tokens); 16 tokens each
-  at::Tensor ids = at::randint(3, 90, {2, 16}, at::kLong);
-  ids.narrow(1, 2, 6).fill_(99);
-  ids[1].narrow(0, 5, 6).fill_(99);
-  ids[1].narrow(0, 2, 3).fill_(7);
-  at::Tensor grid = at::tensor({1, 4, 6, 1, 6, 4}, at::kLong).view({2, 3});
-  at::Tensor px = at::randn({48, 24});
-  at::Tensor labels = ids.masked_fill(ids == 99, -100);
-  at::Tensor targets = at::cat({labels.narrow(1, 1, 15), at::full({2, 1}, -100, at::kLong)}, 1);
-  lf::models::Batch b{{"input_ids", ids}, {"targets", targets}};
-  b.set_items("pixel_values", px, at::cat({at::zeros({24}, at::kLong), at::ones({24}, at::kLong)}));
-  b.set_items("image_grid_thw", grid, at::tensor({0, 1}, at::kLong));
-
-  auto [sum, terms] = model->loss(b);
-  auto ref = model->reference_forward(
-      {{"input_ids", ids}, {"labels", labels}, {"pixel_values", px}, {"image_grid_thw", grid}}, "batch.safetensors");
-  EXPECT_NEAR(sum.item<double>() / static_cast<double>(terms), ref.loss.item<double>(), 1e-6);
-
-  auto [s0, t0] = model->loss(b.rows(0, 1));
-  auto [s1, t1] = model->loss(b.rows(1, 1));
-  EXPECT_EQ(t0 + t1, terms);
-  EXPECT_NEAR((s0 + s1).item<double>(), sum.item<double>(), 1e-5 * sum.item<double>());
+  const lf::test::QwenVLBatch q = lf::test::qwen_vl_batch();
+  const lf::models::Batch& b = q.batch;
+  const at::Tensor& ids = q.ids;
+  lf::test::check_qwen_vl_loss(*model, q);
 
   // an image token fewer than the grids give: one error naming the batch
   lf::models::Batch bad = b;

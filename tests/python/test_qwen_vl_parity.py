@@ -68,12 +68,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_qwen_vl_dump_matches_transformers(case, tmp_path):
-    spec = CASES[case]
-    torch.manual_seed(0)
-    cfg = qwen_config(tied=spec["tied"])
-    model = transformers.Qwen2_5_VLForConditionalGeneration(cfg).eval()
+def dump_parity(model, spec, tmp_path):
+    """`dump` of model's saved folder on make_batch(spec["grids"]) (with mm_token_type_ids when spec says) against
+    transformers (compare()); returns transformers' outputs. (Also for Qwen3-VL.)"""
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
     ids, pixels, grid, labels = make_batch(spec["grids"])
@@ -83,6 +80,14 @@ def test_qwen_vl_dump_matches_transformers(case, tmp_path):
     ours = run_dump(model_dir, tensors, tmp_path)
     ref = hf_reference(model, ids, pixels, labels, image_grid_thw=grid, mm_token_type_ids=(ids == IMAGE).int())
     compare(ours, ref)
+    return ref
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_qwen_vl_dump_matches_transformers(case, tmp_path):
+    spec = CASES[case]
+    torch.manual_seed(0)
+    dump_parity(transformers.Qwen2_5_VLForConditionalGeneration(qwen_config(tied=spec["tied"])).eval(), spec, tmp_path)
 
 
 def test_qwen_vl_rope_index_matches_transformers(tmp_path):
@@ -107,6 +112,30 @@ def test_qwen_vl_rope_index_matches_transformers(tmp_path):
     assert ((ours["logits"] - want).abs().max() / want.abs().max()).item() <= 1e-5
 
 
+def check_layout_and_convert(model, base, other, tmp_path):
+    """The folder `base` (save_pretrained) and its config with the tensors `other` (another key layout) give equal
+    logits; `convert` of `base` writes the saved names, and transformers loads it to model's state dict. (Also for
+    Qwen3-VL.)"""
+    saved = load_file(str(base / "model.safetensors"))
+    ids, pixels, grid, _ = make_batch([[(1, 4, 6)], [(1, 6, 4)]], seed=1)
+    tensors = {"input_ids": ids, "pixel_values": pixels, "image_grid_thw": grid}
+    want = run_dump(base, tensors, tmp_path, extra=())
+    d = tmp_path / "other_layout"
+    d.mkdir()
+    (d / "config.json").write_text((base / "config.json").read_text())
+    save_file({k: v.contiguous() for k, v in other.items()}, str(d / "model.safetensors"))
+    got = run_dump(d, tensors, tmp_path, extra=())
+    assert torch.equal(got["logits"], want["logits"])
+
+    run_lf("convert", "--model", base, "--out", tmp_path / "out", "--dtype", "fp32")
+    back = type(model).from_pretrained(tmp_path / "out", dtype=torch.float32)
+    assert sorted(load_file(str(tmp_path / "out" / "model.safetensors"))) == sorted(saved)
+    want_sd, got_sd = model.state_dict(), back.state_dict()
+    assert sorted(got_sd) == sorted(want_sd)
+    for k in want_sd:
+        assert torch.equal(got_sd[k], want_sd[k]), k
+
+
 def test_qwen_vl_key_layouts_convert_and_info(tmp_path):
     """save_pretrained's layout (visual.*, model.*, lm_head.weight) and the in-memory names (model.visual.*,
     model.language_model.*) load to the same model; convert writes a folder transformers loads with an equal state
@@ -118,23 +147,7 @@ def test_qwen_vl_key_layouts_convert_and_info(tmp_path):
     model.save_pretrained(base)
     saved = load_file(str(base / "model.safetensors"))
     assert any(k.startswith("visual.blocks.") for k in saved) and any(k.startswith("model.layers.") for k in saved)
-    ids, pixels, grid, labels = make_batch([[(1, 4, 6)], [(1, 6, 4)]], seed=1)
-    tensors = {"input_ids": ids, "pixel_values": pixels, "image_grid_thw": grid}
-    want = run_dump(base, tensors, tmp_path, extra=())
-    d = tmp_path / "in_memory"
-    d.mkdir()
-    (d / "config.json").write_text((base / "config.json").read_text())
-    save_file({k: v.detach().clone().contiguous() for k, v in model.named_parameters()}, str(d / "model.safetensors"))
-    got = run_dump(d, tensors, tmp_path, extra=())
-    assert torch.equal(got["logits"], want["logits"])
-
-    run_lf("convert", "--model", base, "--out", tmp_path / "out", "--dtype", "fp32")
-    back = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp_path / "out", dtype=torch.float32)
-    assert sorted(load_file(str(tmp_path / "out" / "model.safetensors"))) == sorted(saved)
-    want_sd, got_sd = model.state_dict(), back.state_dict()
-    assert sorted(got_sd) == sorted(want_sd)
-    for k in want_sd:
-        assert torch.equal(got_sd[k], want_sd[k]), k
+    check_layout_and_convert(model, base, {k: v.detach().clone() for k, v in model.named_parameters()}, tmp_path)
 
     info = json.loads(run_lf("info", base).stdout)
     comps = info["components"]
@@ -155,9 +168,9 @@ def test_qwen_vl_tied_info(tmp_path):
     assert info["parameters"] == sum(p.numel() for p in model.parameters())
 
 
-def test_qwen_vl_bad_input_is_one_line(tmp_path):
-    torch.manual_seed(3)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(qwen_config())
+def check_bad_inputs_one_line(model, tmp_path, field, value):
+    """Saves `model`; a token / grid mismatch, too few patches or a missing grid is one line naming the batch; setting
+    vision_config.`field` to `value` makes `info` fail in one line naming it. (Also for Qwen3-VL.)"""
     model.save_pretrained(tmp_path / "m")
     ids, pixels, grid, _ = make_batch([[(1, 4, 6)], [(1, 6, 4)]], seed=3)
     batch = tmp_path / "batch.safetensors"
@@ -175,7 +188,13 @@ def test_qwen_vl_bad_input_is_one_line(tmp_path):
     assert "pixel_values" in err({"input_ids": ids, "pixel_values": pixels[:-4], "image_grid_thw": grid})
     assert "image_grid_thw" in err({"input_ids": ids, "pixel_values": pixels})
     conf = json.loads((tmp_path / "m" / "config.json").read_text())
-    conf["vision_config"]["out_hidden_size"] = 40
+    conf["vision_config"][field] = value
     (tmp_path / "m" / "config.json").write_text(json.dumps(conf))
     e = run_lf("info", tmp_path / "m", check=False).stderr
-    assert "vision_config.out_hidden_size" in e and len(e.strip().splitlines()) == 1
+    assert f"vision_config.{field}" in e and len(e.strip().splitlines()) == 1
+
+
+def test_qwen_vl_bad_input_is_one_line(tmp_path):
+    torch.manual_seed(3)
+    check_bad_inputs_one_line(transformers.Qwen2_5_VLForConditionalGeneration(qwen_config()), tmp_path,
+                              "out_hidden_size", 40)

@@ -82,6 +82,19 @@ std::pair<at::Tensor, at::Tensor> Rotary::cos_sin(const at::Tensor& position_ids
   if (position_ids.dim() == 3) {  // [3, B, T] multimodal positions: section i from row i % 3
     TORCH_CHECK(!spec_.mrope_section.empty() && position_ids.size(0) == 3,
                 "Rotary: [3, B, T] positions need mrope_section");
+    if (spec_.mrope_interleaved) {  // transformers' Qwen3-VL recomposition
+      const int64_t n = freqs.size(-1);
+      at::Tensor hm = at::zeros({n}, at::kBool), wm = at::zeros({n}, at::kBool);
+      for (int64_t j = 0; j < n; ++j) {
+        if (j % 3 == 1 && j < 3 * spec_.mrope_section.at(1)) hm[j] = true;
+        if (j % 3 == 2 && j < 3 * spec_.mrope_section.at(2)) wm[j] = true;
+      }
+      hm = hm.to(freqs.device());
+      wm = wm.to(freqs.device());
+      freqs = at::where(hm, freqs.select(0, 1), at::where(wm, freqs.select(0, 2), freqs.select(0, 0)));
+      at::Tensor emb = at::cat({freqs, freqs}, -1);
+      return {emb.cos() * scaling, emb.sin() * scaling};
+    }
     std::vector<at::Tensor> parts;
     int64_t begin = 0;
     for (size_t i = 0; i < spec_.mrope_section.size(); ++i) {

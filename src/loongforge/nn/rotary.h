@@ -19,6 +19,9 @@ struct RopeSpec {
   // Multimodal RoPE (Qwen2-VL / 2.5-VL): the rotary frequencies split into temporal / height / width sections
   // (sizes summing to head_dim / 2), each rotated by its own row of [3, B, T] positions.
   std::vector<int64_t> mrope_section;
+  // Qwen3-VL: the sections interleave instead (frequency j from the height row when j % 3 == 1 and
+  // j < 3 * mrope_section[1], from the width row when j % 3 == 2 and j < 3 * mrope_section[2], else temporal).
+  bool mrope_interleaved = false;
 };
 
 class Rotary {

@@ -24,6 +24,7 @@ struct RopeConfig {
   // Qwen2-VL / 2.5-VL multimodal RoPE: the temporal / height / width sections of the head_dim / 2 frequencies
   // (rope_parameters.mrope_section; empty: plain 1D positions)
   std::vector<int64_t> mrope_section;
+  bool mrope_interleaved = false;  // Qwen3-VL's interleaved sections (nn::RopeSpec)
 };
 
 struct DecoderConfig {

@@ -32,6 +32,7 @@ nn::RopeSpec rope_spec(const DecoderConfig& c) {
   s.mscale_all_dim = c.rope.mscale_all_dim.value_or(0);
   s.truncate = c.rope.truncate;
   s.mrope_section = c.rope.mrope_section;
+  s.mrope_interleaved = c.rope.mrope_interleaved;
   return s;
 }
 

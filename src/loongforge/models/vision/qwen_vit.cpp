@@ -13,47 +13,52 @@
 
 namespace lf::models::vision {
 
-QwenVitConfig QwenVitConfig::from_json(const nlohmann::json& j, const std::string& file, const std::string& path) {
-  JsonReader r(j, file, path);
-  QwenVitConfig c;
-  c.raw = j;
+void QwenVitConfig::read_common(const JsonReader& r, const std::vector<std::string>& model_types) {
   if (r.has("model_type")) {
     const std::string t = r.string("model_type");
-    if (t != "qwen2_5_vl_vision" && t != "qwen2_5_vl")
-      r.fail("model_type", "'" + t + "' is not a vision tower this model handles (known: qwen2_5_vl_vision)");
+    if (std::find(model_types.begin(), model_types.end(), t) == model_types.end())
+      r.fail("model_type", "'" + t + "' is not a vision tower this model handles (known: " + model_types[0] + ")");
   }
-  c.depth = r.has("depth") ? r.integer("depth") : r.integer("num_hidden_layers", c.depth);
-  c.hidden_size = r.integer("hidden_size", c.hidden_size);
-  c.intermediate_size = r.integer("intermediate_size", c.intermediate_size);
-  c.num_heads = r.has("num_heads") ? r.integer("num_heads") : r.integer("num_attention_heads", c.num_heads);
-  c.in_channels = r.integer("in_channels", c.in_channels);
-  c.patch_size = r.integer("patch_size", c.patch_size);
-  c.temporal_patch_size = r.integer("temporal_patch_size", c.temporal_patch_size);
-  c.spatial_merge_size = r.integer("spatial_merge_size", c.spatial_merge_size);
-  c.window_size = r.integer("window_size", c.window_size);
-  c.out_hidden_size = r.integer("out_hidden_size", c.out_hidden_size);
-  c.tokens_per_second = r.integer("tokens_per_second", c.tokens_per_second);
-  if (r.has("fullatt_block_indexes")) c.fullatt_block_indexes = r.int_list("fullatt_block_indexes");
-  c.hidden_act = r.string("hidden_act", c.hidden_act);
-  c.initializer_range = r.number("initializer_range", c.initializer_range);
+  depth = r.has("depth") ? r.integer("depth") : r.integer("num_hidden_layers", depth);
+  hidden_size = r.integer("hidden_size", hidden_size);
+  intermediate_size = r.integer("intermediate_size", intermediate_size);
+  num_heads = r.has("num_heads") ? r.integer("num_heads") : r.integer("num_attention_heads", num_heads);
+  in_channels = r.integer("in_channels", in_channels);
+  patch_size = r.integer("patch_size", patch_size);
+  temporal_patch_size = r.integer("temporal_patch_size", temporal_patch_size);
+  spatial_merge_size = r.integer("spatial_merge_size", spatial_merge_size);
+  out_hidden_size = r.integer("out_hidden_size", out_hidden_size);
+  hidden_act = r.string("hidden_act", hidden_act);
+  initializer_range = r.number("initializer_range", initializer_range);
   if (r.has("rope_parameters")) {
     JsonReader rope = r.object("rope_parameters");
-    c.rope_theta = rope.number("rope_theta", c.rope_theta);
+    rope_theta = rope.number("rope_theta", rope_theta);
     const std::string type = rope.string("rope_type", std::string("axial"));
     if (type != "axial") rope.fail("rope_type", "'" + type + "' is not supported (the vision tower's rope is axial)");
   }
   for (const char* k : {"hidden_size", "intermediate_size", "in_channels", "patch_size", "temporal_patch_size",
-                        "spatial_merge_size", "window_size", "out_hidden_size"})
+                        "spatial_merge_size", "out_hidden_size"})
     if (r.has(k) && r.integer(k) <= 0) r.fail(k, "must be positive");
-  if (c.depth <= 0) r.fail(r.has("depth") ? "depth" : "num_hidden_layers", "must be positive");
+  if (depth <= 0) r.fail(r.has("depth") ? "depth" : "num_hidden_layers", "must be positive");
   const char* heads = r.has("num_heads") || !r.has("num_attention_heads") ? "num_heads" : "num_attention_heads";
-  if (c.num_heads <= 0 || c.hidden_size % c.num_heads != 0)
-    r.fail(heads, std::to_string(c.num_heads) + " does not divide hidden_size " + std::to_string(c.hidden_size));
-  if (c.head_dim() % 4 != 0)
-    r.fail(heads, "the head width " + std::to_string(c.head_dim()) + " must be a multiple of 4 (2D rotary positions)");
+  if (num_heads <= 0 || hidden_size % num_heads != 0)
+    r.fail(heads, std::to_string(num_heads) + " does not divide hidden_size " + std::to_string(hidden_size));
+  if (head_dim() % 4 != 0)
+    r.fail(heads, "the head width " + std::to_string(head_dim()) + " must be a multiple of 4 (2D rotary positions)");
+  require_activation(r, "hidden_act", hidden_act);
+}
+
+QwenVitConfig QwenVitConfig::from_json(const nlohmann::json& j, const std::string& file, const std::string& path) {
+  JsonReader r(j, file, path);
+  QwenVitConfig c;
+  c.raw = j;
+  c.read_common(r, {"qwen2_5_vl_vision", "qwen2_5_vl"});
+  c.window_size = r.integer("window_size", c.window_size);
+  c.tokens_per_second = r.integer("tokens_per_second", c.tokens_per_second);
+  if (r.has("fullatt_block_indexes")) c.fullatt_block_indexes = r.int_list("fullatt_block_indexes");
+  if (r.has("window_size") && c.window_size <= 0) r.fail("window_size", "must be positive");
   if (c.window_size / c.spatial_merge_size / c.patch_size < 1)
     r.fail("window_size", std::to_string(c.window_size) + " is smaller than spatial_merge_size x patch_size");
-  require_activation(r, "hidden_act", c.hidden_act);
   return c;
 }
 
@@ -116,6 +121,27 @@ QwenVitLayout qwen_vit_layout(const QwenVitConfig& c, const at::Tensor& grid_thw
   out.window_segments = tensor(wseg).unsqueeze(0);
   out.frame_segments = tensor(fseg).unsqueeze(0);
   return out;
+}
+
+std::pair<at::Tensor, at::Tensor> qwen_vit_rotary(const QwenVitConfig& c, const at::Tensor& rows, const at::Tensor& cols,
+                                                  const at::Device& device) {
+  const int64_t half = c.head_dim() / 2;
+  const at::Tensor exponents = at::arange(0, half, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
+                               static_cast<double>(half);
+  const at::Tensor inv = at::reciprocal(at::pow(c.rope_theta, exponents)).to(device);
+  at::Tensor f = at::cat({rows.to(device).to(at::kFloat).unsqueeze(-1) * inv,
+                          cols.to(device).to(at::kFloat).unsqueeze(-1) * inv}, -1);
+  f = at::cat({f, f}, -1).unsqueeze(0);  // [1, T, head_dim]
+  return {f.cos(), f.sin()};
+}
+
+void check_qwen_vit_pixels(const QwenVitConfig& c, const QwenVitLayout& lay, const at::Tensor& pixel_values,
+                           const std::string& where) {
+  int64_t patches = 0;
+  for (int64_t n : lay.tokens) patches += n * c.merge_unit();
+  if (pixel_values.dim() != 2 || pixel_values.size(0) != patches || pixel_values.size(1) != c.patch_dim())
+    throw Error(where + ": pixel_values must be [" + std::to_string(patches) + ", " + std::to_string(c.patch_dim()) +
+                "] for image_grid_thw (patches of all images x channels * temporal_patch_size * patch_size^2)");
 }
 
 QwenVitAttentionImpl::QwenVitAttentionImpl(int64_t hidden, int64_t heads)
@@ -184,24 +210,13 @@ QwenVisionTowerImpl::QwenVisionTowerImpl(QwenVitConfig c) : c_(std::move(c)) {
 at::Tensor QwenVisionTowerImpl::forward(const at::Tensor& pixel_values, const at::Tensor& grid_thw,
                                         const std::string& where) {
   const QwenVitLayout lay = qwen_vit_layout(c_, grid_thw, where);
-  int64_t patches = 0;
-  for (int64_t n : lay.tokens) patches += n * c_.merge_unit();
-  if (pixel_values.dim() != 2 || pixel_values.size(0) != patches || pixel_values.size(1) != c_.patch_dim())
-    throw Error(where + ": pixel_values must be [" + std::to_string(patches) + ", " + std::to_string(c_.patch_dim()) +
-                "] for image_grid_thw (patches of all images x channels * temporal_patch_size * patch_size^2)");
+  check_qwen_vit_pixels(c_, lay, pixel_values, where);
   const at::Device dev = patch_weight.device();
   auto on = [&](const at::Tensor& t) { return t.to(dev); };
   // The patch embedding (a Conv3d whose kernel is the patch) on the patches in window order.
   at::Tensor x = pixel_values.to(dev, patch_weight.scalar_type()).index_select(0, on(lay.order));
   x = at::linear(x, patch_weight.reshape({c_.hidden_size, -1}));
-  // 2D rotary angles: the first half of the frequencies turn with the row, the second with the column.
-  const int64_t half = c_.head_dim() / 2;
-  const at::Tensor exponents = at::arange(0, half, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
-                               static_cast<double>(half);
-  const at::Tensor inv = on(at::reciprocal(at::pow(c_.rope_theta, exponents)));
-  at::Tensor f = at::cat({on(lay.rows).to(at::kFloat).unsqueeze(-1) * inv, on(lay.cols).to(at::kFloat).unsqueeze(-1) * inv}, -1);
-  f = at::cat({f, f}, -1).unsqueeze(0);  // [1, T, head_dim]
-  const at::Tensor cos = f.cos(), sin = f.sin();
+  const auto [cos, sin] = qwen_vit_rotary(c_, lay.rows, lay.cols, dev);
   const at::Tensor windows = on(lay.window_segments), frames = on(lay.frame_segments);
   for (int64_t i = 0; i < c_.depth; ++i) {
     const bool full = std::find(c_.fullatt_block_indexes.begin(), c_.fullatt_block_indexes.end(), i) !=
@@ -211,16 +226,17 @@ at::Tensor QwenVisionTowerImpl::forward(const at::Tensor& pixel_values, const at
   return merger(x).index_select(0, on(lay.unit_back));
 }
 
-void QwenVisionTowerImpl::init_weights(double std) {
-  if (std < 0) std = c_.initializer_range;
+void init_qwen_vit_weights(torch::nn::Module& tower, double std) {
   at::NoGradGuard no_grad;
-  for (auto& item : named_parameters()) {
+  for (auto& item : tower.named_parameters()) {
     const std::string& n = item.key();
     at::Tensor& p = item.value();
-    if (n.find("norm") != std::string::npos || n.find("ln_q") != std::string::npos) p.fill_(1.0);
-    else if (n.ends_with(".bias")) p.zero_();
+    if (n.ends_with(".bias")) p.zero_();
+    else if (n.find("norm") != std::string::npos || n.find("ln_q") != std::string::npos) p.fill_(1.0);
     else p.normal_(0.0, std);
   }
 }
+
+void QwenVisionTowerImpl::init_weights(double std) { init_qwen_vit_weights(*this, std < 0 ? c_.initializer_range : std); }
 
 }  // namespace lf::models::vision

@@ -20,11 +20,16 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loongforge/nn/attention.h"
 #include "loongforge/nn/linear.h"
 #include "loongforge/nn/rms_norm.h"
+
+namespace lf {
+class JsonReader;
+}
 
 namespace lf::models::vision {
 
@@ -43,6 +48,9 @@ struct QwenVitConfig {
   // Parameters of the tower without / of the merger.
   int64_t num_tower_parameters() const;
   int64_t num_merger_parameters() const;
+  // The fields both Qwen ViTs read (sizes, heads, activation, axial rope; absent: as set), checked; a model_type
+  // other than `model_types` is an error naming the first.
+  void read_common(const JsonReader& r, const std::vector<std::string>& model_types);
   // transformers' Qwen2_5_VLVisionConfig defaults for absent fields; `file` and `path` name it in errors.
   static QwenVitConfig from_json(const nlohmann::json& j, const std::string& file, const std::string& path = "");
 };
@@ -57,6 +65,17 @@ struct QwenVitLayout {
 };
 // `where` names the batch in errors (grids not divisible by the merge size).
 QwenVitLayout qwen_vit_layout(const QwenVitConfig& c, const at::Tensor& grid_thw, const std::string& where);
+
+// The 2D rotary tables (cos, sin [1, T, head_dim]) of patches at rows / cols [T] (int64) on `device`: the first half
+// of the frequencies turn with the row, the second with the column.
+std::pair<at::Tensor, at::Tensor> qwen_vit_rotary(const QwenVitConfig& c, const at::Tensor& rows, const at::Tensor& cols,
+                                                  const at::Device& device);
+
+// An error naming `where` unless pixel_values is [the layout's patches, patch_dim].
+void check_qwen_vit_pixels(const QwenVitConfig& c, const QwenVitLayout& lay, const at::Tensor& pixel_values,
+                           const std::string& where);
+// transformers' _init_weights of the Qwen ViTs: zero biases, unit norms (names with norm / ln_q), normal(std) else.
+void init_qwen_vit_weights(torch::nn::Module& tower, double std);
 
 class QwenVitAttentionImpl : public torch::nn::Module, public nn::AttentionHook {
  public:

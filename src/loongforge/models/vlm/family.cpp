@@ -2,23 +2,27 @@
 #include "loongforge/models/vlm/family.h"
 
 #include "loongforge/models/vlm/llava.h"
+#include "loongforge/models/vlm/qwen3_vl.h"
 #include "loongforge/models/vlm/qwen_vl.h"
 
 namespace lf::models::vlm {
 
 namespace {
-bool is_qwen(const nlohmann::json& j) { return j.value("model_type", std::string()) == "qwen2_5_vl"; }
+std::string type_of(const nlohmann::json& j) { return j.value("model_type", std::string()); }
 }  // namespace
 
 Family family() {
   Family f;
   f.name = "vlm";
-  f.model_types = {"llava", "qwen2_5_vl"};
+  f.model_types = {"llava", "qwen2_5_vl", "qwen3_vl"};
   f.build = [](const nlohmann::json& j, const std::string& file) {
-    return is_qwen(j) ? build_qwen_vl(j, file) : build_llava(j, file);
+    const std::string t = type_of(j);
+    return t == "qwen3_vl" ? build_qwen3_vl(j, file) : t == "qwen2_5_vl" ? build_qwen_vl(j, file) : build_llava(j, file);
   };
   f.describe = [](const nlohmann::json& j, const std::string& file) {
-    return is_qwen(j) ? describe_qwen_vl(j, file) : describe_llava(j, file);
+    const std::string t = type_of(j);
+    return t == "qwen3_vl" ? describe_qwen3_vl(j, file)
+                           : t == "qwen2_5_vl" ? describe_qwen_vl(j, file) : describe_llava(j, file);
   };
   return f;
 }

@@ -1,5 +1,5 @@
-// The vision-language family's registry entry: LLaVA (models/vlm/llava.h) and Qwen2.5-VL (models/vlm/qwen_vl.h),
-// picked by the config's model_type.
+// The vision-language family's registry entry: LLaVA (models/vlm/llava.h), Qwen2.5-VL (models/vlm/qwen_vl.h) and
+// Qwen3-VL (models/vlm/qwen3_vl.h), picked by the config's model_type.
 #pragma once
 #include "loongforge/models/registry.h"
 

@@ -26,6 +26,58 @@ const std::vector<std::pair<const char*, nlohmann::json>>& text_defaults() {
 
 }  // namespace
 
+llama::DecoderConfig qwen_vl_text_config(const nlohmann::json& j, const std::string& file, const std::string& decoder,
+                                         const std::vector<std::pair<const char*, nlohmann::json>>& defaults,
+                                         const std::vector<int64_t>& default_sections) {
+  JsonReader r(j, file);
+  // The decoder: text_config (transformers 5), or the top-level fields (the configs Qwen published).
+  const bool nested = r.has("text_config");
+  nlohmann::json t = nested ? j.at("text_config") : j;
+  if (!t.is_object()) r.expected("text_config", "an object");
+  t.erase("vision_config");
+  for (const auto& [k, v] : defaults)
+    if (!t.contains(k) || t.at(k).is_null()) t[k] = v;
+  if (!t.contains("num_key_value_heads") || t.at("num_key_value_heads").is_null())
+    t["num_key_value_heads"] = t["num_attention_heads"];  // transformers: as many as the attention heads
+  if (decoder == "qwen2") t.erase("head_dim");  // Qwen2.5-VL's attention uses hidden_size / num_attention_heads
+  const bool tied = r.boolean("tie_word_embeddings", false) ||
+                    (nested && t.contains("tie_word_embeddings") && t.at("tie_word_embeddings") == true);
+  t["tie_word_embeddings"] = tied;
+  t["model_type"] = decoder;
+  llama::DecoderConfig c;
+  try {
+    c = llama::DecoderConfig::from_json(t, file);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + (nested ? " (in text_config)" : ""));
+  }
+  const std::string rope_block = std::string(nested ? "text_config." : "") +
+                                 (t.contains("rope_scaling") && !t.at("rope_scaling").is_null() ? "rope_scaling"
+                                                                                                 : "rope_parameters");
+  auto& sections = c.rope.mrope_section;
+  if (sections.empty()) sections = default_sections;  // transformers' default
+  int64_t sum = 0;
+  for (int64_t n : sections) sum += n;
+  if (sum != c.head_dim / 2 || sections.size() != 3)
+    throw file_error(file, rope_block + ".mrope_section",
+                     "three sections summing to head_dim / 2 = " + std::to_string(c.head_dim / 2) + " expected");
+  if (c.rope.type != "default")
+    throw file_error(file, rope_block + ".rope_type", "'" + c.rope.type + "' is not supported with multimodal rope");
+  return c;
+}
+
+void qwen_vl_tokens(const nlohmann::json& j, const std::string& file, int64_t vocab, int64_t vision_out,
+                    int64_t text_hidden, int64_t* image_token_id, int64_t* video_token_id) {
+  JsonReader r(j, file);
+  *image_token_id = r.integer("image_token_id", *image_token_id);
+  *video_token_id = r.integer("video_token_id", *video_token_id);
+  if (*image_token_id < 0 || *image_token_id >= vocab)
+    r.fail("image_token_id", std::to_string(*image_token_id) + " is outside the vocabulary of " + std::to_string(vocab));
+  if (vision_out != text_hidden)
+    throw file_error(file, "vision_config.out_hidden_size",
+                     std::to_string(vision_out) + " differs from the language model's hidden_size " +
+                         std::to_string(text_hidden));
+}
+
 QwenVLConfig QwenVLConfig::from_json(const nlohmann::json& j, const std::string& file) {
   JsonReader r(j, file);
   QwenVLConfig c;
@@ -33,44 +85,9 @@ QwenVLConfig QwenVLConfig::from_json(const nlohmann::json& j, const std::string&
   const nlohmann::json vision = r.has("vision_config") ? j.at("vision_config") : nlohmann::json::object();
   if (!vision.is_object()) r.expected("vision_config", "an object");
   c.vision = vision::QwenVitConfig::from_json(vision, file, "vision_config");
-  // The decoder: text_config (transformers 5), or the top-level fields (the configs Qwen published).
-  const bool nested = r.has("text_config");
-  nlohmann::json t = nested ? j.at("text_config") : j;
-  if (!t.is_object()) r.expected("text_config", "an object");
-  t.erase("vision_config");
-  for (const auto& [k, v] : text_defaults())
-    if (!t.contains(k) || t.at(k).is_null()) t[k] = v;
-  t.erase("head_dim");  // Qwen2.5-VL's attention uses hidden_size / num_attention_heads
-  const bool tied = r.boolean("tie_word_embeddings", false) ||
-                    (nested && t.contains("tie_word_embeddings") && t.at("tie_word_embeddings") == true);
-  t["tie_word_embeddings"] = tied;
-  t["model_type"] = "qwen2";
-  try {
-    c.text = llama::DecoderConfig::from_json(t, file);
-  } catch (const Error& e) {
-    throw Error(std::string(e.what()) + (nested ? " (in text_config)" : ""));
-  }
-  const std::string rope_block = std::string(nested ? "text_config." : "") +
-                                 (t.contains("rope_scaling") && !t.at("rope_scaling").is_null() ? "rope_scaling"
-                                                                                                 : "rope_parameters");
-  auto& sections = c.text.rope.mrope_section;
-  if (sections.empty()) sections = {16, 24, 24};  // transformers' default
-  int64_t sum = 0;
-  for (int64_t n : sections) sum += n;
-  if (sum != c.text.head_dim / 2)
-    throw file_error(file, rope_block + ".mrope_section",
-                     "sections summing to head_dim / 2 = " + std::to_string(c.text.head_dim / 2) + " expected");
-  if (c.text.rope.type != "default")
-    throw file_error(file, rope_block + ".rope_type", "'" + c.text.rope.type + "' is not supported with multimodal rope");
-  c.image_token_id = r.integer("image_token_id", c.image_token_id);
-  c.video_token_id = r.integer("video_token_id", c.video_token_id);
-  if (c.image_token_id < 0 || c.image_token_id >= c.text.vocab_size)
-    r.fail("image_token_id",
-           std::to_string(c.image_token_id) + " is outside the vocabulary of " + std::to_string(c.text.vocab_size));
-  if (c.vision.out_hidden_size != c.text.hidden_size)
-    throw file_error(file, "vision_config.out_hidden_size",
-                     std::to_string(c.vision.out_hidden_size) + " differs from the language model's hidden_size " +
-                         std::to_string(c.text.hidden_size));
+  c.text = qwen_vl_text_config(j, file, "qwen2", text_defaults(), {16, 24, 24});
+  qwen_vl_tokens(j, file, c.text.vocab_size, c.vision.out_hidden_size, c.text.hidden_size, &c.image_token_id,
+                 &c.video_token_id);
   return c;
 }
 
@@ -84,9 +101,9 @@ void QwenVLImpl::init_weights(double std) {
   language_model->init_weights(std);
 }
 
-BatchSchema QwenVLImpl::batch_schema() const {
+BatchSchema qwen_vl_batch_schema(const llama::CausalLMImpl& lm) {
   BatchSchema s;
-  for (const BatchField& f : language_model->batch_schema())
+  for (const BatchField& f : lm.batch_schema())
     if (f.name == "input_ids" || f.name == "targets") s.push_back(f);
   BatchField px;
   px.name = "pixel_values";
@@ -103,9 +120,11 @@ BatchSchema QwenVLImpl::batch_schema() const {
   return s;
 }
 
-at::Tensor QwenVLImpl::rope_index(const at::Tensor& ids, const at::Tensor& image_mask, const at::Tensor& grid_thw,
-                                  const std::string& where) const {
-  const int64_t rows = ids.size(0), len = ids.size(1), m = config_.vision.spatial_merge_size;
+BatchSchema QwenVLImpl::batch_schema() const { return qwen_vl_batch_schema(*language_model); }
+
+at::Tensor qwen_rope_index(const at::Tensor& ids, const at::Tensor& image_mask, const at::Tensor& grid_thw, int64_t m,
+                           const std::string& where) {
+  const int64_t rows = ids.size(0), len = ids.size(1);
   const at::Tensor mask = image_mask.to(at::kCPU, at::kBool).contiguous();
   const at::Tensor grid = grid_thw.defined() ? grid_thw.to(at::kCPU, at::kLong).contiguous() : at::zeros({0, 3}, at::kLong);
   const bool* is_image = mask.data_ptr<bool>();
@@ -145,24 +164,34 @@ at::Tensor QwenVLImpl::rope_index(const at::Tensor& ids, const at::Tensor& image
   return pos.to(ids.device());
 }
 
-at::Tensor QwenVLImpl::merged_embeddings(const at::Tensor& ids, const at::Tensor& pixel_values,
-                                         const at::Tensor& grid_thw, const at::Tensor& image_mask,
-                                         const std::string& where) {
-  at::Tensor h = embed_fn ? embed_fn(ids) : language_model->embed(ids);
+at::Tensor QwenVLImpl::rope_index(const at::Tensor& ids, const at::Tensor& image_mask, const at::Tensor& grid_thw,
+                                  const std::string& where) const {
+  return qwen_rope_index(ids, image_mask, grid_thw, config_.vision.spatial_merge_size, where);
+}
+
+int64_t qwen_check_image_tokens(const at::Tensor& image_mask, const at::Tensor& grid_thw, int64_t merge_unit,
+                                int64_t image_token_id, const std::string& where) {
   const int64_t tokens = image_mask.sum().item<int64_t>();
   int64_t needed = 0, images = 0;
   if (grid_thw.defined()) {
     if (grid_thw.dim() != 2 || grid_thw.size(1) != 3) throw Error(where + ": image_grid_thw must be [images, 3]");
     const at::Tensor g = grid_thw.to(at::kCPU, at::kLong);
     images = g.size(0);
-    needed = images ? (g.select(1, 0) * g.select(1, 1) * g.select(1, 2)).sum().item<int64_t>() /
-                          config_.vision.merge_unit()
-                    : 0;
+    needed = images ? (g.select(1, 0) * g.select(1, 1) * g.select(1, 2)).sum().item<int64_t>() / merge_unit : 0;
   }
   if (tokens != needed)
-    throw Error(where + ": " + std::to_string(tokens) + " image tokens (id " + std::to_string(config_.image_token_id) +
+    throw Error(where + ": " + std::to_string(tokens) + " image tokens (id " + std::to_string(image_token_id) +
                 ") but the " + std::to_string(images) + " images of image_grid_thw give " + std::to_string(needed) +
                 " (t * h * w / spatial_merge_size^2 each)");
+  return images;
+}
+
+at::Tensor QwenVLImpl::merged_embeddings(const at::Tensor& ids, const at::Tensor& pixel_values,
+                                         const at::Tensor& grid_thw, const at::Tensor& image_mask,
+                                         const std::string& where) {
+  at::Tensor h = embed_fn ? embed_fn(ids) : language_model->embed(ids);
+  const int64_t images =
+      qwen_check_image_tokens(image_mask, grid_thw, config_.vision.merge_unit(), config_.image_token_id, where);
   if (images == 0) return h;
   if (!pixel_values.defined()) throw Error(where + ": image_grid_thw without pixel_values");
   at::Tensor f = visual(pixel_values, grid_thw, where).to(h.scalar_type());
@@ -184,13 +213,12 @@ Batch QwenVLImpl::block_inputs(const Batch& b, at::ScalarType dtype) const {
   return Batch{{"cos", cos}, {"sin", sin}};
 }
 
-Model::ReferenceOutput QwenVLImpl::reference_forward(const std::map<std::string, at::Tensor>& batch,
-                                                     const std::string& file) {
+QwenImages qwen_reference_images(const std::map<std::string, at::Tensor>& batch, const at::Tensor& ids,
+                                 int64_t image_token_id, const std::string& file) {
   auto get = [&](const char* name) {
     auto it = batch.find(name);
     return it == batch.end() ? at::Tensor() : it->second;
   };
-  auto [ids, labels] = reference_ids(batch, file);
   for (const char* name : {"pixel_values_videos", "video_grid_thw"})
     if (get(name).defined()) throw file_error(file, name, "videos are not supported yet");
   const at::Tensor px = get("pixel_values"), grid = get("image_grid_thw");
@@ -204,7 +232,7 @@ Model::ReferenceOutput QwenVLImpl::reference_forward(const std::map<std::string,
       throw file_error(file, "attention_mask", "padding is not supported (all ones with the shape of input_ids expected)");
   }
   // transformers groups the positions by mm_token_type_ids (1: image); without it, by the image tokens
-  at::Tensor rope_mask = ids == config_.image_token_id;
+  at::Tensor rope_mask = ids == image_token_id;
   if (at::Tensor tt = get("mm_token_type_ids"); tt.defined()) {
     if (tt.sizes() != ids.sizes() || at::isFloatingType(tt.scalar_type()))
       throw file_error(file, "mm_token_type_ids", "expected integers with the shape of input_ids");
@@ -212,6 +240,13 @@ Model::ReferenceOutput QwenVLImpl::reference_forward(const std::map<std::string,
       throw file_error(file, "mm_token_type_ids", "only text (0) and image (1) tokens are supported");
     rope_mask = tt == 1;
   }
+  return {px, grid, rope_mask};
+}
+
+Model::ReferenceOutput QwenVLImpl::reference_forward(const std::map<std::string, at::Tensor>& batch,
+                                                     const std::string& file) {
+  auto [ids, labels] = reference_ids(batch, file);
+  const auto [px, grid, rope_mask] = qwen_reference_images(batch, ids, config_.image_token_id, file);
   at::Tensor h = merged_embeddings(ids, px, grid, ids == config_.image_token_id, file);
   auto [cos, sin] = language_model->rotary(rope_index(ids, rope_mask, grid, file), h.scalar_type());
   return reference_output(h, Batch{{"cos", cos}, {"sin", sin}}, labels);

@@ -18,6 +18,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loongforge/models/llama/model.h"
@@ -77,6 +78,32 @@ class QwenVLImpl : public VisionLanguageModel {
   QwenVLConfig config_;
 };
 TORCH_MODULE(QwenVL);
+
+// Pieces the Qwen VL models (Qwen2.5-VL here, Qwen3-VL in qwen3_vl.h) share.
+// The decoder of config.json `j` (its text_config, or the top-level fields) as transformers' `decoder` model_type,
+// `defaults` filling absent fields, the multimodal rope sections checked (absent: `default_sections`).
+llama::DecoderConfig qwen_vl_text_config(const nlohmann::json& j, const std::string& file, const std::string& decoder,
+                                         const std::vector<std::pair<const char*, nlohmann::json>>& defaults,
+                                         const std::vector<int64_t>& default_sections);
+// image_token_id / video_token_id of `j` (kept when absent), checked against the vocabulary; the vision tower's
+// out_hidden_size against the decoder's hidden_size.
+void qwen_vl_tokens(const nlohmann::json& j, const std::string& file, int64_t vocab, int64_t vision_out,
+                    int64_t text_hidden, int64_t* image_token_id, int64_t* video_token_id);
+// input_ids, targets, pixel_values, image_grid_thw.
+BatchSchema qwen_vl_batch_schema(const llama::CausalLMImpl& lm);
+// transformers' get_rope_index with spatial merge size m (QwenVLImpl::rope_index).
+at::Tensor qwen_rope_index(const at::Tensor& ids, const at::Tensor& image_mask, const at::Tensor& grid_thw, int64_t m,
+                           const std::string& where);
+// The number of images of grid_thw; an error naming `where` unless image_mask holds as many image tokens as they give.
+int64_t qwen_check_image_tokens(const at::Tensor& image_mask, const at::Tensor& grid_thw, int64_t merge_unit,
+                                int64_t image_token_id, const std::string& where);
+// A dump batch's images (pixel_values, image_grid_thw: checked, undefined when absent) and the image tokens positions
+// are grouped by (mm_token_type_ids == 1, default: the image_token_id tokens); errors name `file`.
+struct QwenImages {
+  at::Tensor pixel_values, grid_thw, rope_mask;
+};
+QwenImages qwen_reference_images(const std::map<std::string, at::Tensor>& batch, const at::Tensor& ids,
+                                 int64_t image_token_id, const std::string& file);
 
 // Registry pieces of model_type qwen2_5_vl (models/vlm/family.h lists them in the vision-language family).
 std::shared_ptr<Model> build_qwen_vl(const nlohmann::json& config, const std::string& file);
