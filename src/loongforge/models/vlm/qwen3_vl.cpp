@@ -71,6 +71,8 @@ at::Tensor Qwen3VLImpl::merged_embeddings(const at::Tensor& ids, const at::Tenso
 }
 
 at::Tensor Qwen3VLImpl::embed(const Batch& b) {
+  if (scatter_sequence_fn)  // the deepstack features would have to follow the sequence cut
+    throw OptionError("sp", "Qwen3-VL's deepstack blocks under sequence parallelism are not supported yet");
   const at::Tensor& ids = b.at("input_ids");
   at::Tensor h = merged_embeddings(ids, b.get("pixel_values"), b.get("image_grid_thw"), "batch", &stash_);
   stash_ids_ = ids;
