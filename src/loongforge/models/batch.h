@@ -38,6 +38,9 @@ class Batch {
   bool is_item_field(const std::string& name) const { return t_.count(name + ".row") > 0; }
   // Rows [first, first + n) of every tensor (views; item fields: their items of those rows, renumbered from 0).
   Batch rows(int64_t first, int64_t n) const;
+  // Batches one after another (rows of the second after those of the first; item fields renumbered). Every batch
+  // must have the same fields.
+  static Batch concat(const std::vector<Batch>& parts);
   // Every tensor through f (name, tensor) -> tensor.
   Batch map(const std::function<at::Tensor(const std::string&, const at::Tensor&)>& f) const;
   const std::map<std::string, at::Tensor>& tensors() const { return t_; }

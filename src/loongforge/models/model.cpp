@@ -63,6 +63,27 @@ Batch Batch::rows(int64_t first, int64_t n) const {
   return out;
 }
 
+Batch Batch::concat(const std::vector<Batch>& parts) {
+  if (parts.size() == 1) return parts[0];
+  Batch out;
+  if (parts.empty()) return out;
+  for (const auto& [k, t0] : parts[0].t_) {
+    if (is_item_index(k)) continue;
+    std::vector<at::Tensor> pieces, rows;
+    int64_t offset = 0;
+    for (const Batch& p : parts) {
+      auto it = p.t_.find(k);
+      if (it == p.t_.end()) throw Error("batch: field '" + k + "' missing from a batch to concatenate");
+      pieces.push_back(it->second);
+      if (parts[0].is_item_field(k)) rows.push_back(p.t_.at(k + ".row") + offset);
+      offset += p.num_rows();
+    }
+    out.t_[k] = at::cat(pieces, 0);
+    if (!rows.empty()) out.t_[k + ".row"] = at::cat(rows, 0);
+  }
+  return out;
+}
+
 Batch Batch::map(const std::function<at::Tensor(const std::string&, const at::Tensor&)>& f) const {
   Batch out;
   for (const auto& [k, t] : t_) out.set(k, f(k, t));

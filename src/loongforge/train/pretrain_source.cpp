@@ -72,22 +72,46 @@ void PretrainSource::restore(const nlohmann::json& s) { ds_.restore(data::Pretra
 BatchFileSource::BatchFileSource(const std::string& path) {
   auto f = io::SafetensorsFile::open(path);
   if (!f->contains("input_ids")) throw file_error(path, "input_ids", "missing");
-  ids_ = f->tensor("input_ids");
-  if (ids_.scalar_type() != at::kLong || ids_.dim() != 2 || ids_.size(0) == 0)
+  const at::Tensor ids = f->tensor("input_ids").clone();
+  if (ids.scalar_type() != at::kLong || ids.dim() != 2 || ids.size(0) == 0)
     throw file_error(path, "input_ids", "expected int64 [B,T] with B > 0");
-  at::Tensor labels = f->contains("labels") ? f->tensor("labels") : ids_;
-  if (labels.sizes() != ids_.sizes() || labels.scalar_type() != at::kLong)
+  at::Tensor labels = f->contains("labels") ? f->tensor("labels") : ids;
+  if (labels.sizes() != ids.sizes() || labels.scalar_type() != at::kLong)
     throw file_error(path, "labels", "expected int64 with the shape of input_ids");
+  rows_ = ids.size(0);
   // transformers' convention: labels align with inputs and shift inside; targets are the shifted labels
-  targets_ = nn::next_token_targets(labels);
+  all_ = token_batch(ids, nn::next_token_targets(labels));
+  // Other tensors the model's schema may read (pixel_values, image_grid_thw, ...): per row, or per item with
+  // <name>.row saying each item's row (non-decreasing).
+  for (const auto& e : f->entries()) {
+    const std::string& n = e.name;
+    if (n == "input_ids" || n == "labels" || Batch::is_item_index(n)) continue;
+    const at::Tensor t = f->tensor(n).clone();
+    if (f->contains(n + ".row")) {
+      const at::Tensor r = f->tensor(n + ".row").clone();
+      if (r.scalar_type() != at::kLong || r.dim() != 1 || r.size(0) != t.size(0) ||
+          (r.numel() && (r.min().item<int64_t>() < 0 || r.max().item<int64_t>() >= rows_ ||
+                         (r.numel() > 1 && (r.diff() < 0).any().item<bool>()))))
+        throw file_error(path, n + ".row", "expected int64 [" + std::to_string(t.size(0)) +
+                                               "] of non-decreasing rows in [0, " + std::to_string(rows_) + ")");
+      all_.set_items(n, t, r);
+    } else {
+      if (t.dim() == 0 || t.size(0) != rows_)
+        throw file_error(path, n, "expected " + std::to_string(rows_) + " rows (or a " + n + ".row tensor)");
+      all_.set(n, t);
+    }
+  }
 }
 
 Batch BatchFileSource::next(int64_t b) {
-  std::vector<int64_t> rows;
-  for (int64_t i = 0; i < b; ++i) rows.push_back((row_ + i) % ids_.size(0));
-  row_ = (row_ + b) % ids_.size(0);
-  at::Tensor idx = at::tensor(rows, at::kLong);
-  return token_batch(ids_.index_select(0, idx), targets_.index_select(0, idx));
+  std::vector<Batch> parts;  // the rows from row_ on, wrapping around
+  for (int64_t need = b; need > 0;) {
+    const int64_t n = std::min(need, rows_ - row_);
+    parts.push_back(all_.rows(row_, n));
+    row_ = (row_ + n) % rows_;
+    need -= n;
+  }
+  return Batch::concat(parts);
 }
 
 }  // namespace lf::train

@@ -32,8 +32,8 @@ class BatchFileSource : public BatchSource {
   void restore(const nlohmann::json& state) override { row_ = state.at("row").get<int64_t>(); }
 
  private:
-  at::Tensor ids_, targets_;
-  int64_t row_ = 0;
+  Batch all_;  // input_ids, targets and the file's other tensors (item fields where it has <name>.row)
+  int64_t rows_ = 0, row_ = 0;
 };
 
 }  // namespace lf::train
