@@ -158,3 +158,36 @@ def test_component_learning_rates_and_frozen_parts(tmp_path):
     half = run("half", "--set", "optim.lr=2e-3", "--set", 'optim.lr_multipliers=[{pattern: ".", multiplier: 0.5}]')
     for k in full:
         assert torch.equal(half[k], full[k]), k
+
+
+def test_batch_file_with_images_trains_like_dump(tmp_path):
+    """data.format: batch takes a safetensors batch with item fields (pixel_values + pixel_values.row): the first
+    step's loss equals `dump`'s on the same rows (micro-batches of 2 rows: one image, then two)."""
+    from safetensors.torch import load_file, save_file
+    from test_vlm_parity import llava_config, make_batch
+    torch.manual_seed(6)
+    cfg = llava_config("clip")
+    transformers.LlavaForConditionalGeneration(cfg).save_pretrained(tmp_path / "m")
+    ids, pixels, labels = make_batch(cfg, images_per_row=(1, 2))
+    save_file({"input_ids": ids, "labels": labels, "pixel_values": pixels.contiguous(),
+               "pixel_values.row": torch.tensor([0, 1, 1])}, str(tmp_path / "b.safetensors"))
+    save_file({"input_ids": ids, "labels": labels, "pixel_values": pixels.contiguous()}, str(tmp_path / "d.safetensors"))
+    run_lf("dump", "--model", tmp_path / "m", "--batch", tmp_path / "d.safetensors", "--out", tmp_path / "o.safetensors")
+    dump = load_file(str(tmp_path / "o.safetensors"))["loss"].item()
+    r = tmp_path / "r.yaml"
+    r.write_text(f"""
+output_dir: {tmp_path / 'run'}
+model: {{path: {tmp_path / 'm'}}}
+data: {{format: batch, train: [{{path: {tmp_path / 'b.safetensors'}}}], seq_len: {ids.shape[1]}}}
+train: {{steps: 1, micro_batch_size: 2, threads: 2}}
+log: {{progress: off, plot: false, tensorboard: false}}
+""")
+    run_lf("train", r)
+    loss = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+    assert abs(loss - dump) <= 1e-5 * abs(dump), (loss, dump)
+    bad = tmp_path / "bad.safetensors"
+    save_file({"input_ids": ids, "pixel_values": pixels.contiguous(), "pixel_values.row": torch.tensor([1, 0, 1])},
+              str(bad))
+    err = run_lf("train", r, "--set", f"data.train=[{{path: {bad}}}]", check=False).stderr
+    assert "pixel_values.row" in err and len(err.strip().splitlines()) == 1
+
