@@ -10,7 +10,9 @@
 #   3. the training benchmark (bench/gpu_train.py): LoongForge vs PyTorch eager / torch.compile, tokens/s, MFU, peak
 #      memory, ratios (table in $OUT/gpu_train.md, JSON in $OUT/gpu_train.json): issue 4's dense shapes, then issue
 #      6's Qwen3-MoE shape against transformers' Qwen3MoeForCausalLM (goal >= 2 x 54.9k tok/s);
-#   4. print a short table last.
+#   4. the vision-language training step (bench/vlm_train.py --device cuda): a Qwen2.5-VL-shape model against
+#      transformers' eager one (issue 19);
+#   5. print a short table last.
 # Usage (repo root):  bash bench/gpu_check.sh
 #   OUT=dir            where logs and JSON go (default build-gpu/gpu_out; the device tool's $OUT when set)
 #   LF_DEBS=dir        the .deb folder (default ./third_party_debs)
@@ -269,5 +271,20 @@ PY
   [ -f "$OUT/gpu_train.md" ] && { echo; cat "$OUT/gpu_train.md"; }
 fi
 # ---- END TRAINING BENCHMARK ----
+
+# ---- 4. vision-language training step: LoongForge vs transformers eager on the GPU (bench/vlm_train.py) ------------
+# A Qwen2.5-VL-shape model (issue 19), both sides fp32 on the GPU, the baseline measured in the same call.
+if [ "${GPU_CHECK_ONLY:-}" = dist ]; then
+  row "vlm train (Qwen2.5-VL shape)" SKIP 0 "GPU_CHECK_ONLY=dist"
+else
+  T=$(date +%s)
+  if timeout 300 "$PY" bench/vlm_train.py --device cuda --lf "$BUILD/loongforge" --rounds 2 --steps 6 --warmup 2 \
+      --out "$OUT/vlm_train.md" >"$OUT/vlm_train.log" 2>&1; then
+    row "vlm train (Qwen2.5-VL shape)" ok "$(elapsed "$T")" "$(tail -1 "$OUT/vlm_train.md" | cut -d'|' -f3-5 | tr -s ' ')"
+    cat "$OUT/vlm_train.md"
+  else
+    row "vlm train (Qwen2.5-VL shape)" FAIL "$(elapsed "$T")" "see $OUT/vlm_train.log: $(tail -1 "$OUT/vlm_train.log" | cut -c1-100)"
+  fi
+fi
 
 print_table

@@ -4,6 +4,8 @@ Qwen2_5_VLForConditionalGeneration (eager, AdamW, clipping) on the same batch, s
 after warm-up and the ratio per round.
 
   .venv/bin/python bench/vlm_train.py [--rounds 3] [--steps 6] [--warmup 2] [--threads 2] [--out FILE.md]
+                                     [--device cpu|cuda] [--lf build/loongforge]
+bench/gpu_check.sh runs it with --device cuda (both sides on the GPU, fp32).
 """
 import argparse
 import json
@@ -59,10 +61,11 @@ def make_batch(cfg, tmp):
     return ids, pixel_values, grid_thw
 
 
-def loongforge_steps(tmp, steps, warmup, threads):
+def loongforge_steps(lf, tmp, steps, warmup, threads, device):
     recipe = tmp / "r.yaml"
     recipe.write_text(f"""
 output_dir: {tmp / 'run'}
+device: {device}
 model: {{path: {tmp / 'model'}}}
 data: {{format: batch, train: [{{path: {tmp / 'batch.safetensors'}}}], seq_len: {SHAPE['text'] + SHAPE['grid'] ** 2 // 4 + 2}}}
 train: {{steps: {steps + warmup}, micro_batch_size: {SHAPE['rows']}, threads: {threads}}}
@@ -73,14 +76,16 @@ log: {{progress: off, plot: false, tensorboard: false}}
     if (tmp / "run").exists():
         subprocess.run(["rm", "-rf", str(tmp / "run")], check=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    subprocess.run([str(LF), "train", str(recipe)], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run([str(lf), "train", str(recipe)], check=True, env=env, stdout=subprocess.DEVNULL)
     m = [json.loads(l) for l in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
     return statistics.median(x["step_time_s"] for x in m[warmup:]), m[0]["loss"]
 
 
-def transformers_steps(model, ids, pixel_values, grid_thw, steps, warmup):
+def transformers_steps(model, ids, pixel_values, grid_thw, steps, warmup, device):
     import torch
-    model.train()
+    model.to(device).train()
+    ids, pixel_values, grid_thw = ids.to(device), pixel_values.to(device), grid_thw.to(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95))
     times, first = [], None
     for i in range(steps + warmup):
@@ -92,6 +97,7 @@ def transformers_steps(model, ids, pixel_values, grid_thw, steps, warmup):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
+        sync()
         if i >= warmup:
             times.append(time.perf_counter() - t)
         first = first if first is not None else out.loss.item()
@@ -105,6 +111,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--lf", default=str(LF))
     a = ap.parse_args()
     import torch
     import transformers
@@ -119,11 +127,11 @@ def main():
         res = {}
         for side in order:
             if side == "lf":
-                res["lf"] = loongforge_steps(tmp, a.steps, a.warmup, a.threads)
+                res["lf"] = loongforge_steps(a.lf, tmp, a.steps, a.warmup, a.threads, a.device)
             else:  # a fresh copy of the initial weights each round
                 m = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp / "model", dtype=torch.float32,
                                                                                    attn_implementation="eager")
-                res["hf"] = transformers_steps(m, ids, px, grid, a.steps, a.warmup)
+                res["hf"] = transformers_steps(m, ids, px, grid, a.steps, a.warmup, a.device)
         lf_t.append(res["lf"][0])
         hf_t.append(res["hf"][0])
         ratios.append(res["hf"][0] / res["lf"][0])
@@ -132,7 +140,8 @@ def main():
     lf_med, hf_med = statistics.median(lf_t), statistics.median(hf_t)
     ratio = hf_med / lf_med
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    lines = [f"VLM CPU training step, fp32, {a.threads} threads, median of {a.rounds} rounds of {a.steps} steps after "
+    where = f"{a.device}" + (f" ({torch.cuda.get_device_name(0)})" if a.device == "cuda" else f", {a.threads} threads")
+    lines = [f"VLM training step, fp32, {where}, median of {a.rounds} rounds of {a.steps} steps after "
              f"{a.warmup} warm-up (torch {torch.__version__}, transformers {transformers.__version__}, {cpu})", "",
              "| shape | LoongForge tok/s | transformers eager tok/s | ratio (goal >= 1.3x) | per round |",
              "|---|---|---|---|---|",
