@@ -43,9 +43,10 @@ auto& lm_of(M& any) {
 }  // namespace
 
 std::vector<int64_t> expand_image_tokens(const Model& model, const std::vector<int64_t>& prompt, int64_t images) {
-  const auto* v = dynamic_cast<const vlm::LlavaImpl*>(&model);
-  if (!v) throw Error("generate: the " + model.family() + " family (" + model.model_type() + ") takes no images");
-  const int64_t id = v->config().image_token_id, run = v->config().tokens_per_image();
+  const auto it = model.image_tokens();  // the contract's image token and run length
+  if (!it || it->per_image <= 0)
+    throw Error("generate: the " + model.family() + " family (" + model.model_type() + ") takes no images");
+  const int64_t id = it->token_id, run = it->per_image;
   const int64_t found = std::count(prompt.begin(), prompt.end(), id);
   if (found == images * run) return prompt;
   std::vector<int64_t> out;
