@@ -5,6 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Checkouts of one machine share the packages and the environment: one setup at a time installs them.
+exec 9>"${TMPDIR:-/tmp}/loongforge-setup.lock"
+flock 9
+
 PKGS="build-essential cmake ninja-build ccache pkg-config python3 python3-venv python3-dev
   libopenblas-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libspdlog-dev
   libfmt-dev libsentencepiece-dev libpcre2-dev libutf8proc-dev libzstd-dev libpng-dev libturbojpeg0-dev
@@ -38,4 +42,5 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
 fi
 if [ "$(readlink -f .venv 2>/dev/null)" != "$(readlink -f "$VENV")" ]; then rm -rf .venv; ln -s "$VENV" .venv; fi
 
+flock -u 9
 bash scripts/build.sh

@@ -90,6 +90,42 @@ def test_qwen_vl_dump_matches_transformers(case, tmp_path):
     dump_parity(transformers.Qwen2_5_VLForConditionalGeneration(qwen_config(tied=spec["tied"])).eval(), spec, tmp_path)
 
 
+def test_qwen_vl_video_dump_matches_transformers(tmp_path):
+    """Videos (pixel_values_videos, video_grid_thw, second_per_grid_ts) beside images: the tower runs over each
+    video's frames, the features fill the video tokens, and the frames' temporal positions are spaced by
+    tokens_per_second x seconds per temporal patch (truncated, 1.3 s giving 5.2 -> 0, 5, 10, 15) as transformers'
+    get_rope_index; logits, loss and every gradient as transformers' with mm_token_type_ids 0 / 1 / 2."""
+    torch.manual_seed(2)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(qwen_config()).eval()
+    model.save_pretrained(tmp_path / "model")
+    g = torch.Generator().manual_seed(2)
+    text = lambda n: torch.randint(3, END, (n,), generator=g).tolist()
+    image, videos = (1, 4, 4), [(2, 4, 6), (4, 4, 4)]
+    merged = lambda t, h, w: t * h * w // MERGE ** 2
+    rows = [text(3) + [START] + [IMAGE] * merged(*image) + [END] + text(2) + [START] + [VIDEO] * merged(*videos[0]) +
+            [END] + text(3),
+            text(2) + [START] + [VIDEO] * merged(*videos[1]) + [END] + text(4)]
+    length = max(map(len, rows))
+    ids = torch.tensor([r + text(length - len(r)) for r in rows])
+    labels = ids.clone()
+    labels[(ids == IMAGE) | (ids == VIDEO)] = -100
+    tt = (ids == IMAGE).int() + 2 * (ids == VIDEO).int()
+    pixels = torch.randn(4 * 4, 3 * 2 * 2 * 2, generator=g)
+    vgrid = torch.tensor(videos)
+    vpixels = torch.randn(int(vgrid.prod(-1).sum()), 3 * 2 * 2 * 2, generator=g)
+    seconds = torch.tensor([0.5, 1.3])
+    inputs = dict(image_grid_thw=torch.tensor([image]), pixel_values_videos=vpixels, video_grid_thw=vgrid,
+                  second_per_grid_ts=seconds, mm_token_type_ids=tt)
+    pos, _ = model.model.get_rope_index(ids, mm_token_type_ids=tt, image_grid_thw=torch.tensor([image]),
+                                        video_grid_thw=vgrid, second_per_grid_ts=seconds)
+    first = (ids[1] == VIDEO).nonzero()[0].item()
+    assert pos[0, 1, first:first + 16:4].tolist() == [first + k for k in (0, 5, 10, 15)]  # 4 x 1.3 = 5.2 per frame
+    ours = run_dump(tmp_path / "model", {"input_ids": ids, "pixel_values": pixels, "labels": labels, **inputs},
+                    tmp_path)
+    ref = hf_reference(model, ids, pixels, labels, **inputs)
+    compare(ours, ref)
+
+
 def test_qwen_vl_rope_index_matches_transformers(tmp_path):
     """Our positions through the logits: transformers' with its own get_rope_index positions equals transformers
     given them explicitly; with 1D positions instead, the logits differ (so the parity above tests M-RoPE)."""

@@ -1,7 +1,9 @@
 """A vision-language model under the parallel layouts (issue 19): LLaVA trained from image + chat data gives the
 per-step losses and gradient norms of one process (fp32, 1e-5) with data parallelism (images go with their rows),
 ZeRO-1, tensor parallelism of the language model with the vision tower replicated over the tp group (+ sequence
-parallelism), and pipeline parallelism with the tower on the first stage."""
+parallelism), and pipeline parallelism with the tower on the first stage (also with tp2). Qwen2.5-VL trained on packed
+chat data (several conversations per row: per-document attention and multimodal positions) likewise under dp2,
+tp2 + sp and pp2."""
 import json
 
 import pytest
@@ -65,6 +67,8 @@ LAYOUTS = {
     "tp2": (2, ["parallel.tp=2", "train.micro_batch_size=4"]),
     "tp2_sp": (2, ["parallel.tp=2", "parallel.sp=true", "train.micro_batch_size=4"]),
     "pp2": (2, ["parallel.pp=2", "train.micro_batch_size=4"]),
+    # the tower replicated over the language model's tp group, on the first of two pipeline stages
+    "tp2_pp2": (4, ["parallel.tp=2", "parallel.pp=2", "train.micro_batch_size=4"]),
 }
 
 
@@ -83,3 +87,52 @@ def test_vlm_layout_matches_one_process(setup, reference, tmp_path, layout):
             assert abs(a["loss"] - ref["loss"]) <= 1e-5 * abs(ref["loss"]), (layout, a["step"], a["loss"], ref["loss"])
         assert abs(a["grad_norm"] - c["grad_norm"]) <= 1e-5 * abs(c["grad_norm"]), (layout, a["step"])
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 5e-5 * abs(b["grad_norm"]), (layout, a["step"])
+
+
+@pytest.fixture(scope="module")
+def qwen_setup(tmp_path_factory):
+    from test_qwen_vl_train import make_model_dir as make_qwen
+    d = tmp_path_factory.mktemp("qwen_dist")
+    make_qwen(d / "m", seed=6)
+    colours = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (30, 40, 210)}
+    data = []
+    for i in range(12):
+        name = list(colours)[i % 3]
+        draw(d / f"{i}.png", colours[name], size=(20 + 2 * i, 24))
+        data.append({"image": f"{i}.png", "conversations": [{"from": "human", "value": "<image>Colour?"},
+                                                             {"from": "gpt", "value": name}]})
+    (d / "data.json").write_text(json.dumps(data))
+    return d
+
+
+def qwen_recipe(d, out):
+    r = out / "r.yaml"
+    r.write_text(f"""
+output_dir: {out / 'run'}
+seed: 3
+model: {{path: {d / 'm'}}}
+data: {{format: sft, train: [{{path: {d / 'data.json'}}}], seq_len: 160, packing: true}}
+train: {{steps: 6, micro_batch_size: 2, threads: 1}}
+optim: {{lr: 1.0e-3, clip: 0.5}}
+log: {{progress: off, plot: false, tensorboard: false}}
+""")
+    return r
+
+
+@pytest.mark.parametrize("layout", ["dp2", "tp2_sp", "pp2"])
+def test_qwen_vl_packed_layout_matches_one_process(qwen_setup, tmp_path, layout):
+    sets = {"dp2": ["parallel.dp=2", "train.micro_batch_size=1"], "tp2_sp": ["parallel.tp=2", "parallel.sp=true"],
+            "pp2": ["parallel.pp=2"]}[layout]
+    one = tmp_path / "one"
+    one.mkdir()
+    run_lf("train", qwen_recipe(qwen_setup, one), "--set", "parallel.zero=1")  # a world of one, distributed engine
+    ref = metrics(one / "run")
+    res = launch_ranks(2, [LF_BIN, "train", qwen_recipe(qwen_setup, tmp_path), *sum((["--set", s] for s in sets), [])],
+                       timeout=600)
+    for r, p in enumerate(res):
+        assert p.returncode == 0, f"rank {r}: {p.stderr[-3000:]}"
+    got = metrics(tmp_path / "run")
+    assert len(got) == len(ref) == 6
+    for a, b in zip(got, ref):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (layout, a["step"], a["loss"], b["loss"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * abs(b["grad_norm"]), (layout, a["step"])

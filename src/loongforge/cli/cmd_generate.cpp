@@ -54,9 +54,20 @@ void run_generate(GenerateArgs a) {
     prompt = tok->encode(a.prompt, /*add_special_tokens=*/true);
   }
   if (!a.images.empty()) {  // a vision-language model: the model folder's image processor, as transformers'
-    prompt = models::expand_image_tokens(*model, prompt, static_cast<int64_t>(a.images.size()));
+    const auto it = model->image_tokens();
+    if (!it) throw Error("generate --image: the " + model->family() + " family (" + model->model_type() + ") takes no images");
     const auto proc = data::image::ImageProcessor::from_pretrained(a.model);
-    a.opts.pixel_values = proc.preprocess_files(a.images).pixel_values;
+    const data::image::ProcessedImages px = proc.preprocess_files(a.images);
+    std::vector<int64_t> run(a.images.size(), it->per_image);
+    a.opts.images.set("pixel_values", px.pixel_values);
+    if (px.image_grid_thw.defined()) {  // patch models: each image's tokens from its merged grid
+      a.opts.images.set("image_grid_thw", px.image_grid_thw);
+      const at::Tensor n = px.image_grid_thw.prod(1) / (proc.config().merge_size * proc.config().merge_size);
+      for (size_t i = 0; i < run.size(); ++i) run[i] = n[static_cast<int64_t>(i)].item<int64_t>();
+    }
+    for (int64_t n : run)
+      if (n <= 0) throw Error("generate --image: the image processor of " + a.model + " makes patches, the model expects a fixed size");
+    prompt = models::expand_image_tokens(*model, prompt, run);
   }
   if (prompt.empty()) throw Error("generate: the prompt is empty (give --prompt or --prompt-ids)");
   for (int64_t id : prompt)

@@ -16,11 +16,12 @@ namespace fs = std::filesystem;
 
 namespace {
 // Canonical name (Model::canonical_checkpoint_name) -> the name stored in the checkpoint; `dir` names it in errors.
+// `prefix` goes before every stored name (a part's folder loaded into a composed model).
 std::map<std::string, std::string> stored_names(const models::Model& model, const SafetensorsCheckpoint& ckpt,
-                                                const std::string& dir) {
+                                                const std::string& dir, const std::string& prefix = "") {
   std::map<std::string, std::string> out;
   for (const auto& name : ckpt.names()) {
-    auto [it, fresh] = out.emplace(model.canonical_checkpoint_name(name), name);
+    auto [it, fresh] = out.emplace(model.canonical_checkpoint_name(prefix + name), name);
     if (!fresh)
       throw Error(dir + ": tensors '" + it->second + "' and '" + name + "' are both '" + it->first +
                   "' (two key layouts mixed in one checkpoint)");
@@ -29,9 +30,12 @@ std::map<std::string, std::string> stored_names(const models::Model& model, cons
 }
 }  // namespace
 
-void load_state(models::Model& model, const std::string& dir) {
+namespace {
+// load_state / load_part: the checkpoint tensors of the model whose names start with `prefix`, from DIR's tensors
+// under prefix + their stored names.
+void load_tensors(models::Model& model, const std::string& dir, const std::string& prefix) {
   SafetensorsCheckpoint ckpt = SafetensorsCheckpoint::open(dir);
-  const std::map<std::string, std::string> stored = stored_names(model, ckpt, dir);
+  const std::map<std::string, std::string> stored = stored_names(model, ckpt, dir, prefix);
   auto contains = [&](const std::string& n) { return stored.count(n) > 0; };
   at::NoGradGuard no_grad;
   std::vector<std::pair<std::string, at::Tensor>> targets;
@@ -39,6 +43,7 @@ void load_state(models::Model& model, const std::string& dir) {
   auto buffers = model.named_buffers(true);
   std::set<std::string> whole;
   for (const auto& e : model.checkpoint_tensors()) {
+    if (!e.name.starts_with(prefix)) continue;
     // A parameter stored under its in-memory name (stacked experts whole, Mixtral's "mlp" block: checkpoints
     // written name for name from the model's parameters) loads from there; otherwise from the mapped names.
     if (e.name != e.param && !contains(e.name) && contains(e.param)) {
@@ -50,7 +55,9 @@ void load_state(models::Model& model, const std::string& dir) {
   for (auto& item : targets) {
     const std::string& name = item.first;
     at::Tensor& p = item.second;
-    if (!contains(name)) throw Error(dir + ": tensor '" + name + "' missing from the checkpoint");
+    if (!contains(name))
+      throw Error(dir + ": tensor '" + name.substr(prefix.size()) + "' missing from the checkpoint" +
+                  (prefix.empty() ? "" : " (the " + prefix.substr(0, prefix.size() - 1) + " part)"));
     const std::string& key = stored.at(name);
     std::vector<int64_t> shape = ckpt.shape(key);
     if (at::IntArrayRef(shape) != p.sizes()) {
@@ -63,6 +70,21 @@ void load_state(models::Model& model, const std::string& dir) {
     }
     p.copy_(ckpt.tensor(key));
   }
+}
+}  // namespace
+
+void load_state(models::Model& model, const std::string& dir) { load_tensors(model, dir, ""); }
+
+void load_part(models::Model& model, const std::string& dir, const std::string& prefix) {
+  load_tensors(model, dir, prefix);
+}
+
+std::shared_ptr<models::Model> load_composed(const models::Composition& c, double init_std, at::ScalarType dtype) {
+  std::shared_ptr<models::Model> model = models::build_model(c.config, "the composed model");
+  model->init_weights(init_std);
+  model->to(dtype);
+  for (const auto& part : c.parts) load_part(*model, part.dir, part.prefix);
+  return model;
 }
 
 std::shared_ptr<models::Model> load_model(const std::string& dir, at::ScalarType dtype, const std::string& family) {

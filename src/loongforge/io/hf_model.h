@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "loongforge/models/model.h"
+#include "loongforge/models/registry.h"
 
 namespace lf::io {
 
@@ -22,6 +23,14 @@ std::shared_ptr<models::Model> load_model(const std::string& dir, at::ScalarType
 
 // Copies the checkpoint tensors of DIR into the model (by the family's checkpoint names).
 void load_state(models::Model& model, const std::string& dir);
+// Copies a part's folder into the model's checkpoint tensors named PREFIX...: stored name n fills the tensor
+// canonical_checkpoint_name(PREFIX + n); every such tensor must be there (errors name DIR and the tensor); stored
+// tensors that fill none (a CLIP folder's text tower) are skipped.
+void load_part(models::Model& model, const std::string& dir, const std::string& prefix);
+// A model composed from parts' folders (models::compose): built from the composition's config, initialised as for
+// training from scratch (init_std < 0: the config's), then each part loaded (load_part).
+std::shared_ptr<models::Model> load_composed(const models::Composition& c, double init_std = -1,
+                                             at::ScalarType dtype = at::kFloat);
 
 // Writes a folder the family's ecosystem loads (transformers' from_pretrained for the decoder LMs): config.json
 // (with "dtype" set), the weights in `dtype` (sharded above max_shard_bytes, like save_pretrained), and

@@ -60,5 +60,15 @@ struct BatchField {
   std::string doc;
 };
 using BatchSchema = std::vector<BatchField>;
+// An optional field (images and the like: item fields, not sequences).
+inline BatchField optional_field(std::string name, at::ScalarType dtype, int64_t dims, std::string doc) {
+  BatchField f;
+  f.name = std::move(name);
+  f.dtype = dtype;
+  f.dims = dims;
+  f.required = false;
+  f.doc = std::move(doc);
+  return f;
+}
 
 }  // namespace lf::models

@@ -2,7 +2,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/models/llama/model.h"
-#include "loongforge/models/vlm/llava.h"
+#include "loongforge/models/vlm/base.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -42,21 +42,30 @@ auto& lm_of(M& any) {
 }
 }  // namespace
 
-std::vector<int64_t> expand_image_tokens(const Model& model, const std::vector<int64_t>& prompt, int64_t images) {
-  const auto it = model.image_tokens();  // the contract's image token and run length
-  if (!it || it->per_image <= 0)
-    throw Error("generate: the " + model.family() + " family (" + model.model_type() + ") takes no images");
-  const int64_t id = it->token_id, run = it->per_image;
+std::vector<int64_t> expand_image_tokens(const Model& model, const std::vector<int64_t>& prompt,
+                                         const std::vector<int64_t>& run) {
+  const auto it = model.image_tokens();  // the contract's image token and markers
+  if (!it) throw Error("generate: the " + model.family() + " family (" + model.model_type() + ") takes no images");
+  const int64_t id = it->token_id, images = static_cast<int64_t>(run.size());
+  int64_t total = 0;
+  for (int64_t n : run) total += n;
   const int64_t found = std::count(prompt.begin(), prompt.end(), id);
-  if (found == images * run) return prompt;
+  if (found == total) return prompt;
   std::vector<int64_t> out;
-  if (found == 0) out.insert(out.end(), images * run, id);
-  else if (found != images)
+  if (found == 0) {
+    for (int64_t n : run) {
+      if (it->start_id >= 0) out.push_back(it->start_id);
+      out.insert(out.end(), n, id);
+      if (it->end_id >= 0) out.push_back(it->end_id);
+    }
+  } else if (found != images) {
     throw Error("generate: the prompt has " + std::to_string(found) + " image tokens (id " + std::to_string(id) +
-                ") for " + std::to_string(images) + " images: give one per image, " + std::to_string(run) +
-                " per image, or none");
+                ") for " + std::to_string(images) + " images: give one per image, the full runs (" +
+                std::to_string(total) + " in all), or none");
+  }
+  size_t image = 0;
   for (int64_t t : prompt) {
-    if (t == id) out.insert(out.end(), run, id);
+    if (t == id) out.insert(out.end(), run[image++], id);
     else out.push_back(t);
   }
   return out;
@@ -74,14 +83,23 @@ std::vector<int64_t> generate(Model& any, const std::vector<int64_t>& prompt, co
   std::vector<int64_t> out;
   auto device = model.output_weight().device();
   at::Tensor ids = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).unsqueeze(0).to(device);
-  auto* vlm = dynamic_cast<vlm::LlavaImpl*>(&any);
-  if (opts.pixel_values.defined() && !vlm)
+  auto* vlm = dynamic_cast<vlm::VisionLanguageModel*>(&any);
+  if (!opts.images.empty() && !vlm)
     throw Error("generate: the " + any.family() + " family (" + any.model_type() + ") takes no images");
+  int64_t next_position = 0, planes = 0;  // a VLM's positions go on from its prompt's (multimodal RoPE)
   for (int64_t i = 0; i < opts.max_new_tokens; ++i) {
     at::Tensor h;
-    if (i == 0 && vlm) {  // the prompt: image features in its image tokens
-      const at::Tensor px = opts.pixel_values.defined() ? opts.pixel_values.to(device) : at::Tensor();
-      h = model.hidden_states_from(vlm->merged_embeddings(ids, px, "prompt"), {}, &cache);
+    if (i == 0 && vlm) {  // the prompt: image features in its image tokens, the model's positions
+      Batch prompt_batch = opts.images.map([&](const std::string&, const at::Tensor& t) { return t.to(device); });
+      prompt_batch.set("input_ids", ids);
+      auto pf = vlm->prefill(prompt_batch, cache);
+      h = pf.hidden;
+      next_position = pf.next_position;
+      planes = pf.planes;
+    } else if (vlm) {
+      at::Tensor pos = at::full(planes ? std::vector<int64_t>{planes, 1, 1} : std::vector<int64_t>{1, 1},
+                                next_position++, ids.options());
+      h = model.hidden_states(ids, pos, &cache);
     } else {
       h = model.hidden_states(ids, {}, &cache);
     }

@@ -15,8 +15,9 @@ struct GenerateOptions {
   double top_p = 1.0;
   uint64_t seed = 0;
   std::vector<int64_t> stop_ids;  // generation ends after one of these
-  // Vision-language models: the prompt's images [N, C, H, W], in the order of its image tokens (undefined: none).
-  at::Tensor pixel_values;
+  // Vision-language models: the prompt's images as the model's batch schema takes them (pixel_values, and
+  // image_grid_thw for patch models), in the order of its image runs (empty: none).
+  Batch images;
 };
 
 // Returns the new token ids (prompt excluded). on_token, when set, is called with each new id as it is produced.
@@ -24,10 +25,12 @@ struct GenerateOptions {
 std::vector<int64_t> generate(Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
                               const std::function<void(int64_t)>& on_token = {});
 
-// A vision-language model's prompt for `images` images: each image token of `prompt` (one per image, as users write
-// "<image>") becomes the image's run of image tokens; a prompt already holding the full runs is kept; a prompt with
-// no image token gets the runs first. lf::Error when the model takes no images or the counts do not fit.
-std::vector<int64_t> expand_image_tokens(const Model& model, const std::vector<int64_t>& prompt, int64_t images);
+// A vision-language model's prompt for images of `run[i]` image tokens each: each image token of `prompt` (one per
+// image, as users write "<image>" or Qwen's template writes <|image_pad|>) becomes the image's run of image tokens; a
+// prompt already holding the full runs is kept; a prompt with no image token gets the runs first (each between the
+// model's start / end tokens when it has them). lf::Error when the model takes no images or the counts do not fit.
+std::vector<int64_t> expand_image_tokens(const Model& model, const std::vector<int64_t>& prompt,
+                                         const std::vector<int64_t>& run);
 
 // The vocabulary size and end-of-sequence ids of a model that generates text (lf::Error otherwise).
 int64_t vocab_size(const Model& model);

@@ -140,11 +140,13 @@ class Model : public torch::nn::Module {
   // The block module i (its parameters: FSDP units, recomputation); the default looks "<split().blocks>.<i>" up.
   virtual torch::nn::Module& block(int64_t i);
   // Vision-language models: the token that stands for image features in input_ids and how many of them one image
-  // takes (0: as many as the image processor's patch grid gives, grid_h * grid_w / merge_size^2). nullopt: the
-  // model takes no images.
+  // takes (0: as many as the image processor's patch grid gives, grid_h * grid_w / merge_size^2), and the tokens
+  // the model's chat template writes around each image's run (Qwen's <|vision_start|>, <|vision_end|>; -1: none).
+  // nullopt: the model takes no images.
   struct ImageTokens {
     int64_t token_id = -1;
     int64_t per_image = 0;
+    int64_t start_id = -1, end_id = -1;
   };
   virtual std::optional<ImageTokens> image_tokens() const { return std::nullopt; }
   // An empty string when a CUDA graph may capture a training step; else why not (one line).

@@ -71,6 +71,16 @@ std::shared_ptr<Model> build_model(const nlohmann::json& config, const std::stri
   return family_for(config, file, family).build(config, file);
 }
 
+Composition compose(const ComposeParts& parts, const std::string& where) {
+  std::vector<std::string> known;
+  for (const auto& f : families()) {
+    for (const auto& p : f.projectors)
+      if (p == parts.projector && f.compose) return f.compose(parts);
+    known.insert(known.end(), f.projectors.begin(), f.projectors.end());
+  }
+  throw Error(where + ": unknown projector '" + parts.projector + "' (known: " + join(known) + ")");
+}
+
 std::shared_ptr<Model> build_model_from_file(const std::string& path, const std::string& family) {
   return build_model(read_json_file(path), path, family);
 }

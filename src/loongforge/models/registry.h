@@ -14,6 +14,29 @@
 
 namespace lf::models {
 
+// A model composed from parts (the recipe's model.vision / model.projector / model.language, `loongforge compose`):
+// the parts' config.json objects (the files name them in errors) and how they are joined.
+struct ComposeParts {
+  nlohmann::json vision, language;
+  std::string vision_file, language_file;
+  std::string vision_dir, language_dir;  // the folders whose weights fill the parts
+  std::string projector;                 // the projector kind ("mlp2x_gelu")
+  int64_t image_token_id = -1;           // the image token in the language model's tokenizer
+  int64_t feature_layer = -2;            // the vision layer whose features the projector takes
+  std::string select_strategy = "default";  // "default" drops a class token; "full" keeps it
+};
+// The whole model's config.json, and where each part folder's checkpoint tensors go (prefix + stored name).
+struct Composition {
+  nlohmann::json config;
+  struct Part {
+    std::string dir, prefix;
+  };
+  std::vector<Part> parts;
+  // Each component's module-name prefix in the whole ("vision", "projector", "language"), for per-component
+  // freezing and learning rates.
+  std::vector<std::pair<std::string, std::string>> components;
+};
+
 struct Family {
   std::string name;                       // "decoder_lm", ...
   std::vector<std::string> model_types;   // transformers' config.json `model_type`
@@ -23,6 +46,9 @@ struct Family {
   std::function<std::shared_ptr<Model>(const nlohmann::json& config, const std::string& file)> build;
   // `loongforge info`: components, shapes and parameter counts from the config alone (no weights allocated).
   std::function<nlohmann::json(const nlohmann::json& config, const std::string& file)> describe;
+  // Families that compose models from parts: the projector kinds they know, and the composition.
+  std::vector<std::string> projectors;
+  std::function<Composition(const ComposeParts& parts)> compose;
 };
 
 // Every registered family (the built-in ones are registered on first use).
@@ -33,6 +59,9 @@ const std::vector<Family>& families();
 const Family& family_for(const nlohmann::json& config, const std::string& file, const std::string& family = "");
 // family_for(...).build(config, file).
 std::shared_ptr<Model> build_model(const nlohmann::json& config, const std::string& file, const std::string& family = "");
+// The composition of the family that knows parts.projector; lf::Error naming `where` (the recipe field or flag) and
+// the known kinds otherwise.
+Composition compose(const ComposeParts& parts, const std::string& where);
 // build_model of a config.json file.
 std::shared_ptr<Model> build_model_from_file(const std::string& path, const std::string& family = "");
 

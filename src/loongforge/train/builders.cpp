@@ -3,9 +3,12 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <regex>
 
 #include "loongforge/core/error.h"
+#include "loongforge/core/json.h"
+#include "loongforge/data/tokenizer/tokenizer.h"
 #include "loongforge/io/hf_model.h"
 #include "loongforge/kernels/cuda_ops.h"
 #include "loongforge/models/registry.h"
@@ -17,21 +20,122 @@
 
 namespace lf::train {
 using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// model.vision / model.projector / model.language: the model composed from the parts' folders (models::compose),
+// and OUTPUT_DIR/composed, the folder of its files besides the weights: the language folder's tokenizer (with
+// model.image_token added when it lacks it, at the first embedding row no token uses) and the vision folder's image
+// processor. Every rank writes the same files (atomically). Returns the model, that folder, and the components'
+// module prefixes.
+struct Composed {
+  std::shared_ptr<models::Model> model;
+  std::string files_dir;
+  std::vector<std::pair<std::string, std::string>> components;
+};
+
+Composed compose_model(const json& r) {
+  const json& m = r["model"];
+  const std::string vdir = m["vision"]["path"], ldir = m["language"]["path"];
+  if (!m["path"].get<std::string>().empty() || !m["config"].get<std::string>().empty())
+    throw Error("recipe: field 'model.path': a model composed from model.vision / model.language takes no model.path "
+                "or model.config");
+  if (vdir.empty()) throw Error("recipe: field 'model.vision.path': missing (the vision encoder's folder)");
+  if (ldir.empty()) throw Error("recipe: field 'model.language.path': missing (the language model's folder)");
+  std::string tokdir = m["tokenizer"];
+  if (tokdir.empty()) tokdir = ldir;
+  const fs::path files = fs::path(r["output_dir"].get<std::string>()) / "composed";
+  fs::create_directories(files);
+
+  models::ComposeParts p;
+  p.vision_file = (fs::path(vdir) / "config.json").string();
+  p.language_file = (fs::path(ldir) / "config.json").string();
+  for (const auto& f : {p.vision_file, p.language_file})
+    if (!fs::exists(f)) throw Error(f + ": missing (model.vision.path / model.language.path take Hugging Face folders)");
+  p.vision = read_json_file(p.vision_file);
+  p.language = read_json_file(p.language_file);
+  p.vision_dir = vdir;
+  p.language_dir = ldir;
+  p.projector = m["projector"]["kind"];
+  p.feature_layer = m["vision"]["feature_layer"];
+  p.select_strategy = m["vision"]["select_strategy"];
+
+  // the tokenizer, with the image token
+  const std::string token = m["image_token"];
+  auto tok = data::Tokenizer::load(tokdir);
+  const std::string tok_json = (fs::path(tokdir) / "tokenizer.json").string();
+  std::string tokenizer_text = fs::exists(tok_json) ? read_text_file(tok_json) : "";
+  if (auto id = tok->token_to_id(token)) {
+    p.image_token_id = *id;
+  } else {
+    if (tokenizer_text.empty())
+      throw Error("recipe: field 'model.image_token': '" + token + "' is not a token of " + tokdir +
+                  " and only a tokenizer.json can be given one here");
+    const int64_t vocab = p.language.value("vocab_size", int64_t(0));
+    p.image_token_id = tok->vocab_size();
+    if (p.image_token_id >= vocab)
+      throw Error("recipe: field 'model.image_token': '" + token + "' is not a token of " + tokdir + ", and all " +
+                  std::to_string(vocab) + " embedding rows of " + p.language_file +
+                  " have tokens: pick one of its tokens (e.g. a reserved special token)");
+    json tj = json::parse(tokenizer_text);
+    tj["added_tokens"].push_back({{"id", p.image_token_id}, {"content", token}, {"single_word", false},
+                                  {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"special", true}});
+    tokenizer_text = tj.dump(2);
+  }
+  for (const char* f : {"tokenizer_config.json", "tokenizer.model", "special_tokens_map.json", "chat_template.jinja",
+                        "chat_template.json", "generation_config.json", "vocab.json", "merges.txt"})
+    if (fs::exists(fs::path(tokdir) / f))
+      write_file_atomic((files / f).string(), read_text_file((fs::path(tokdir) / f).string()));
+  if (!tokenizer_text.empty()) write_file_atomic((files / "tokenizer.json").string(), tokenizer_text);
+  for (const char* f : {"preprocessor_config.json", "processor_config.json"})
+    if (fs::exists(fs::path(vdir) / f))
+      write_file_atomic((files / f).string(), read_text_file((fs::path(vdir) / f).string()));
+
+  models::Composition c = models::compose(p, "recipe: field 'model.projector.kind'");
+  Composed out;
+  out.model = io::load_composed(c, m["init_std"].get<double>());
+  out.files_dir = files.string();
+  out.components = c.components;
+  return out;
+}
+
+}  // namespace
 
 ModelBundle build_model(const json& r) {
   ModelBundle b;
   const json& m = r["model"];
   std::string path = m["path"], cfg = m["config"];
-  if (path.empty() == cfg.empty()) throw Error("recipe: field 'model': set exactly one of model.path (a HF folder) and model.config (a config.json for random init)");
-  const std::string family = m["family"];
-  if (!path.empty()) {
-    b.model = io::load_model(path, at::kFloat, family);
+  const bool composed = !m["vision"]["path"].get<std::string>().empty() ||
+                        !m["language"]["path"].get<std::string>().empty();
+  std::vector<std::regex> freeze;
+  std::vector<std::pair<std::regex, double>> lr_mult;
+  if (composed) {
+    Composed c = compose_model(r);
+    b.model = c.model;
+    b.tokenizer = c.files_dir;
+    // per-component freeze and learning-rate multipliers
+    for (const auto& [component, prefix] : c.components) {
+      std::string re = "^";
+      for (char ch : prefix) re += ch == '.' ? std::string("\\.") : std::string(1, ch);
+      const json& part = m[component];
+      if (part["freeze"].get<bool>()) freeze.emplace_back(re);
+      const double mult = part["lr_multiplier"];
+      if (!(mult >= 0)) throw Error("recipe: field 'model." + component + ".lr_multiplier': must be >= 0");
+      if (mult != 1.0) lr_mult.emplace_back(std::regex(re), mult);
+    }
   } else {
-    b.model = models::build_model_from_file(cfg, family);
-    b.model->init_weights(m["init_std"].get<double>());
+    if (path.empty() == cfg.empty()) throw Error("recipe: field 'model': set exactly one of model.path (a HF folder) and model.config (a config.json for random init), or compose one from model.vision and model.language");
+    const std::string family = m["family"];
+    if (!path.empty()) {
+      b.model = io::load_model(path, at::kFloat, family);
+    } else {
+      b.model = models::build_model_from_file(cfg, family);
+      b.model->init_weights(m["init_std"].get<double>());
+    }
+    b.tokenizer = m["tokenizer"].get<std::string>();
+    if (b.tokenizer.empty()) b.tokenizer = path;
   }
-  b.tokenizer = m["tokenizer"].get<std::string>();
-  if (b.tokenizer.empty()) b.tokenizer = path;
   const json& mo = r["moe"];
   if (!b.model->moe_blocks().empty()) {
     b.model->set_moe_training(mo["aux_loss_coef"].get<double>(), mo["seq_aux_loss_coef"], mo["z_loss_coef"],
@@ -61,11 +165,10 @@ ModelBundle build_model(const json& r) {
     b.trainable.lora = lc;
     b.trainable.base_model = path;
   }
-  std::vector<std::regex> freeze, no_decay;
+  std::vector<std::regex> no_decay;
   for (const auto& f : m["freeze"]) freeze.emplace_back(f.get<std::string>());
   for (const auto& f : r["optim"]["no_decay"]) no_decay.emplace_back(f.get<std::string>());
   double wd = r["optim"]["weight_decay"];
-  std::vector<std::pair<std::regex, double>> lr_mult;
   for (const auto& e : r["optim"]["lr_multipliers"]) {
     const std::string pat = e["pattern"];
     const double mult = e["multiplier"];
@@ -116,8 +219,10 @@ std::unique_ptr<BatchSource> build_data(const json& r, data::Split split, const 
     if (auto it = model ? model->image_tokens() : std::nullopt) {
       images.token_id = it->token_id;
       images.per_image = it->per_image;
+      images.start_id = it->start_id;
+      images.end_id = it->end_id;
       images.processor_dir = r["model"]["path"].get<std::string>();
-      if (images.processor_dir.empty()) images.processor_dir = tokenizer;
+      if (images.processor_dir.empty()) images.processor_dir = tokenizer;  // (a composed model's files folder)
       images.backend = d["image_backend"];
       images.image_root = d["image_root"];
     }

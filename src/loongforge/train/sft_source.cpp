@@ -49,7 +49,11 @@ SftSource::SftSource(std::vector<std::string> files, const std::string& tokenize
     proc_ = std::make_unique<data::image::ImageProcessor>(data::image::ImageProcessor::from_pretrained(
         images.processor_dir, data::image::backend_from_name(images.backend)));
     o.image_token_id = images.token_id;
-    o.image_placeholder = tok_->id_to_token(images.token_id);  // what "<image>" markers become
+    // what "<image>" markers become: the image token, between the model's start / end tokens when it has them
+    // (Qwen's <|vision_start|><|image_pad|><|vision_end|>, as its chat template writes an image part)
+    o.image_placeholder = tok_->id_to_token(images.token_id);
+    if (images.start_id >= 0) o.image_placeholder = tok_->id_to_token(images.start_id) + o.image_placeholder;
+    if (images.end_id >= 0) o.image_placeholder += tok_->id_to_token(images.end_id);
     o.image_root = images.image_root;
     const data::image::ImageProcessor* proc = proc_.get();
     const int64_t fixed = images.per_image;

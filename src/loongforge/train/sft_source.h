@@ -13,6 +13,7 @@ namespace lf::train {
 struct SftImages {
   int64_t token_id = -1;  // < 0: text only
   int64_t per_image = 0;
+  int64_t start_id = -1, end_id = -1;  // the model's tokens around an image (Qwen's vision start/end; -1: none)
   std::string processor_dir, backend = "pil", image_root;
 };
 

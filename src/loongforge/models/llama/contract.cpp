@@ -108,8 +108,12 @@ Batch CausalLMImpl::block_inputs(const Batch& b, at::ScalarType dtype) const {
 }
 
 at::Tensor CausalLMImpl::block_forward(const Batch& in, const at::Tensor& h, int64_t i) {
+  return block_forward(in, h, i, nullptr);
+}
+
+at::Tensor CausalLMImpl::block_forward(const Batch& in, const at::Tensor& h, int64_t i, nn::KVCache* cache) {
   return (*model->layers)[static_cast<size_t>(i)]->as<DecoderLayerImpl>()->forward(h, in.at("cos"), in.at("sin"),
-                                                                                  nullptr, in.get("segment_ids"));
+                                                                                  cache, in.get("segment_ids"));
 }
 
 at::Tensor CausalLMImpl::head_loss_sum(const at::Tensor& hidden, const Batch& b) {

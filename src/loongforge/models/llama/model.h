@@ -85,6 +85,8 @@ class CausalLMImpl : public models::Model {
   at::Tensor embed(const Batch& b) override { return embed(b.at("input_ids")); }
   Batch block_inputs(const Batch& b, at::ScalarType dtype) const override;  // cos, sin, segment_ids
   at::Tensor block_forward(const Batch& inputs, const at::Tensor& h, int64_t i) override;
+  // The same with a key/value cache (generation).
+  at::Tensor block_forward(const Batch& inputs, const at::Tensor& h, int64_t i, nn::KVCache* cache);
   at::Tensor post_blocks(const at::Tensor& h) override { return final_norm(h); }
   // The summed token cross-entropy of the final hidden states h [B,T,H] against targets: the fused linear +
   // cross-entropy over vocabulary chunks for large batches (no [N, V] logits kept), logits + cross_entropy otherwise;

@@ -13,6 +13,20 @@ at::Tensor VisionLanguageModel::head_loss_sum(const at::Tensor& h, const Batch& 
   return language_model->head_loss_sum(h, b);
 }
 
+at::Tensor VisionLanguageModel::position_ids(const Batch& b) const {
+  if (at::Tensor pos = b.get("position_ids"); pos.defined()) return pos;
+  const at::Tensor& ids = b.at("input_ids");
+  return at::arange(ids.size(1), ids.options().dtype(at::kLong)).unsqueeze(0).expand({ids.size(0), ids.size(1)});
+}
+
+VisionLanguageModel::Prefill VisionLanguageModel::prefill(const Batch& prompt, nn::KVCache& cache) {
+  at::Tensor h = embed(prompt);
+  const Batch in = block_inputs(prompt, h.scalar_type());
+  for (int64_t i = 0; i < num_blocks(); ++i) h = block_extra(in, language_model->block_forward(in, h, i, &cache), i);
+  const at::Tensor pos = position_ids(prompt);
+  return {post_blocks(h), pos.max().item<int64_t>() + 1, pos.dim() == 3 ? pos.size(0) : 0};
+}
+
 Split VisionLanguageModel::split() const {
   Split s = language_model->split();
   for (auto* names : {&s.pre, &s.post, &s.tied})

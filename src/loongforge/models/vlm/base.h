@@ -21,7 +21,7 @@ class VisionLanguageModel : public Model {
   // the language model over the sequence; the vision modules per image token are small next to it
   double train_flops_per_sample(int64_t seq) const override { return language_model->train_flops_per_sample(seq); }
   at::Tensor block_forward(const Batch& in, const at::Tensor& h, int64_t i) override {
-    return language_model->block_forward(in, h, i);
+    return block_extra(in, language_model->block_forward(in, h, i), i);
   }
   at::Tensor post_blocks(const at::Tensor& h) override { return language_model->post_blocks(h); }
   at::Tensor head_loss_sum(const at::Tensor& h, const Batch& b) override;
@@ -37,9 +37,24 @@ class VisionLanguageModel : public Model {
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
   void to(torch::Device device, bool non_blocking = false) override;
 
+  // The rotary position ids of a batch, as block_inputs turns them: [B,T] (position_ids, default 0..T-1), or
+  // [3,B,T] for multimodal RoPE.
+  virtual at::Tensor position_ids(const Batch& b) const;
+  // Generation (models/generate.cpp): the prompt batch (input_ids [1,T] and its images as the schema says) through
+  // embed() and every block, filling `cache`: the final hidden states [1,T,hidden], the position the next token
+  // takes and the position planes (0: [B,T] positions; 3: multimodal).
+  struct Prefill {
+    at::Tensor hidden;
+    int64_t next_position = 0;
+    int64_t planes = 0;
+  };
+  Prefill prefill(const Batch& prompt, nn::KVCache& cache);
+
   llama::CausalLM language_model{nullptr};
 
  protected:
+  // What a block adds after the language model's block i (Qwen3-VL's deepstack features); default: nothing.
+  virtual at::Tensor block_extra(const Batch& in, at::Tensor y, int64_t i) { return y; }
   // The modules before the language model's embedding, in order (e.g. {"vision_tower", "multi_modal_projector"}).
   virtual std::vector<std::string> vision_modules() const = 0;
   // A dump batch's input_ids (int64 [B,T] within the vocabulary) and labels (absent: input_ids); errors name `file`.

@@ -15,6 +15,8 @@ Family family() {
   Family f;
   f.name = "vlm";
   f.model_types = {"llava", "qwen2_5_vl", "qwen3_vl"};
+  f.projectors = {"mlp2x_gelu"};
+  f.compose = compose_llava;
   f.build = [](const nlohmann::json& j, const std::string& file) {
     const std::string t = type_of(j);
     return t == "qwen3_vl" ? build_qwen3_vl(j, file) : t == "qwen2_5_vl" ? build_qwen_vl(j, file) : build_llava(j, file);

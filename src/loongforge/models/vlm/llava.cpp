@@ -101,13 +101,9 @@ void LlavaImpl::init_weights(double std) {
 
 BatchSchema LlavaImpl::batch_schema() const {
   BatchSchema s = language_model->batch_schema();
-  BatchField px;
-  px.name = "pixel_values";
-  px.dtype = at::kFloat;
-  px.dims = 4;
-  px.required = false;
-  px.doc = "images [N, C, H, W] in the order of their image tokens; item field (pixel_values.row: each image's row)";
-  s.push_back(px);
+  s.push_back(optional_field("pixel_values", at::kFloat, 4,
+                             "images [N, C, H, W] in the order of their image tokens; item field (pixel_values.row: "
+                             "each image's row)"));
   return s;
 }
 
@@ -223,6 +219,43 @@ nlohmann::json describe(const LlavaConfig& c) {
 
 std::shared_ptr<Model> build_llava(const nlohmann::json& j, const std::string& file) {
   return Llava(LlavaConfig::from_json(j, file)).ptr();
+}
+
+Composition compose_llava(const ComposeParts& p) {
+  JsonReader vr(p.vision, p.vision_file), lr(p.language, p.language_file);
+  nlohmann::json vision = p.vision;
+  const std::string vt = vr.string("model_type", "");
+  if (vt == "clip" || vt == "siglip") {  // a whole CLIP / SigLIP model: its vision half
+    if (!vr.has("vision_config") || !p.vision.at("vision_config").is_object())
+      vr.fail("vision_config", "missing (a " + vt + " model's vision half is its vision_config)");
+    vision = p.vision.at("vision_config");
+    vision["model_type"] = vt + "_vision_model";
+  } else if (!vision::VitConfig::handles(vt)) {
+    vr.fail("model_type", "'" + vt + "' is not a vision tower LLaVA composes (known: clip, clip_vision_model, siglip, "
+                          "siglip_vision_model)");
+  }
+  vision.erase("architectures");
+  nlohmann::json text = p.language;
+  text.erase("architectures");
+  nlohmann::json j = {{"architectures", {"LlavaForConditionalGeneration"}},
+                      {"model_type", "llava"},
+                      {"vision_config", vision},
+                      {"text_config", text},
+                      {"image_token_id", p.image_token_id},
+                      {"projector_hidden_act", "gelu"},
+                      {"multimodal_projector_bias", true},
+                      {"vision_feature_layer", p.feature_layer},
+                      {"vision_feature_select_strategy", p.select_strategy},
+                      {"tie_word_embeddings", lr.boolean("tie_word_embeddings", false)}};
+  LlavaConfig::from_json(j, "the LLaVA composed of " + p.vision_file + " and " + p.language_file);  // checks it
+  Composition out;
+  out.config = j;
+  // a vision folder stores vision_model.* (LLaVA's llava-hf layout under vision_tower.); a LM folder model.* and
+  // lm_head.weight (LLaVA's language_model.*)
+  out.parts = {{p.vision_dir, "vision_tower."}, {p.language_dir, "language_model."}};
+  out.components = {{"vision", "vision_tower."}, {"projector", "multi_modal_projector."},
+                    {"language", "language_model."}};
+  return out;
 }
 
 nlohmann::json describe_llava(const nlohmann::json& j, const std::string& file) {

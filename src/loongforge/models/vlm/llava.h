@@ -99,6 +99,10 @@ TORCH_MODULE(Llava);
 
 // Registry pieces of model_type llava (models/vlm/family.h lists them in the vision-language family).
 std::shared_ptr<Model> build_llava(const nlohmann::json& config, const std::string& file);
+// A LLaVA composed from a CLIP / SigLIP vision folder (a vision model's, or a whole CLIP / SigLIP model's: its
+// vision_config and vision_model.* weights) and a decoder LM folder, joined by an mlp2x_gelu projector (transformers'
+// LlavaMultiModalProjector); the config transformers' LlavaConfig reads. Errors name the parts' files and fields.
+Composition compose_llava(const ComposeParts& parts);
 nlohmann::json describe_llava(const nlohmann::json& config, const std::string& file);
 
 }  // namespace lf::models::vlm

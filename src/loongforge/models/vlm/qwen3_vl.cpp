@@ -39,7 +39,7 @@ Qwen3VLConfig Qwen3VLConfig::from_json(const nlohmann::json& j, const std::strin
   c.text = qwen_vl_text_config(j, file, "qwen3", text_defaults(), {24, 20, 20});
   c.text.rope.mrope_interleaved = true;  // transformers' Qwen3VLTextRotaryEmbedding always interleaves
   qwen_vl_tokens(j, file, c.text.vocab_size, c.vision.out_hidden_size, c.text.hidden_size, &c.image_token_id,
-                 &c.video_token_id);
+                 &c.video_token_id, &c.vision_start_token_id, &c.vision_end_token_id);
   return c;
 }
 
@@ -74,17 +74,20 @@ at::Tensor Qwen3VLImpl::embed(const Batch& b) {
   if (scatter_sequence_fn)  // the deepstack features would have to follow the sequence cut
     throw OptionError("sp", "Qwen3-VL's deepstack blocks under sequence parallelism are not supported yet");
   const at::Tensor& ids = b.at("input_ids");
-  at::Tensor h = merged_embeddings(ids, b.get("pixel_values"), b.get("image_grid_thw"), "batch", &stash_);
-  stash_ids_ = ids;
+  std::vector<at::Tensor> deepstack;
+  at::Tensor h = merged_embeddings(ids, b.get("pixel_values"), b.get("image_grid_thw"), "batch", &deepstack);
+  std::lock_guard<std::mutex> lock(stash_mutex_);
+  stash_.push_back({ids, std::move(deepstack)});
+  if (stash_.size() > 16) stash_.pop_front();
   return h;
 }
 
 Batch Qwen3VLImpl::blocks_batch(const at::Tensor& ids, const at::Tensor& rope_mask, const at::Tensor& grid,
                                 const std::vector<at::Tensor>& deepstack, at::ScalarType dtype,
-                                const std::string& where) const {
-  const at::Tensor pos = qwen_rope_index(ids, rope_mask, grid, config_.vision.spatial_merge_size, where);
+                                const std::string& where, const at::Tensor& segment_ids) const {
+  const at::Tensor pos = qwen_rope_index(ids, rope_mask, grid, config_.vision.spatial_merge_size, where, segment_ids);
   auto [cos, sin] = language_model->rotary(pos, dtype);
-  Batch in{{"cos", cos}, {"sin", sin}};
+  Batch in{{"cos", cos}, {"sin", sin}, {"segment_ids", segment_ids}};
   if (grid.defined() && grid.size(0) > 0 && !config_.vision.deepstack_visual_indexes.empty()) {
     const at::Tensor mask = ids == config_.image_token_id;
     in.set("visual_mask", mask);
@@ -98,14 +101,27 @@ Batch Qwen3VLImpl::blocks_batch(const at::Tensor& ids, const at::Tensor& rope_ma
 Batch Qwen3VLImpl::block_inputs(const Batch& b, at::ScalarType dtype) const {
   const at::Tensor& ids = b.at("input_ids");
   // the deepstack features embed() made for this batch (none on a pipeline stage that does not run embed())
-  const bool ours = stash_ids_.defined() && stash_ids_.is_same(ids);
+  std::vector<at::Tensor> deepstack;
+  {
+    std::lock_guard<std::mutex> lock(stash_mutex_);
+    for (auto it = stash_.rbegin(); it != stash_.rend(); ++it)
+      if (it->ids.is_same(ids)) {
+        deepstack = it->deepstack;
+        break;
+      }
+  }
   const at::Tensor grid = b.get("image_grid_thw");
-  return blocks_batch(ids, ids == config_.image_token_id, grid, ours ? stash_ : std::vector<at::Tensor>{}, dtype,
-                      "batch");
+  return blocks_batch(ids, ids == config_.image_token_id, grid, deepstack, dtype,
+                      "batch", b.get("segment_ids"));
 }
 
-at::Tensor Qwen3VLImpl::block_forward(const Batch& in, const at::Tensor& h, int64_t i) {
-  at::Tensor y = language_model->block_forward(in, h, i);
+at::Tensor Qwen3VLImpl::position_ids(const Batch& b) const {
+  const at::Tensor& ids = b.at("input_ids");
+  return qwen_rope_index(ids, ids == config_.image_token_id, b.get("image_grid_thw"), config_.vision.spatial_merge_size,
+                         "batch", b.get("segment_ids"));
+}
+
+at::Tensor Qwen3VLImpl::block_extra(const Batch& in, at::Tensor y, int64_t i) {
   const at::Tensor mask = in.get("visual_mask");
   if (!mask.defined() || i >= static_cast<int64_t>(config_.vision.deepstack_visual_indexes.size())) return y;
   const at::Tensor f = in.get(deepstack_key(static_cast<size_t>(i)));
@@ -124,10 +140,10 @@ at::Tensor Qwen3VLImpl::block_forward(const Batch& in, const at::Tensor& h, int6
 Model::ReferenceOutput Qwen3VLImpl::reference_forward(const std::map<std::string, at::Tensor>& batch,
                                                       const std::string& file) {
   auto [ids, labels] = reference_ids(batch, file);
-  const auto [px, grid, rope_mask] = qwen_reference_images(batch, ids, config_.image_token_id, file);
+  const QwenImages in = qwen_reference_images(batch, ids, config_.image_token_id, file);
   std::vector<at::Tensor> deepstack;
-  at::Tensor h = merged_embeddings(ids, px, grid, file, &deepstack);
-  return reference_output(h, blocks_batch(ids, rope_mask, grid, deepstack, h.scalar_type(), file), labels);
+  at::Tensor h = merged_embeddings(ids, in.pixel_values, in.grid_thw, file, &deepstack);
+  return reference_output(h, blocks_batch(ids, in.rope_mask, in.grid_thw, deepstack, h.scalar_type(), file), labels);
 }
 
 std::vector<CheckpointTensor> Qwen3VLImpl::checkpoint_tensors() const {

@@ -18,6 +18,9 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <deque>
+#include <mutex>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -33,6 +36,7 @@ struct Qwen3VLConfig {
   vision::Qwen3VitConfig vision;
   llama::DecoderConfig text;
   int64_t image_token_id = 151655, video_token_id = 151656;
+  int64_t vision_start_token_id = 151652, vision_end_token_id = 151653;
   nlohmann::json raw;
 
   static Qwen3VLConfig from_json(const nlohmann::json& j, const std::string& file);
@@ -48,9 +52,13 @@ class Qwen3VLImpl : public VisionLanguageModel {
   void init_weights(double std) override;
   BatchSchema batch_schema() const override;  // as Qwen2.5-VL's
   at::Tensor embed(const Batch& b) override;
-  // cos, sin of the multimodal positions; with images, visual_mask and the deepstack features embed() made.
+  // cos, sin of the multimodal positions (per packed document of segment_ids), segment_ids; with images,
+  // visual_mask and the deepstack features embed() made.
   Batch block_inputs(const Batch& b, at::ScalarType dtype) const override;
-  at::Tensor block_forward(const Batch& in, const at::Tensor& h, int64_t i) override;
+  at::Tensor position_ids(const Batch& b) const override;
+  std::optional<ImageTokens> image_tokens() const override {
+    return ImageTokens{config_.image_token_id, 0, config_.vision_start_token_id, config_.vision_end_token_id};
+  }
   // input_ids, optional labels, pixel_values + image_grid_thw, optional mm_token_type_ids and attention_mask.
   ReferenceOutput reference_forward(const std::map<std::string, at::Tensor>& batch, const std::string& file) override;
   std::vector<CheckpointTensor> checkpoint_tensors() const override;
@@ -63,6 +71,8 @@ class Qwen3VLImpl : public VisionLanguageModel {
 
  protected:
   std::vector<std::string> vision_modules() const override { return {"visual"}; }
+  // transformers' _deepstack_process: the first blocks add the deepstack features at the image tokens.
+  at::Tensor block_extra(const Batch& in, at::Tensor y, int64_t i) override;
 
  private:
   // Text embeddings with the images' merged features in their image tokens; *deepstack gets the deepstack features.
@@ -70,12 +80,19 @@ class Qwen3VLImpl : public VisionLanguageModel {
                                const std::string& where, std::vector<at::Tensor>* deepstack);
   // cos, sin and, with deepstack features, visual_mask and deepstack.K.
   Batch blocks_batch(const at::Tensor& ids, const at::Tensor& rope_mask, const at::Tensor& grid,
-                     const std::vector<at::Tensor>& deepstack, at::ScalarType dtype, const std::string& where) const;
+                     const std::vector<at::Tensor>& deepstack, at::ScalarType dtype, const std::string& where,
+                     const at::Tensor& segment_ids = {}) const;
 
   Qwen3VLConfig config_;
   // The deepstack features of the batch embed() ran last (its input_ids, to match block_inputs' batch).
-  at::Tensor stash_ids_;
-  std::vector<at::Tensor> stash_;
+  // Engines may run embed() on several micro-batches or row parts (threads) before their block_inputs(): the
+  // last few, under a lock.
+  struct Stashed {
+    at::Tensor ids;
+    std::vector<at::Tensor> deepstack;
+  };
+  mutable std::mutex stash_mutex_;
+  std::deque<Stashed> stash_;
 };
 TORCH_MODULE(Qwen3VL);
 

@@ -66,12 +66,18 @@ llama::DecoderConfig qwen_vl_text_config(const nlohmann::json& j, const std::str
 }
 
 void qwen_vl_tokens(const nlohmann::json& j, const std::string& file, int64_t vocab, int64_t vision_out,
-                    int64_t text_hidden, int64_t* image_token_id, int64_t* video_token_id) {
+                    int64_t text_hidden, int64_t* image_token_id, int64_t* video_token_id,
+                    int64_t* vision_start_token_id, int64_t* vision_end_token_id) {
   JsonReader r(j, file);
   *image_token_id = r.integer("image_token_id", *image_token_id);
   *video_token_id = r.integer("video_token_id", *video_token_id);
+  *vision_start_token_id = r.integer("vision_start_token_id", *vision_start_token_id);
+  *vision_end_token_id = r.integer("vision_end_token_id", *vision_end_token_id);
   if (*image_token_id < 0 || *image_token_id >= vocab)
     r.fail("image_token_id", std::to_string(*image_token_id) + " is outside the vocabulary of " + std::to_string(vocab));
+  // the markers around images matter only where the tokenizer has them (generation, chat data): -1 when outside
+  if (*vision_start_token_id >= vocab) *vision_start_token_id = -1;
+  if (*vision_end_token_id >= vocab) *vision_end_token_id = -1;
   if (vision_out != text_hidden)
     throw file_error(file, "vision_config.out_hidden_size",
                      std::to_string(vision_out) + " differs from the language model's hidden_size " +
@@ -87,7 +93,7 @@ QwenVLConfig QwenVLConfig::from_json(const nlohmann::json& j, const std::string&
   c.vision = vision::QwenVitConfig::from_json(vision, file, "vision_config");
   c.text = qwen_vl_text_config(j, file, "qwen2", text_defaults(), {16, 24, 24});
   qwen_vl_tokens(j, file, c.text.vocab_size, c.vision.out_hidden_size, c.text.hidden_size, &c.image_token_id,
-                 &c.video_token_id);
+                 &c.video_token_id, &c.vision_start_token_id, &c.vision_end_token_id);
   return c;
 }
 
@@ -105,27 +111,42 @@ BatchSchema qwen_vl_batch_schema(const llama::CausalLMImpl& lm) {
   BatchSchema s;
   for (const BatchField& f : lm.batch_schema())
     if (f.name == "input_ids" || f.name == "targets") s.push_back(f);
-  BatchField px;
-  px.name = "pixel_values";
-  px.dtype = at::kFloat;
-  px.required = false;
-  px.doc = "patches [patches, C * temporal_patch_size * patch_size^2] of the images in token order; item field "
-           "(pixel_values.row: each patch's row)";
-  s.push_back(px);
-  BatchField grid;
-  grid.name = "image_grid_thw";
-  grid.required = false;
-  grid.doc = "each image's (t, h, w) in patches [images, 3]; item field (image_grid_thw.row)";
-  s.push_back(grid);
+  s.push_back(optional_field("pixel_values", at::kFloat, 2,
+                             "patches [patches, C * temporal_patch_size * patch_size^2] of the images in token order; "
+                             "item field (pixel_values.row: each patch's row)"));
+  s.push_back(optional_field("image_grid_thw", at::kLong, 2,
+                             "each image's (t, h, w) in patches [images, 3]; item field (image_grid_thw.row)"));
   return s;
 }
 
-BatchSchema QwenVLImpl::batch_schema() const { return qwen_vl_batch_schema(*language_model); }
+BatchSchema QwenVLImpl::batch_schema() const {
+  BatchSchema s = qwen_vl_batch_schema(*language_model);
+  s.push_back(optional_field("pixel_values_videos", at::kFloat, 2,
+                             "the videos' patches, as pixel_values (item field: pixel_values_videos.row)"));
+  s.push_back(optional_field("video_grid_thw", at::kLong, 2,
+                             "each video's (t, h, w) in patches [videos, 3] (item field: video_grid_thw.row)"));
+  s.push_back(optional_field("second_per_grid_ts", at::kFloat, 1,
+                             "seconds per temporal patch of each video [videos] (item field: second_per_grid_ts.row; "
+                             "absent: 1)"));
+  return s;
+}
 
 at::Tensor qwen_rope_index(const at::Tensor& ids, const at::Tensor& image_mask, const at::Tensor& grid_thw, int64_t m,
-                           const std::string& where) {
+                           const std::string& where, const at::Tensor& segment_ids, const QwenVideos* videos) {
   const int64_t rows = ids.size(0), len = ids.size(1);
+  at::Tensor vmask_t, vgrid_t, vsec_t;
+  if (videos && videos->mask.defined()) {
+    vmask_t = videos->mask.to(at::kCPU, at::kBool).contiguous();
+    vgrid_t = videos->grid_thw.defined() ? videos->grid_thw.to(at::kCPU, at::kLong).contiguous() : at::zeros({0, 3}, at::kLong);
+    if (videos->second_per_grid.defined()) vsec_t = videos->second_per_grid.to(at::kCPU, at::kFloat).contiguous();
+  }
+  const bool* is_video = vmask_t.defined() ? vmask_t.data_ptr<bool>() : nullptr;
+  const int64_t* vg = vgrid_t.defined() ? vgrid_t.data_ptr<int64_t>() : nullptr;
+  int64_t video = 0;
   const at::Tensor mask = image_mask.to(at::kCPU, at::kBool).contiguous();
+  const at::Tensor segs = segment_ids.defined() ? segment_ids.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
+  if (segs.defined() && segs.sizes() != ids.sizes()) throw Error(where + ": segment_ids must have the shape of input_ids");
+  const int64_t* seg = segs.defined() ? segs.data_ptr<int64_t>() : nullptr;
   const at::Tensor grid = grid_thw.defined() ? grid_thw.to(at::kCPU, at::kLong).contiguous() : at::zeros({0, 3}, at::kLong);
   const bool* is_image = mask.data_ptr<bool>();
   const int64_t* g = grid.data_ptr<int64_t>();
@@ -137,6 +158,29 @@ at::Tensor qwen_rope_index(const at::Tensor& ids, const at::Tensor& image_mask, 
     int64_t next = 0;  // the position the next token starts at
     for (int64_t i = 0; i < len;) {
       const int64_t at_ = b * len + i;
+      if (seg && i > 0 && seg[at_] != seg[at_ - 1]) next = 0;  // a packed document starts: positions as its own sample
+      if (is_video && is_video[at_]) {
+        if (video >= vgrid_t.size(0))
+          throw Error(where + ": row " + std::to_string(b) + " has video tokens past the " +
+                      std::to_string(vgrid_t.size(0)) + " videos of video_grid_thw");
+        const int64_t t = vg[3 * video], gh = vg[3 * video + 1] / m, gw = vg[3 * video + 2] / m, n = t * gh * gw;
+        for (int64_t k = 0; k < n; ++k)
+          if (i + k >= len || !is_video[at_ + k] || (seg && seg[at_ + k] != seg[at_]))
+            throw Error(where + ": row " + std::to_string(b) + ": video " + std::to_string(video) + " needs " +
+                        std::to_string(n) + " consecutive video tokens from position " + std::to_string(i));
+        // transformers: (arange(t) * tokens_per_second * seconds).long() in float32 (exact integers without seconds)
+        const float interval = static_cast<float>(videos->tokens_per_second) *
+                               (vsec_t.defined() ? vsec_t.data_ptr<float>()[video] : 1.0f);
+        for (int64_t k = 0; k < n; ++k) {
+          p[at_ + k] = next + static_cast<int64_t>(static_cast<float>(k / (gh * gw)) * interval);
+          p[plane + at_ + k] = next + (k / gw) % gh;
+          p[2 * plane + at_ + k] = next + k % gw;
+        }
+        next += std::max(gh, gw);
+        i += n;
+        ++video;
+        continue;
+      }
       if (!is_image[at_]) {
         p[at_] = p[plane + at_] = p[2 * plane + at_] = next++;
         ++i;
@@ -147,7 +191,7 @@ at::Tensor qwen_rope_index(const at::Tensor& ids, const at::Tensor& image_mask, 
                     " images of image_grid_thw");
       const int64_t t = g[3 * image], gh = g[3 * image + 1] / m, gw = g[3 * image + 2] / m, n = t * gh * gw;
       for (int64_t k = 0; k < n; ++k)
-        if (i + k >= len || !is_image[at_ + k])
+        if (i + k >= len || !is_image[at_ + k] || (seg && seg[at_ + k] != seg[at_]))
           throw Error(where + ": row " + std::to_string(b) + ": image " + std::to_string(image) + " (grid " +
                       std::to_string(t) + "x" + std::to_string(gh * m) + "x" + std::to_string(gw * m) + ") needs " +
                       std::to_string(n) + " consecutive image tokens from position " + std::to_string(i));
@@ -165,8 +209,8 @@ at::Tensor qwen_rope_index(const at::Tensor& ids, const at::Tensor& image_mask, 
 }
 
 at::Tensor QwenVLImpl::rope_index(const at::Tensor& ids, const at::Tensor& image_mask, const at::Tensor& grid_thw,
-                                  const std::string& where) const {
-  return qwen_rope_index(ids, image_mask, grid_thw, config_.vision.spatial_merge_size, where);
+                                  const std::string& where, const at::Tensor& segment_ids) const {
+  return qwen_rope_index(ids, image_mask, grid_thw, config_.vision.spatial_merge_size, where, segment_ids);
 }
 
 int64_t qwen_check_image_tokens(const at::Tensor& image_mask, const at::Tensor& grid_thw, int64_t merge_unit,
@@ -188,39 +232,74 @@ int64_t qwen_check_image_tokens(const at::Tensor& image_mask, const at::Tensor& 
 
 at::Tensor QwenVLImpl::merged_embeddings(const at::Tensor& ids, const at::Tensor& pixel_values,
                                          const at::Tensor& grid_thw, const at::Tensor& image_mask,
-                                         const std::string& where) {
+                                         const std::string& where, const at::Tensor& video_pixels,
+                                         const at::Tensor& video_grid) {
   at::Tensor h = embed_fn ? embed_fn(ids) : language_model->embed(ids);
   const int64_t images =
       qwen_check_image_tokens(image_mask, grid_thw, config_.vision.merge_unit(), config_.image_token_id, where);
-  if (images == 0) return h;
-  if (!pixel_values.defined()) throw Error(where + ": image_grid_thw without pixel_values");
-  at::Tensor f = visual(pixel_values, grid_thw, where).to(h.scalar_type());
-  return h.masked_scatter(image_mask.unsqueeze(-1).to(h.device()), f);
+  if (images > 0) {
+    if (!pixel_values.defined()) throw Error(where + ": image_grid_thw without pixel_values");
+    at::Tensor f = visual(pixel_values, grid_thw, where).to(h.scalar_type());
+    h = h.masked_scatter(image_mask.unsqueeze(-1).to(h.device()), f);
+  }
+  const at::Tensor video_mask = ids == config_.video_token_id;
+  const int64_t videos = qwen_check_image_tokens(video_mask, video_grid, config_.vision.merge_unit(),
+                                                 config_.video_token_id, where + " (videos)");
+  if (videos > 0) {  // the same tower over the videos' patches
+    if (!video_pixels.defined()) throw Error(where + ": video_grid_thw without pixel_values_videos");
+    at::Tensor f = visual(video_pixels, video_grid, where + " (videos)").to(h.scalar_type());
+    h = h.masked_scatter(video_mask.unsqueeze(-1).to(h.device()), f);
+  }
+  return h;
 }
 
 at::Tensor QwenVLImpl::embed(const Batch& b) {
   const at::Tensor& ids = b.at("input_ids");
   at::Tensor h = merged_embeddings(ids, b.get("pixel_values"), b.get("image_grid_thw"), ids == config_.image_token_id,
-                                   "batch");
+                                   "batch", b.get("pixel_values_videos"), b.get("video_grid_thw"));
   return scatter_sequence_fn ? scatter_sequence_fn(h) : h;
 }
 
-Batch QwenVLImpl::block_inputs(const Batch& b, at::ScalarType dtype) const {
+at::Tensor QwenVLImpl::position_ids(const Batch& b) const {
   const at::Tensor& ids = b.at("input_ids");
-  const at::Tensor grid = b.get("image_grid_thw");
-  at::Tensor pos = rope_index(ids, ids == config_.image_token_id, grid, "batch");
-  auto [cos, sin] = language_model->rotary(pos, dtype);
-  return Batch{{"cos", cos}, {"sin", sin}};
+  const QwenVideos v{ids == config_.video_token_id, b.get("video_grid_thw"), b.get("second_per_grid_ts"),
+                     config_.vision.tokens_per_second};
+  return qwen_rope_index(ids, ids == config_.image_token_id, b.get("image_grid_thw"), config_.vision.spatial_merge_size,
+                         "batch", b.get("segment_ids"), &v);
+}
+
+Batch QwenVLImpl::block_inputs(const Batch& b, at::ScalarType dtype) const {
+  auto [cos, sin] = language_model->rotary(position_ids(b), dtype);
+  return Batch{{"cos", cos}, {"sin", sin}, {"segment_ids", b.get("segment_ids")}};
 }
 
 QwenImages qwen_reference_images(const std::map<std::string, at::Tensor>& batch, const at::Tensor& ids,
-                                 int64_t image_token_id, const std::string& file) {
+                                 int64_t image_token_id, const std::string& file, int64_t video_token_id) {
   auto get = [&](const char* name) {
     auto it = batch.find(name);
     return it == batch.end() ? at::Tensor() : it->second;
   };
-  for (const char* name : {"pixel_values_videos", "video_grid_thw"})
-    if (get(name).defined()) throw file_error(file, name, "videos are not supported yet");
+  QwenImages out;
+  if (video_token_id < 0) {
+    for (const char* name : {"pixel_values_videos", "video_grid_thw"})
+      if (get(name).defined()) throw file_error(file, name, "videos are not supported for this model yet");
+  } else {
+    out.video_pixels = get("pixel_values_videos");
+    out.video_grid = get("video_grid_thw");
+    out.second_per_grid = get("second_per_grid_ts");
+    if (out.video_pixels.defined() != out.video_grid.defined())
+      throw file_error(file, out.video_pixels.defined() ? "video_grid_thw" : "pixel_values_videos",
+                       "missing (pixel_values_videos comes with video_grid_thw)");
+    const at::Tensor& vg = out.video_grid;
+    if (vg.defined() && (vg.dim() != 2 || vg.size(1) != 3 || at::isFloatingType(vg.scalar_type())))
+      throw file_error(file, "video_grid_thw", "expected integers [videos, 3]");
+    if (out.video_pixels.defined() && !at::isFloatingType(out.video_pixels.scalar_type()))
+      throw file_error(file, "pixel_values_videos", "expected floats");
+    if (out.second_per_grid.defined() &&
+        (!vg.defined() || out.second_per_grid.dim() != 1 || out.second_per_grid.size(0) != vg.size(0)))
+      throw file_error(file, "second_per_grid_ts", "expected one value per video of video_grid_thw");
+    out.video_rope_mask = ids == video_token_id;
+  }
   const at::Tensor px = get("pixel_values"), grid = get("image_grid_thw");
   if (px.defined() != grid.defined())
     throw file_error(file, px.defined() ? "image_grid_thw" : "pixel_values", "missing (pixel_values comes with image_grid_thw)");
@@ -236,19 +315,29 @@ QwenImages qwen_reference_images(const std::map<std::string, at::Tensor>& batch,
   if (at::Tensor tt = get("mm_token_type_ids"); tt.defined()) {
     if (tt.sizes() != ids.sizes() || at::isFloatingType(tt.scalar_type()))
       throw file_error(file, "mm_token_type_ids", "expected integers with the shape of input_ids");
-    if ((tt > 1).any().item<bool>() || (tt < 0).any().item<bool>())
-      throw file_error(file, "mm_token_type_ids", "only text (0) and image (1) tokens are supported");
+    const int64_t top = video_token_id < 0 ? 1 : 2;
+    if ((tt > top).any().item<bool>() || (tt < 0).any().item<bool>())
+      throw file_error(file, "mm_token_type_ids",
+                       top == 1 ? "only text (0) and image (1) tokens are supported"
+                                : "only text (0), image (1) and video (2) tokens are supported");
     rope_mask = tt == 1;
+    if (top == 2) out.video_rope_mask = tt == 2;
   }
-  return {px, grid, rope_mask};
+  out.pixel_values = px;
+  out.grid_thw = grid;
+  out.rope_mask = rope_mask;
+  return out;
 }
 
 Model::ReferenceOutput QwenVLImpl::reference_forward(const std::map<std::string, at::Tensor>& batch,
                                                      const std::string& file) {
   auto [ids, labels] = reference_ids(batch, file);
-  const auto [px, grid, rope_mask] = qwen_reference_images(batch, ids, config_.image_token_id, file);
-  at::Tensor h = merged_embeddings(ids, px, grid, ids == config_.image_token_id, file);
-  auto [cos, sin] = language_model->rotary(rope_index(ids, rope_mask, grid, file), h.scalar_type());
+  const QwenImages in = qwen_reference_images(batch, ids, config_.image_token_id, file, config_.video_token_id);
+  at::Tensor h = merged_embeddings(ids, in.pixel_values, in.grid_thw, ids == config_.image_token_id, file,
+                                   in.video_pixels, in.video_grid);
+  const QwenVideos v{in.video_rope_mask, in.video_grid, in.second_per_grid, config_.vision.tokens_per_second};
+  const at::Tensor pos = qwen_rope_index(ids, in.rope_mask, in.grid_thw, config_.vision.spatial_merge_size, file, {}, &v);
+  auto [cos, sin] = language_model->rotary(pos, h.scalar_type());
   return reference_output(h, Batch{{"cos", cos}, {"sin", sin}}, labels);
 }
 
