@@ -140,6 +140,52 @@ TEST(ImageDecode, BadBytesAreErrorsNamingTheImage) {
   EXPECT_NE(error_of([&] { decode_image(png, "big.png"); }).find("big.png: 20000x20000"), std::string::npos);
 }
 
+TEST(ImageDecode, CheckAgreesWithDecode) {
+  // check_image (pixels not kept) fails exactly where decode_image fails, with the same message, else gives its size:
+  // on whole files, every truncation and random corruptions of both formats.
+  const std::string files[] = {encode_png(pattern(31, 17, 4), 31, 17, PNG_FORMAT_RGBA),
+                               encode_png(pattern(9, 5, 1), 9, 5, PNG_FORMAT_GRAY),
+                               encode_jpeg(pattern(33, 19, 3), 33, 19, false),
+                               encode_jpeg(pattern(20, 70, 1), 20, 70, true)};
+  std::mt19937 rng(11);
+  int errors = 0, images = 0;
+  for (const std::string& file : files) {
+    auto compare = [&](const std::string& bytes) {
+      std::string decode_error, check_error;
+      at::Tensor t;
+      ImageDims size;
+      try {
+        t = decode_image(bytes, "f");
+      } catch (const lf::Error& e) {
+        decode_error = e.what();
+      }
+      try {
+        size = check_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "f");
+      } catch (const lf::Error& e) {
+        check_error = e.what();
+      }
+      EXPECT_EQ(check_error, decode_error);
+      if (decode_error.empty() && check_error.empty()) {
+        ++images;
+        EXPECT_EQ(size.height, t.size(0));
+        EXPECT_EQ(size.width, t.size(1));
+      } else {
+        ++errors;
+      }
+    };
+    compare(file);
+    for (size_t n = 1; n < file.size(); n += 2) compare(file.substr(0, n));
+    for (int i = 0; i < 200; ++i) {
+      std::string bytes = file;
+      for (int k = 0; k < 1 + i % 4; ++k) bytes[rng() % bytes.size()] = static_cast<char>(rng());
+      compare(bytes);
+    }
+  }
+  EXPECT_GT(errors, 100);
+  EXPECT_GT(images, 4);
+  EXPECT_EQ(error_of([] { check_image_file("/nonexistent/a.png"); }).rfind("/nonexistent/a.png: cannot open", 0), 0u);
+}
+
 TEST(ImageResize, PillowPaths) {
   at::Tensor flat = at::full({37, 53, 3}, 77, at::kByte);
   for (Filter f : {Filter::nearest, Filter::bilinear, Filter::bicubic, Filter::lanczos, Filter::box, Filter::hamming})

@@ -345,3 +345,47 @@ TEST(SftOracle, Cases) {
   }
   std::ofstream(out) << results.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
+
+TEST(Sft, SkipBadLeavesBadConversationsOutAndCountsThem) {
+  auto dir = temp_dir();
+  auto tok = char_tokenizer(dir);
+  const std::string good1 = R"({"instruction": "ab", "output": "cd"})", good2 = R"({"instruction": "e", "output": "f"})";
+  auto f = write(dir / "d.jsonl", good1 + "\n{\"messages\": [\n" +
+                                      R"({"messages": [{"role": "user", "content": "x"}]})" + "\n" + good2 + "\n");
+  std::string err = error_of([&] { SftDataset(options({f}, 16), *tok); });
+  EXPECT_EQ(err.rfind(f + ":2: invalid JSON", 0), 0u) << err;
+  auto o = options({f}, 16);
+  o.skip_bad = true;
+  SftDataset ds(o, *tok);
+  EXPECT_EQ(ds.num_conversations(), 2u);
+  EXPECT_EQ(ds.num_read(), 4u);
+  EXPECT_EQ(ds.num_skipped(), 2u);
+  EXPECT_EQ(ds.first_skipped().rfind(f + ":2: invalid JSON", 0), 0u) << ds.first_skipped();
+  SftDataset clean(options({write(dir / "c.jsonl", good1 + "\n" + good2 + "\n")}, 16), *tok);
+  EXPECT_EQ(clean.num_skipped(), 0u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(ds.next(), clean.next()) << i;
+
+  // An image image_tokens cannot read: the error names the field it came from; skipped with skip_bad.
+  auto img = write(dir / "i.jsonl", good1 + "\n" +
+                                        R"({"images": ["a.png", "b.png"], "conversations": [{"from": "human", )"
+                                        R"("value": "<image><image>ab"}, {"from": "gpt", "value": "cd"}]})" "\n");
+  auto oi = options({img}, 32);
+  oi.image_token_id = 1;  // <|system|> stands for the image token here
+  oi.image_placeholder = "<|system|>";
+  oi.image_tokens = [](const std::string& p) -> int64_t {
+    if (p.ends_with("b.png")) throw lf::Error(p + ": not a JPEG or PNG image");
+    return 2;
+  };
+  err = error_of([&] { SftDataset(oi, *tok); });
+  EXPECT_EQ(err, img + ":2: field 'images[1]': " + (dir / "b.png").string() + ": not a JPEG or PNG image");
+  oi.skip_bad = true;
+  SftDataset with_images(oi, *tok);
+  EXPECT_EQ(with_images.num_conversations(), 1u);
+  EXPECT_EQ(with_images.num_skipped(), 1u);
+
+  // Nothing good left: still an error, with the first bad one.
+  o.files = {write(dir / "b.jsonl", "[1]\n")};
+  err = error_of([&] { SftDataset(o, *tok); });
+  EXPECT_NE(err.find("no conversations"), std::string::npos) << err;
+  EXPECT_NE(err.find("b.jsonl:1: expected a JSON object"), std::string::npos) << err;
+}

@@ -50,11 +50,12 @@ const std::string& str_field(const nlohmann::json& obj, const std::string& key, 
 struct Parsed {
   std::vector<SftDataset::Message> msgs;
   std::vector<std::string> images;  // as written (relative paths resolved by the caller)
+  std::vector<std::string> image_fields;  // the field each image came from ("images[1]", "messages[0].content[2].image")
 };
 
 // An OpenAI content list -> template parts ({"type": "text", "text"} / {"type": "image"}), images appended in order.
 nlohmann::json content_parts(const nlohmann::json& a, const std::string& where, const std::string& f,
-                             std::vector<std::string>& images) {
+                             Parsed& out) {
   nlohmann::json parts = nlohmann::json::array();
   for (size_t i = 0; i < a.size(); ++i) {
     const std::string fi = f + "[" + std::to_string(i) + "]";
@@ -71,7 +72,8 @@ nlohmann::json content_parts(const nlohmann::json& a, const std::string& where, 
       if (path.rfind("file://", 0) == 0) path = path.substr(7);
       if (path.rfind("http://", 0) == 0 || path.rfind("https://", 0) == 0 || path.rfind("data:", 0) == 0)
         throw file_error(where, fi + "." + type, "only local image files are read ('" + path.substr(0, 40) + "')");
-      images.push_back(path);
+      out.images.push_back(path);
+      out.image_fields.push_back(fi + "." + type);
       parts.push_back({{"type", "image"}});
     } else {
       throw file_error(where, fi + ".type", "unknown content part '" + type + "' (expected text, image or image_url)");
@@ -106,7 +108,7 @@ Parsed parse_conversation(const nlohmann::json& j, const std::string& where) {
       if (role != "system" && role != "user" && role != "assistant")
         throw file_error(where, f + ".role", "unknown role '" + role + "' (expected system, user or assistant)");
       if (a[i].contains("content") && a[i]["content"].is_array())
-        msgs.push_back({role, content_parts(a[i]["content"], where, f + ".content", out.images)});
+        msgs.push_back({role, content_parts(a[i]["content"], where, f + ".content", out)});
       else
         msgs.push_back({role, str_field(a[i], "content", where, f + ".content")});
     }
@@ -143,13 +145,19 @@ Parsed parse_conversation(const nlohmann::json& j, const std::string& where) {
     if (!j.contains(key) || j[key].is_null()) continue;
     const nlohmann::json& v = j[key];
     if (!out.images.empty()) throw file_error(where, key, "images given twice (top level and in the content)");
-    if (v.is_string()) out.images.push_back(v.get<std::string>());
-    else if (v.is_array())
+    if (v.is_string()) {
+      out.images.push_back(v.get<std::string>());
+      out.image_fields.push_back(key);
+    } else if (v.is_array()) {
       for (size_t i = 0; i < v.size(); ++i) {
-        if (!v[i].is_string()) throw file_error(where, std::string(key) + "[" + std::to_string(i) + "]", "expected a path");
+        const std::string fi = std::string(key) + "[" + std::to_string(i) + "]";
+        if (!v[i].is_string()) throw file_error(where, fi, "expected a path");
         out.images.push_back(v[i].get<std::string>());
+        out.image_fields.push_back(fi);
       }
-    else throw file_error(where, key, "expected a path or a list of paths");
+    } else {
+      throw file_error(where, key, "expected a path or a list of paths");
+    }
   }
   return out;
 }
@@ -181,19 +189,19 @@ SftDataset::SftDataset(SftOptions opts, const Tokenizer& tok)
     : opts_(std::move(opts)), tmpl_(opts_.chat_template, opts_.template_origin), tok_(&tok) {
   if (opts_.seq_len < 1) throw file_error("sft options", "seq_len", "must be >= 1");
   if (opts_.files.empty()) throw file_error("sft options", "files", "no data files");
+  pad_id_ = opts_.pad_id >= 0 ? opts_.pad_id : 0;
+  if (opts_.pad_id < 0 && !opts_.eos_token.empty())
+    if (auto id = tok.token_to_id(opts_.eos_token)) pad_id_ = *id;
+  // A bad conversation is the error, or with skip_bad counted and left out (a function called from a handler).
+  auto bad = [&](const Error& e) {
+    if (!opts_.skip_bad) throw;
+    if (skipped_++ == 0) first_skipped_ = one_line(e.what());
+  };
   for (const auto& file : opts_.files) {
     std::ifstream in(file, std::ios::binary);
     if (!in) throw file_error(file, "", "cannot open");
     const std::filesystem::path root = opts_.image_root.empty() ? std::filesystem::path(file).parent_path()
                                                                  : std::filesystem::path(opts_.image_root);
-    auto add = [&](const nlohmann::json& j, const std::string& where) {
-      Parsed p = parse_conversation(j, where);
-      if (!p.images.empty() && opts_.image_token_id < 0)
-        throw file_error(where, "image", "this model takes no images");
-      for (auto& path : p.images)
-        if (std::filesystem::path(path).is_relative()) path = (root / path).string();
-      convs_.push_back({where, std::move(p.msgs), std::move(p.images), {}, {}});
-    };
     if (file.ends_with(".json")) {  // LLaVA's format: one list
       std::stringstream ss;
       ss << in.rdbuf();
@@ -204,24 +212,54 @@ SftDataset::SftDataset(SftOptions opts, const Tokenizer& tok)
         throw Error(file + ": invalid JSON: " + one_line(e.what()));
       }
       if (!all.is_array()) throw file_error(file, "", "expected a list of conversations");
-      for (size_t i = 0; i < all.size(); ++i) add(all[i], file + ":[" + std::to_string(i) + "]");
+      for (size_t i = 0; i < all.size(); ++i) {
+        ++read_;
+        try {
+          add_conversation(all[i], file + ":[" + std::to_string(i) + "]", root.string());
+        } catch (const Error& e) {
+          bad(e);
+        }
+      }
       continue;
     }
     std::string line;
     for (size_t n = 1; std::getline(in, line); ++n) {
       if (line.find_first_not_of(" \t\r\n") == std::string::npos) continue;
       const std::string where = file + ":" + std::to_string(n);
-      nlohmann::json j;
+      ++read_;
       try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        throw Error(where + ": invalid JSON: " + one_line(e.what()));
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(line);
+        } catch (const nlohmann::json::exception& e) {
+          throw Error(where + ": invalid JSON: " + one_line(e.what()));
+        }
+        add_conversation(j, where, root.string());
+      } catch (const Error& e) {
+        bad(e);
       }
-      add(j, where);
     }
   }
-  for (Conv& c : convs_) {  // "<image>" markers: count them, put them in when missing, turn them into the placeholder
-    if (c.images.empty()) continue;
+  if (convs_.empty()) {
+    std::string why = "no conversations in the data files";
+    if (skipped_)
+      why += " (all " + std::to_string(skipped_) + " were bad and skipped; the first: " + first_skipped_ + ")";
+    throw file_error(opts_.files.front(), "", why);
+  }
+  if (convs_.size() > UINT32_MAX) throw file_error("sft options", "files", "too many conversations");
+  if (truncated_)
+    std::cerr << "warning: sft data: " << truncated_ << " of " << convs_.size() << " conversations have more than "
+              << "seq_len + 1 = " << opts_.seq_len + 1 << " tokens and are truncated\n";
+}
+
+void SftDataset::add_conversation(const nlohmann::json& j, const std::string& where, const std::string& root) {
+  Parsed p = parse_conversation(j, where);
+  Conv c{where, std::move(p.msgs), std::move(p.images), std::move(p.image_fields), {}, {}};
+  if (!c.images.empty() && opts_.image_token_id < 0) throw file_error(where, "image", "this model takes no images");
+  for (auto& path : c.images)
+    if (std::filesystem::path(path).is_relative()) path = (std::filesystem::path(root) / path).string();
+  if (!c.images.empty()) {  // "<image>" markers: count them, put them in when missing, turn them into the placeholder
+    const std::string key = c.image_fields.front().substr(0, c.image_fields.front().find('['));
     size_t markers = 0;
     bool parts = false;
     for (const auto& m : c.messages) {
@@ -230,42 +268,39 @@ SftDataset::SftDataset(SftOptions opts, const Tokenizer& tok)
     }
     if (!parts && markers == 0) {
       auto first_user = std::find_if(c.messages.begin(), c.messages.end(), [](const auto& m) { return m.role == "user"; });
-      if (first_user == c.messages.end()) throw file_error(c.where, "image", "no user message to put the images in");
+      if (first_user == c.messages.end()) throw file_error(where, key, "no user message to put the images in");
       std::string prefix;
       for (size_t i = 0; i < c.images.size(); ++i) prefix += "<image>\n";
       first_user->content = prefix + first_user->content.get<std::string>();
       markers = c.images.size();
     }
     if (!parts && markers != c.images.size())
-      throw file_error(c.where, "image", std::to_string(c.images.size()) + " images but " + std::to_string(markers) +
-                                             " <image> markers in the text");
+      throw file_error(where, key, std::to_string(c.images.size()) + " images but " + std::to_string(markers) +
+                                       " <image> markers in the text");
     for (auto& m : c.messages)
       if (m.content.is_string()) m.content = replace_markers(m.content.get<std::string>(), opts_.image_placeholder);
   }
-  if (convs_.empty()) throw file_error(opts_.files.front(), "", "no conversations in the data files");
-  if (convs_.size() > UINT32_MAX) throw file_error("sft options", "files", "too many conversations");
-  const size_t max_tokens = static_cast<size_t>(opts_.seq_len) + 1;
-  for (size_t i = 0; i < convs_.size(); ++i) {
-    Encoded e = encode_conversation(i);
-    if (e.ids.empty()) throw Error(convs_[i].where + ": the conversation renders to no tokens");
-    if (!convs_[i].images.empty()) expand_images(convs_[i], e);
+  convs_.push_back(std::move(c));
+  try {  // rendered, tokenized, images checked and expanded
+    const size_t max_tokens = static_cast<size_t>(opts_.seq_len) + 1;
+    Conv& last = convs_.back();
+    Encoded e = encode_conversation(convs_.size() - 1);
+    if (e.ids.empty()) throw Error(where + ": the conversation renders to no tokens");
+    if (!last.images.empty()) expand_images(last, e);
     if (e.ids.size() > max_tokens) {
-      if (!convs_[i].images.empty())
-        throw Error(convs_[i].where + ": " + std::to_string(e.ids.size()) + " tokens with its images, more than "
+      if (!last.images.empty())
+        throw Error(where + ": " + std::to_string(e.ids.size()) + " tokens with its images, more than "
                     "seq_len + 1 = " + std::to_string(max_tokens) + " (a cut image cannot be trained on)");
       ++truncated_;
       e.ids.resize(max_tokens);
       e.assistant_mask.resize(max_tokens);
     }
-    convs_[i].ids = std::move(e.ids);
-    convs_[i].mask = std::move(e.assistant_mask);
+    last.ids = std::move(e.ids);
+    last.mask = std::move(e.assistant_mask);
+  } catch (...) {
+    convs_.pop_back();
+    throw;
   }
-  if (truncated_)
-    std::cerr << "warning: sft data: " << truncated_ << " of " << convs_.size() << " conversations have more than "
-              << "seq_len + 1 = " << max_tokens << " tokens and are truncated\n";
-  pad_id_ = opts_.pad_id >= 0 ? opts_.pad_id : 0;
-  if (opts_.pad_id < 0 && !opts_.eos_token.empty())
-    if (auto id = tok.token_to_id(opts_.eos_token)) pad_id_ = *id;
 }
 
 void SftDataset::expand_images(const Conv& c, Encoded& e) const {
@@ -287,7 +322,7 @@ void SftDataset::expand_images(const Conv& c, Encoded& e) const {
     try {
       n = opts_.image_tokens(c.images[k]);
     } catch (const Error& err) {
-      throw Error(c.where + ": " + one_line(err.what()));
+      throw file_error(c.where, c.image_fields[k], one_line(err.what()));
     }
     ++k;
     ids.insert(ids.end(), n, id);

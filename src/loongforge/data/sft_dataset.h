@@ -6,7 +6,10 @@
 //   openai   {"messages": [{"role": system|user|assistant, "content"}...]}
 // Blank lines are skipped; every other line must be one of these with at least one assistant turn (lf::Error
 // "FILE:LINE: field 'F': what" otherwise). A .json file holding a list (LLaVA's format) gives one conversation per
-// element ("FILE:[i]" in errors).
+// element ("FILE:[i]" in errors). SftOptions::skip_bad: a conversation that would be such an error (invalid JSON, a
+// missing field, markers and images that disagree, an image that cannot be read or decoded, too many tokens with its
+// images, ...) is left out and counted instead (num_skipped(), first_skipped()); a file that cannot be opened, or a
+// .json file that is not a list, stays an error.
 //
 // Images (vision-language models, SftOptions::image_token_id >= 0): a conversation's images are its top-level
 // "image" / "images" (a path or a list; relative paths from image_root, else the data file's folder) with "<image>"
@@ -15,7 +18,8 @@
 // template as {"type": "image"} next to {"type": "text", "text"}. Markers become image_placeholder before rendering;
 // after tokenizing, each image_token_id is expanded to image_tokens(path) copies (never assistant). The number of
 // markers must equal the number of images, and a conversation with images must fit seq_len + 1 tokens (one-line
-// errors naming FILE:LINE otherwise).
+// errors naming FILE:LINE otherwise). Every image is checked up front through image_tokens (which reads it): an
+// image it cannot read is "FILE:LINE: field 'images[1]': PATH: why" (the field the image came from).
 //
 // A conversation is rendered with the chat template (add_generation_prompt=false; context: messages, tools=null,
 // add_generation_prompt, bos_token, eos_token, as transformers' apply_chat_template) and encoded with
@@ -69,6 +73,7 @@ struct SftOptions {
   std::string image_placeholder = "<image>";  // the text each <image> marker becomes (it must encode to image_token_id)
   std::function<int64_t(const std::string& path)> image_tokens;  // tokens an image takes
   std::string image_root;                                        // "" : each data file's folder
+  bool skip_bad = false;  // leave bad conversations out (counted) instead of failing on the first
 };
 
 struct SftSample {  // one training sequence of exactly seq_len positions
@@ -94,6 +99,9 @@ class SftDataset {
 
   size_t num_conversations() const { return convs_.size(); }
   size_t num_truncated() const { return truncated_; }
+  size_t num_read() const { return read_; }        // conversations in the files, bad ones included
+  size_t num_skipped() const { return skipped_; }  // bad conversations left out (skip_bad)
+  const std::string& first_skipped() const { return first_skipped_; }  // the first one's error ("" : none)
   uint64_t epoch() const { return consumed_ / convs_.size(); }  // epoch of the next conversation
   int64_t pad_id() const { return pad_id_; }
   const SftOptions& options() const { return opts_; }
@@ -117,9 +125,12 @@ class SftDataset {
     std::string where;  // FILE:LINE
     std::vector<Message> messages;
     std::vector<std::string> images;  // in the order of their markers
+    std::vector<std::string> image_fields;  // the field of each image, for errors
     std::vector<int64_t> ids;  // truncated to seq_len + 1
     std::vector<uint8_t> mask;
   };
+  // Parses, checks and tokenizes one conversation and appends it (nothing appended when it throws).
+  void add_conversation(const nlohmann::json& j, const std::string& where, const std::string& image_root);
   size_t conv_at(uint64_t k);  // conversation index of stream position K
   void expand_images(const Conv& c, Encoded& e) const;  // one image token per image -> its run of tokens
 
@@ -128,7 +139,8 @@ class SftDataset {
   const Tokenizer* tok_;
   std::vector<Conv> convs_;
   int64_t pad_id_ = 0;
-  size_t truncated_ = 0;
+  size_t truncated_ = 0, read_ = 0, skipped_ = 0;
+  std::string first_skipped_;
   uint64_t consumed_ = 0, samples_ = 0;
   uint64_t perm_epoch_ = UINT64_MAX;  // the epoch perm_ belongs to
   std::vector<uint32_t> perm_;

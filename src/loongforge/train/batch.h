@@ -3,6 +3,9 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include <optional>
+#include <string>
+
 #include "loongforge/models/batch.h"
 
 namespace lf::train {
@@ -29,6 +32,16 @@ class BatchSource {
   // Position in the data, for exact resume.
   virtual nlohmann::json state() const = 0;
   virtual void restore(const nlohmann::json& state) = 0;
+  // Bad samples the source left out (data.skip_bad_samples): how many of how many read, and the first one's error.
+  // nullopt: the source does not skip (every bad sample is an error).
+  struct Skipped {
+    int64_t skipped = 0, read = 0;
+    std::string first;
+  };
+  virtual std::optional<Skipped> skipped_samples() const { return std::nullopt; }
+  // The file whose batches this source gives as they are (data.format: batch), for a model's errors on their
+  // contents; "" when batches are made from data checked on reading.
+  virtual std::string origin() const { return ""; }
 };
 
 }  // namespace lf::train

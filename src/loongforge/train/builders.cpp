@@ -206,6 +206,8 @@ ModelBundle build_model(const json& r) {
 std::unique_ptr<BatchSource> build_data(const json& r, data::Split split, const std::string& tokenizer,
                                         const models::Model* model) {
   const json& d = r["data"];
+  if (d["skip_bad_samples"].get<bool>() && d["format"] != "sft")
+    throw Error("recipe: field 'data.skip_bad_samples': only SFT data (data.format: sft) has samples to skip");
   if (d["format"] == "batch") {
     if (d["train"].size() != 1) throw Error("recipe: field 'data.train': format 'batch' takes one safetensors file");
     return std::make_unique<BatchFileSource>(d["train"][0]["path"].get<std::string>());
@@ -228,7 +230,8 @@ std::unique_ptr<BatchSource> build_data(const json& r, data::Split split, const 
     }
     return std::make_unique<SftSource>(files, tokenizer, d["chat_template"].get<std::string>(), d["seq_len"],
                                        d["assistant_only_loss"].get<bool>(), d["packing"].get<bool>(),
-                                       static_cast<uint64_t>(r["seed"].get<int64_t>()), images);
+                                       static_cast<uint64_t>(r["seed"].get<int64_t>()), images,
+                                       d["skip_bad_samples"].get<bool>());
   }
   data::PretrainOptions o;
   for (const auto& s : d["train"]) o.sources.push_back({s["path"].get<std::string>(), s["weight"].get<double>()});

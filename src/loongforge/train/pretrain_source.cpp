@@ -69,7 +69,7 @@ nlohmann::json PretrainSource::state() const { return ds_.state().to_json(); }
 
 void PretrainSource::restore(const nlohmann::json& s) { ds_.restore(data::PretrainState::from_json(s, "trainer_state.json data")); }
 
-BatchFileSource::BatchFileSource(const std::string& path) {
+BatchFileSource::BatchFileSource(const std::string& path) : path_(path) {
   auto f = io::SafetensorsFile::open(path);
   if (!f->contains("input_ids")) throw file_error(path, "input_ids", "missing");
   const at::Tensor ids = f->tensor("input_ids").clone();

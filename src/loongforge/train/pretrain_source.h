@@ -30,8 +30,10 @@ class BatchFileSource : public BatchSource {
   Batch next(int64_t micro_batch_size) override;
   nlohmann::json state() const override { return {{"row", row_}}; }
   void restore(const nlohmann::json& state) override { row_ = state.at("row").get<int64_t>(); }
+  std::string origin() const override { return path_; }
 
  private:
+  std::string path_;
   Batch all_;  // input_ids, targets and the file's other tensors (item fields where it has <name>.row)
   int64_t rows_ = 0, row_ = 0;
 };

@@ -38,7 +38,8 @@ const char* kDefaults = R"json({
     "packing": true,
     "per_document_attention": false,
     "image_root": "",
-    "image_backend": "pil"
+    "image_backend": "pil",
+    "skip_bad_samples": false
   },
   "train": {"steps": 100, "micro_batch_size": 8, "grad_accum": 1, "threads": 0, "cpu_split": 0, "stop_at_step": 0,
             "cuda_graphs": false},

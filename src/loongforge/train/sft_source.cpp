@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <unordered_map>
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
@@ -12,7 +13,7 @@ namespace lf::train {
 
 SftSource::SftSource(std::vector<std::string> files, const std::string& tokenizer_dir, const std::string& template_name,
                      int64_t seq_len, bool assistant_only_loss, bool packing, uint64_t seed,
-                     const SftImages& images) {
+                     const SftImages& images, bool skip_bad_samples) {
   if (tokenizer_dir.empty()) throw Error("recipe: field 'model.tokenizer': SFT needs a tokenizer (or model.path)");
   tok_ = data::Tokenizer::load(tokenizer_dir);
   data::SftOptions o;
@@ -21,6 +22,7 @@ SftSource::SftSource(std::vector<std::string> files, const std::string& tokenize
   o.assistant_only_loss = assistant_only_loss;
   o.packing = packing;
   o.seed = seed;
+  o.skip_bad = skip_bad_samples;
   // bos/eos strings come from the tokenizer folder's tokenizer_config.json when it has one
   std::string folder = std::filesystem::is_directory(tokenizer_dir) ? tokenizer_dir
                                                                      : std::filesystem::path(tokenizer_dir).parent_path().string();
@@ -60,10 +62,13 @@ SftSource::SftSource(std::vector<std::string> files, const std::string& tokenize
     if (fixed <= 0 && !proc->config().patches())
       throw Error(images.processor_dir + ": the model takes a patch grid's tokens per image, but " +
                   proc->config().class_name + " makes no patches");
-    o.image_tokens = [proc, fixed](const std::string& path) -> int64_t {
+    // Each image is decoded once here (without keeping its pixels): one that cannot be read fails before step 1.
+    auto known = std::make_shared<std::unordered_map<std::string, data::image::ImageDims>>();
+    o.image_tokens = [proc, fixed, known](const std::string& path) -> int64_t {
+      auto it = known->find(path);
+      if (it == known->end()) it = known->emplace(path, data::image::check_image_file(path)).first;
       if (fixed > 0) return fixed;
-      const at::Tensor img = data::image::read_image(path);
-      auto [gh, gw] = proc->patch_grid(img.size(0), img.size(1));
+      auto [gh, gw] = proc->patch_grid(it->second.height, it->second.width);
       const int64_t m = proc->config().merge_size;
       return gh * gw / (m * m);
     };
@@ -123,5 +128,10 @@ void add_images(Batch& batch, const data::image::ImageProcessor& proc, const std
 nlohmann::json SftSource::state() const { return ds_->state(); }
 
 void SftSource::restore(const nlohmann::json& s) { ds_->restore(s, "trainer_state.json data"); }
+
+std::optional<BatchSource::Skipped> SftSource::skipped_samples() const {
+  if (!ds_->options().skip_bad) return std::nullopt;
+  return Skipped{static_cast<int64_t>(ds_->num_skipped()), static_cast<int64_t>(ds_->num_read()), ds_->first_skipped()};
+}
 
 }  // namespace lf::train

@@ -9,7 +9,9 @@
 namespace lf::train {
 
 // Images of a vision-language model's conversations (data/sft_dataset.h): its image token, the tokens per image
-// (0: the processor's patch grid), the folder whose preprocessor_config.json says how to preprocess them.
+// (0: the processor's patch grid), the folder whose preprocessor_config.json says how to preprocess them. Every image
+// is read and decoded once when the source is made (data::image::check_image_file), so a bad one is found before
+// the first step.
 struct SftImages {
   int64_t token_id = -1;  // < 0: text only
   int64_t per_image = 0;
@@ -22,13 +24,15 @@ class SftSource : public BatchSource {
   // template_name: "" (the tokenizer folder's chat_template), a built-in name (chatml, llama3, mistral), or a file.
   // With images, batches carry pixel_values (and image_grid_thw for patch processors) as item fields of their rows.
   SftSource(std::vector<std::string> files, const std::string& tokenizer_dir, const std::string& template_name,
-            int64_t seq_len, bool assistant_only_loss, bool packing, uint64_t seed, const SftImages& images = {});
+            int64_t seq_len, bool assistant_only_loss, bool packing, uint64_t seed, const SftImages& images = {},
+            bool skip_bad_samples = false);
   Batch next(int64_t micro_batch_size) override;
   // Converts only rows [first, first + n) to tensors; the others are drawn (packing decides where each sample ends)
   // and dropped.
   Batch next_rows(int64_t global_rows, int64_t first, int64_t n) override;
   nlohmann::json state() const override;
   void restore(const nlohmann::json& state) override;
+  std::optional<Skipped> skipped_samples() const override;
 
  private:
   std::unique_ptr<data::Tokenizer> tok_;

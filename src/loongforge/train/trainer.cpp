@@ -92,6 +92,12 @@ TrainOutcome train_run(const json& r, bool resume) {
   // Every evaluation uses the same first eval.batches validation batches, so values compare across steps and
   // with `loongforge eval`.
   const json valid_start = valid ? valid->state() : json();
+  // data.skip_bad_samples: the bad samples left out, said once here and in this run's first metrics line.
+  const std::optional<BatchSource::Skipped> skipped = data->skipped_samples();
+  if (main_rank && skipped && skipped->skipped > 0)
+    std::fprintf(stderr, "data: skipped %lld bad samples of %lld (first: %s)\n",
+                 static_cast<long long>(skipped->skipped), static_cast<long long>(skipped->read),
+                 skipped->first.c_str());
 
   int64_t step = 0, tokens_seen = 0;
   json history = json::array();
@@ -144,13 +150,22 @@ TrainOutcome train_run(const json& r, bool resume) {
     std::vector<Batch> micro;
     int64_t counted = 0;
     const auto [first_row, rows] = engine->local_rows(mb);  // this rank reads only its rows
-    for (int64_t i = 0; i < accum; ++i) {
-      micro.push_back(data->next_rows(mb * dp, first_row, rows));
-      counted += model->loss_terms(micro.back());
+    double loss = 0;
+    try {
+      for (int64_t i = 0; i < accum; ++i) {
+        micro.push_back(data->next_rows(mb * dp, first_row, rows));
+        counted += model->loss_terms(micro.back());
+      }
+      counted = engine->global_counted(counted);
+      // The loss of the step averages over every counted token of all its micro-batches (and ranks).
+      loss = engine->forward_backward(micro, counted, bf16) / static_cast<double>(std::max<int64_t>(1, counted));
+    } catch (const Error& e) {
+      // A model's error on the contents of a batch ("batch: ...") names the file the batch came from.
+      const std::string what = e.what();
+      if (!data->origin().empty() && what.rfind("batch: ", 0) == 0)
+        throw Error(data->origin() + ": step " + std::to_string(step + 1) + ": " + what);
+      throw;
     }
-    counted = engine->global_counted(counted);
-    // The loss of the step averages over every counted token of all its micro-batches (and ranks).
-    double loss = engine->forward_backward(micro, counted, bf16) / static_cast<double>(std::max<int64_t>(1, counted));
     double gnorm = engine->clip_grad_norm(ro.clip);
     double lr = sched.at(step);
     engine->step(lr);
@@ -164,6 +179,10 @@ TrainOutcome train_run(const json& r, bool resume) {
     double eta = elapsed / static_cast<double>(step - start_step) * static_cast<double>(steps - step);
     json line = {{"step", step}, {"loss", loss}, {"grad_norm", gnorm}, {"lr", lr}, {"tokens", tokens_seen},
                  {"tokens_per_s", tps}, {"mfu", flops_per_token * tps / peak}, {"step_time_s", dt}};
+    if (skipped && step == start_step + 1) {
+      line["data_skipped_samples"] = skipped->skipped;
+      line["data_samples_read"] = skipped->read;
+    }
     if (device.is_cuda()) line["max_memory_allocated"] = kernels::cuda::max_memory_allocated();
     const json extra = engine->step_metrics();
     for (auto it = extra.begin(); it != extra.end(); ++it) line[it.key()] = it.value();

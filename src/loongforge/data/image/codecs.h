@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "loongforge/data/image/decode.h"
+
 namespace lf::data::image::detail {
 
 bool is_jpeg(const uint8_t* data, size_t size);
@@ -14,6 +16,9 @@ bool is_png(const uint8_t* data, size_t size);
 
 at::Tensor decode_jpeg(const uint8_t* data, size_t size, const std::string& name);  // C = 3
 at::Tensor decode_png(const uint8_t* data, size_t size, const std::string& name);   // C = 1..4
+// Decode without keeping the pixels (decode.h's check_image): the same errors, the image's size.
+ImageDims check_jpeg(const uint8_t* data, size_t size, const std::string& name);
+ImageDims check_png(const uint8_t* data, size_t size, const std::string& name);
 
 // Throws unless a W x H image is within kMaxImagePixels (and non-empty).
 void check_pixels(int64_t width, int64_t height, const std::string& name);

@@ -49,13 +49,32 @@ at::Tensor to_rgb(const at::Tensor& src, Alpha alpha) {
 
 }  // namespace
 
-at::Tensor decode_image(const uint8_t* data, size_t size, const std::string& name, Alpha alpha) {
+namespace {
+
+[[noreturn]] void unknown_format(size_t size, const std::string& name) {
   if (size == 0) throw Error(name + ": the file is empty");
+  throw Error(name + ": not a JPEG or PNG image (unknown file signature)");
+}
+
+}  // namespace
+
+at::Tensor decode_image(const uint8_t* data, size_t size, const std::string& name, Alpha alpha) {
   at::Tensor raw;
   if (detail::is_jpeg(data, size)) raw = detail::decode_jpeg(data, size, name);
   else if (detail::is_png(data, size)) raw = detail::decode_png(data, size, name);
-  else throw Error(name + ": not a JPEG or PNG image (unknown file signature)");
+  else unknown_format(size, name);
   return to_rgb(raw, alpha);
+}
+
+ImageDims check_image(const uint8_t* data, size_t size, const std::string& name) {
+  if (detail::is_jpeg(data, size)) return detail::check_jpeg(data, size, name);
+  if (detail::is_png(data, size)) return detail::check_png(data, size, name);
+  unknown_format(size, name);
+}
+
+ImageDims check_image_file(const std::string& path) {
+  const std::string bytes = read_text_file(path);
+  return check_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
 }
 
 at::Tensor decode_image(std::string_view bytes, const std::string& name, Alpha alpha) {

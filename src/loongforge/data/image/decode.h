@@ -28,6 +28,16 @@ at::Tensor decode_image(std::string_view bytes, const std::string& name, Alpha a
 // Reads and decodes the file PATH.
 at::Tensor read_image(const std::string& path, Alpha alpha = Alpha::drop);
 
+// Whether an image decodes, and its size, without keeping its pixels: the whole file is read through the decoder
+// as decode_image reads it (so a truncated or corrupt file fails the same way, with the same lf::Error "NAME: WHAT"),
+// but into little memory (JPEG scaled down 8x by the decoder, PNG one row at a time). For checking a data set's
+// images before training.
+struct ImageDims {
+  int64_t height = 0, width = 0;
+};
+ImageDims check_image(const uint8_t* data, size_t size, const std::string& name);
+ImageDims check_image_file(const std::string& path);
+
 // The most pixels an image may have: Pillow's limit (2 x Image.MAX_IMAGE_PIXELS), against decompression bombs.
 // Writes uint8 [H, W, 3] RGB (or [H, W] grey) as PNG, atomically (a temporary file renamed into place); one-line
 // lf::Error naming `path` when it cannot.

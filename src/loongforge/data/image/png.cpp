@@ -73,7 +73,49 @@ bool read_rows(png_structp png, png_bytepp rows) {
   return true;
 }
 
+// check_png: every row of every pass into one scratch row (ROW holds png_get_rowbytes bytes).
+bool read_rows_into_one(png_structp png, png_bytep row, int passes, png_uint_32 height) {
+  if (setjmp(png_jmpbuf(png))) return false;
+  for (int pass = 0; pass < passes; ++pass)
+    for (png_uint_32 y = 0; y < height; ++y) png_read_row(png, row, nullptr);
+  return true;
+}
+
+// A libpng reader over DATA whose errors land in SRC.error; the destructor frees it.
+struct PngReader {
+  png_structp png = nullptr;
+  png_infop info = nullptr;
+  PngReader(PngSource& src, const std::string& name) {
+    png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &src, on_error, on_warning);
+    if (!png) throw Error(name + ": cannot start the PNG decoder");
+    info = png_create_info_struct(png);
+    if (!info) {
+      png_destroy_read_struct(&png, nullptr, nullptr);
+      throw Error(name + ": cannot start the PNG decoder");
+    }
+    png_set_read_fn(png, &src, read_from_memory);
+    // Pillow checks the CRC of every chunk; libpng's default skips bad ancillary chunks with a warning.
+    png_set_crc_action(png, PNG_CRC_ERROR_QUIT, PNG_CRC_ERROR_QUIT);
+  }
+  ~PngReader() { png_destroy_read_struct(&png, &info, nullptr); }
+  PngReader(const PngReader&) = delete;
+  PngReader& operator=(const PngReader&) = delete;
+};
+
 }  // namespace
+
+ImageDims check_png(const uint8_t* data, size_t size, const std::string& name) {
+  PngSource src{data, size, 0, {}};
+  PngReader r(src, name);
+  PngLayout layout;
+  if (!read_header(r.png, r.info, &layout)) throw Error(name + ": corrupt PNG file: " + src.error);
+  check_pixels(layout.width, layout.height, name);
+  const int passes = png_get_interlace_type(r.png, r.info) == PNG_INTERLACE_ADAM7 ? 7 : 1;
+  std::vector<png_byte> row(png_get_rowbytes(r.png, r.info));
+  if (!read_rows_into_one(r.png, row.data(), passes, layout.height))
+    throw Error(name + ": corrupt PNG file: " + src.error);
+  return {static_cast<int64_t>(layout.height), static_cast<int64_t>(layout.width)};
+}
 
 bool is_png(const uint8_t* data, size_t size) { return size >= 8 && png_sig_cmp(data, 0, 8) == 0; }
 
