@@ -51,6 +51,41 @@ def test_qwen3_vl_dump_matches_transformers(case, tmp_path):
         assert ref[f"grad.model.visual.deepstack_merger_list.{i}.linear_fc2.weight"].abs().max() > 0
 
 
+def test_qwen3_vl_video_dump_matches_transformers(tmp_path):
+    """Videos beside an image: the tower runs over each video, its features fill the video tokens, the deepstack
+    features of images and videos join in sequence order, and each frame (between timestamp text, as Qwen3-VL's
+    processor writes) takes positions as its own t = 1 grid; logits, loss and every gradient as transformers'."""
+    from test_qwen_vl_parity import MERGE
+    from test_vlm_parity import compare, hf_reference
+    torch.manual_seed(5)
+    model = transformers.Qwen3VLForConditionalGeneration(qwen3_config()).eval()
+    model.save_pretrained(tmp_path / "model")
+    g = torch.Generator().manual_seed(5)
+    text = lambda n: torch.randint(3, END, (n,), generator=g).tolist()
+    image, videos = (1, 4, 4), [(2, 4, 6), (3, 4, 4)]
+
+    def video(t, h, w):  # timestamp text, then each frame between the vision markers
+        out = []
+        for _ in range(t):
+            out += text(2) + [START] + [VIDEO] * (h * w // MERGE ** 2) + [END]
+        return out
+    rows = [text(3) + [START] + [IMAGE] * 4 + [END] + video(*videos[0]) + text(2), text(2) + video(*videos[1]) + text(3)]
+    length = max(map(len, rows))
+    ids = torch.tensor([r + text(length - len(r)) for r in rows])
+    labels = ids.clone()
+    labels[(ids == IMAGE) | (ids == VIDEO)] = -100
+    tt = (ids == IMAGE).int() + 2 * (ids == VIDEO).int()
+    pixels = torch.randn(16, 3 * 2 * 2 * 2, generator=g)
+    vgrid = torch.tensor(videos)
+    vpixels = torch.randn(int(vgrid.prod(-1).sum()), 3 * 2 * 2 * 2, generator=g)
+    inputs = dict(image_grid_thw=torch.tensor([image]), pixel_values_videos=vpixels, video_grid_thw=vgrid,
+                  mm_token_type_ids=tt)
+    ours = run_dump(tmp_path / "model", {"input_ids": ids, "pixel_values": pixels, "labels": labels, **inputs},
+                    tmp_path)
+    ref = hf_reference(model, ids, pixels, labels, **inputs)
+    compare(ours, ref)
+
+
 def test_qwen3_vl_rope_and_deepstack_matter(tmp_path):
     """Our logits equal transformers' with its get_rope_index positions given explicitly; 1D positions or no deepstack
     features give other logits (so the parity above tests interleaved M-RoPE and deepstack)."""

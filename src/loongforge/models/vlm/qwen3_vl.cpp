@@ -53,21 +53,65 @@ void Qwen3VLImpl::init_weights(double std) {
   language_model->init_weights(std);
 }
 
-BatchSchema Qwen3VLImpl::batch_schema() const { return qwen_vl_batch_schema(*language_model); }
+BatchSchema Qwen3VLImpl::batch_schema() const {
+  BatchSchema s = qwen_vl_batch_schema(*language_model);
+  s.push_back(optional_field("pixel_values_videos", at::kFloat, 2,
+                             "the videos' patches, as pixel_values (item field: pixel_values_videos.row)"));
+  s.push_back(optional_field("video_grid_thw", at::kLong, 2,
+                             "each video's (t, h, w) in patches [videos, 3] (item field: video_grid_thw.row)"));
+  return s;
+}
+
+namespace {
+// transformers' Qwen3-VL positions take each video frame as its own grid of t = 1.
+at::Tensor per_frame(const at::Tensor& grid) {
+  if (!grid.defined() || grid.size(0) == 0) return grid;
+  const at::Tensor g = grid.to(at::kCPU, at::kLong);
+  at::Tensor out = g.repeat_interleave(g.select(1, 0), 0).clone();
+  out.select(1, 0).fill_(1);
+  return out;
+}
+}  // namespace
 
 at::Tensor Qwen3VLImpl::merged_embeddings(const at::Tensor& ids, const at::Tensor& pixel_values,
                                           const at::Tensor& grid_thw, const std::string& where,
-                                          std::vector<at::Tensor>* deepstack) {
+                                          std::vector<at::Tensor>* deepstack, const at::Tensor& video_pixels,
+                                          const at::Tensor& video_grid) {
   at::Tensor h = embed_fn ? embed_fn(ids) : language_model->embed(ids);
-  const at::Tensor mask = ids == config_.image_token_id;
+  const at::Tensor image_mask = ids == config_.image_token_id, video_mask = ids == config_.video_token_id;
   const int64_t images =
-      qwen_check_image_tokens(mask, grid_thw, config_.vision.merge_unit(), config_.image_token_id, where);
+      qwen_check_image_tokens(image_mask, grid_thw, config_.vision.merge_unit(), config_.image_token_id, where);
+  const int64_t videos = qwen_check_image_tokens(video_mask, video_grid, config_.vision.merge_unit(),
+                                                 config_.video_token_id, where + " (videos)");
   deepstack->clear();
-  if (images == 0) return h;
-  if (!pixel_values.defined()) throw Error(where + ": image_grid_thw without pixel_values");
-  vision::Qwen3VitOutput v = visual(pixel_values, grid_thw, where);
-  for (const at::Tensor& d : v.deepstack) deepstack->push_back(d.to(h.scalar_type()));
-  return h.masked_scatter(mask.unsqueeze(-1).to(h.device()), v.merged.to(h.scalar_type()));
+  std::vector<at::Tensor> image_deep, video_deep;
+  if (images > 0) {
+    if (!pixel_values.defined()) throw Error(where + ": image_grid_thw without pixel_values");
+    vision::Qwen3VitOutput v = visual(pixel_values, grid_thw, where);
+    for (const at::Tensor& d : v.deepstack) image_deep.push_back(d.to(h.scalar_type()));
+    h = h.masked_scatter(image_mask.unsqueeze(-1).to(h.device()), v.merged.to(h.scalar_type()));
+  }
+  if (videos > 0) {
+    if (!video_pixels.defined()) throw Error(where + ": video_grid_thw without pixel_values_videos");
+    vision::Qwen3VitOutput v = visual(video_pixels, video_grid, where + " (videos)");
+    for (const at::Tensor& d : v.deepstack) video_deep.push_back(d.to(h.scalar_type()));
+    h = h.masked_scatter(video_mask.unsqueeze(-1).to(h.device()), v.merged.to(h.scalar_type()));
+  }
+  if (videos == 0) {
+    *deepstack = std::move(image_deep);
+  } else if (images == 0) {
+    *deepstack = std::move(video_deep);
+  } else {  // both: each visual token's features in sequence order, as transformers joins them
+    const at::Tensor visual_mask = image_mask | video_mask;
+    const at::Tensor is_image = image_mask.index({visual_mask}).to(h.device());
+    const at::Tensor image_at = is_image.nonzero().squeeze(1), video_at = is_image.logical_not().nonzero().squeeze(1);
+    for (size_t k = 0; k < image_deep.size(); ++k) {
+      at::Tensor joint = at::zeros({is_image.size(0), image_deep[k].size(1)}, image_deep[k].options());
+      joint = joint.index_put({image_at}, image_deep[k]).index_put({video_at}, video_deep[k]);
+      deepstack->push_back(joint);
+    }
+  }
+  return h;
 }
 
 at::Tensor Qwen3VLImpl::embed(const Batch& b) {
@@ -75,7 +119,8 @@ at::Tensor Qwen3VLImpl::embed(const Batch& b) {
     throw OptionError("sp", "Qwen3-VL's deepstack blocks under sequence parallelism are not supported yet");
   const at::Tensor& ids = b.at("input_ids");
   std::vector<at::Tensor> deepstack;
-  at::Tensor h = merged_embeddings(ids, b.get("pixel_values"), b.get("image_grid_thw"), "batch", &deepstack);
+  at::Tensor h = merged_embeddings(ids, b.get("pixel_values"), b.get("image_grid_thw"), "batch", &deepstack,
+                                   b.get("pixel_values_videos"), b.get("video_grid_thw"));
   std::lock_guard<std::mutex> lock(stash_mutex_);
   stash_.push_back({ids, std::move(deepstack)});
   if (stash_.size() > 16) stash_.pop_front();
@@ -84,12 +129,17 @@ at::Tensor Qwen3VLImpl::embed(const Batch& b) {
 
 Batch Qwen3VLImpl::blocks_batch(const at::Tensor& ids, const at::Tensor& rope_mask, const at::Tensor& grid,
                                 const std::vector<at::Tensor>& deepstack, at::ScalarType dtype,
-                                const std::string& where, const at::Tensor& segment_ids) const {
-  const at::Tensor pos = qwen_rope_index(ids, rope_mask, grid, config_.vision.spatial_merge_size, where, segment_ids);
+                                const std::string& where, const at::Tensor& segment_ids,
+                                const at::Tensor& video_rope_mask, const at::Tensor& video_grid) const {
+  const QwenVideos v{video_rope_mask.defined() ? video_rope_mask : ids == config_.video_token_id,
+                     per_frame(video_grid), {}, 1};
+  const at::Tensor pos =
+      qwen_rope_index(ids, rope_mask, grid, config_.vision.spatial_merge_size, where, segment_ids, &v);
   auto [cos, sin] = language_model->rotary(pos, dtype);
   Batch in{{"cos", cos}, {"sin", sin}, {"segment_ids", segment_ids}};
-  if (grid.defined() && grid.size(0) > 0 && !config_.vision.deepstack_visual_indexes.empty()) {
-    const at::Tensor mask = ids == config_.image_token_id;
+  const bool visual = (grid.defined() && grid.size(0) > 0) || (video_grid.defined() && video_grid.size(0) > 0);
+  if (visual && !config_.vision.deepstack_visual_indexes.empty()) {
+    const at::Tensor mask = (ids == config_.image_token_id) | (ids == config_.video_token_id);
     in.set("visual_mask", mask);
     // item fields (one item per image token, in order), so that splitting the rows keeps each row's features
     const at::Tensor row = deepstack.empty() ? at::Tensor() : mask.nonzero().select(1, 0).contiguous();
@@ -111,14 +161,15 @@ Batch Qwen3VLImpl::block_inputs(const Batch& b, at::ScalarType dtype) const {
       }
   }
   const at::Tensor grid = b.get("image_grid_thw");
-  return blocks_batch(ids, ids == config_.image_token_id, grid, deepstack, dtype,
-                      "batch", b.get("segment_ids"));
+  return blocks_batch(ids, ids == config_.image_token_id, grid, deepstack, dtype, "batch", b.get("segment_ids"), {},
+                      b.get("video_grid_thw"));
 }
 
 at::Tensor Qwen3VLImpl::position_ids(const Batch& b) const {
   const at::Tensor& ids = b.at("input_ids");
+  const QwenVideos v{ids == config_.video_token_id, per_frame(b.get("video_grid_thw")), {}, 1};
   return qwen_rope_index(ids, ids == config_.image_token_id, b.get("image_grid_thw"), config_.vision.spatial_merge_size,
-                         "batch", b.get("segment_ids"));
+                         "batch", b.get("segment_ids"), &v);
 }
 
 at::Tensor Qwen3VLImpl::block_extra(const Batch& in, at::Tensor y, int64_t i) {
@@ -140,10 +191,14 @@ at::Tensor Qwen3VLImpl::block_extra(const Batch& in, at::Tensor y, int64_t i) {
 Model::ReferenceOutput Qwen3VLImpl::reference_forward(const std::map<std::string, at::Tensor>& batch,
                                                       const std::string& file) {
   auto [ids, labels] = reference_ids(batch, file);
-  const QwenImages in = qwen_reference_images(batch, ids, config_.image_token_id, file);
+  const QwenImages in = qwen_reference_images(batch, ids, config_.image_token_id, file, config_.video_token_id);
+  if (in.second_per_grid.defined())
+    throw file_error(file, "second_per_grid_ts", "Qwen3-VL places video frames by timestamp text, not by this tensor");
   std::vector<at::Tensor> deepstack;
-  at::Tensor h = merged_embeddings(ids, in.pixel_values, in.grid_thw, file, &deepstack);
-  return reference_output(h, blocks_batch(ids, in.rope_mask, in.grid_thw, deepstack, h.scalar_type(), file), labels);
+  at::Tensor h = merged_embeddings(ids, in.pixel_values, in.grid_thw, file, &deepstack, in.video_pixels, in.video_grid);
+  return reference_output(h, blocks_batch(ids, in.rope_mask, in.grid_thw, deepstack, h.scalar_type(), file, {},
+                                          in.video_rope_mask, in.video_grid),
+                          labels);
 }
 
 std::vector<CheckpointTensor> Qwen3VLImpl::checkpoint_tensors() const {

@@ -50,7 +50,7 @@ class Qwen3VLImpl : public VisionLanguageModel {
   std::string model_type() const override { return "qwen3_vl"; }
   const nlohmann::json& config_json() const override { return config_.raw; }
   void init_weights(double std) override;
-  BatchSchema batch_schema() const override;  // as Qwen2.5-VL's
+  BatchSchema batch_schema() const override;  // as Qwen2.5-VL's (videos without second_per_grid_ts)
   at::Tensor embed(const Batch& b) override;
   // cos, sin of the multimodal positions (per packed document of segment_ids), segment_ids; with images,
   // visual_mask and the deepstack features embed() made.
@@ -75,13 +75,17 @@ class Qwen3VLImpl : public VisionLanguageModel {
   at::Tensor block_extra(const Batch& in, at::Tensor y, int64_t i) override;
 
  private:
-  // Text embeddings with the images' merged features in their image tokens; *deepstack gets the deepstack features.
+  // Text embeddings with the images' merged features in their image tokens and the videos' in their video tokens;
+  // *deepstack gets the deepstack features of every visual token (images and videos) in sequence order.
   at::Tensor merged_embeddings(const at::Tensor& ids, const at::Tensor& pixel_values, const at::Tensor& grid_thw,
-                               const std::string& where, std::vector<at::Tensor>* deepstack);
-  // cos, sin and, with deepstack features, visual_mask and deepstack.K.
+                               const std::string& where, std::vector<at::Tensor>* deepstack,
+                               const at::Tensor& video_pixels = {}, const at::Tensor& video_grid = {});
+  // cos, sin and, with deepstack features, visual_mask and deepstack.K. Videos' positions: each frame on its own
+  // (transformers splits video_grid_thw per frame: the frames are separated by timestamp text).
   Batch blocks_batch(const at::Tensor& ids, const at::Tensor& rope_mask, const at::Tensor& grid,
                      const std::vector<at::Tensor>& deepstack, at::ScalarType dtype, const std::string& where,
-                     const at::Tensor& segment_ids = {}) const;
+                     const at::Tensor& segment_ids = {}, const at::Tensor& video_rope_mask = {},
+                     const at::Tensor& video_grid = {}) const;
 
   Qwen3VLConfig config_;
   // The deepstack features of the batch embed() ran last (its input_ids, to match block_inputs' batch).
