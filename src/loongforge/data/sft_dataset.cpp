@@ -268,7 +268,7 @@ SftDataset::SftDataset(SftOptions opts, const Tokenizer& tok)
     if (auto id = tok.token_to_id(opts_.eos_token)) pad_id_ = *id;
 }
 
-void SftDataset::expand_images(const Conv& c, Encoded& e) const {
+void SftDataset::expand_images(Conv& c, Encoded& e) const {
   const int64_t id = opts_.image_token_id;
   const auto found = std::count(e.ids.begin(), e.ids.end(), id);
   if (static_cast<size_t>(found) != c.images.size())
@@ -290,6 +290,7 @@ void SftDataset::expand_images(const Conv& c, Encoded& e) const {
       throw Error(c.where + ": " + one_line(err.what()));
     }
     ++k;
+    c.image_tokens.push_back(n);
     ids.insert(ids.end(), n, id);
     mask.insert(mask.end(), n, 0);
   }
@@ -409,6 +410,8 @@ SftSample SftDataset::next() {
     const size_t n = std::min(c.ids.size(), L);
     if (s.input_ids.size() + n > L) break;
     s.images.insert(s.images.end(), c.images.begin(), c.images.end());
+    s.image_tokens.insert(s.image_tokens.end(), c.image_tokens.begin(), c.image_tokens.end());
+    s.documents.push_back(static_cast<int64_t>(n));
     for (size_t i = 0; i < n; ++i) {
       s.input_ids.push_back(c.ids[i]);
       s.labels.push_back(i + 1 < c.ids.size() && c.mask[i + 1] ? c.ids[i + 1] : -100);

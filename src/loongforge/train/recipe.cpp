@@ -33,7 +33,8 @@ const char* kDefaults = R"json({
     "packing": true,
     "per_document_attention": false,
     "image_root": "",
-    "image_backend": "pil"
+    "image_backend": "pil",
+    "balance": "none"
   },
   "train": {"steps": 100, "micro_batch_size": 8, "grad_accum": 1, "threads": 0, "cpu_split": 0, "stop_at_step": 0,
             "cuda_graphs": false},
@@ -60,6 +61,7 @@ const std::map<std::string, std::vector<std::string>> kChoices = {
     {"model.recompute", {"none", "full", "per_layer"}},
     {"data.format", {"pretrain", "sft", "batch"}},
     {"data.image_backend", {"pil", "torchvision"}},
+    {"data.balance", {"none", "cost"}},
     {"schedule.kind", {"cosine", "linear", "constant", "wsd"}},
     {"log.progress", {"auto", "bar", "lines", "off"}},
     {"parallel.cp_mode", {"ring", "a2a"}},
