@@ -148,6 +148,7 @@ TEST(Sft, PackingLabelsPositionsSegments) {
     EXPECT_EQ(s.labels, cat({la, lb, {-100, -100}}));
     EXPECT_EQ(s.position_ids, cat({iota_v(a.size()), iota_v(b.size()), {0, 1}}));
     EXPECT_EQ(s.segment_ids, cat({V(a.size(), 0), V(b.size(), 1), {2, 2}}));
+    EXPECT_EQ(s.documents, (V{static_cast<int64_t>(a.size()), static_cast<int64_t>(b.size())}));  // padding left out
     EXPECT_EQ(ds.epoch(), static_cast<uint64_t>(epoch + 1));
   }
   // seq_len 17: only one fits per sequence.

@@ -303,7 +303,7 @@ void SftDataset::add_conversation(const nlohmann::json& j, const std::string& wh
   }
 }
 
-void SftDataset::expand_images(const Conv& c, Encoded& e) const {
+void SftDataset::expand_images(Conv& c, Encoded& e) const {
   const int64_t id = opts_.image_token_id;
   const auto found = std::count(e.ids.begin(), e.ids.end(), id);
   if (static_cast<size_t>(found) != c.images.size())
@@ -325,6 +325,7 @@ void SftDataset::expand_images(const Conv& c, Encoded& e) const {
       throw file_error(c.where, c.image_fields[k], one_line(err.what()));
     }
     ++k;
+    c.image_tokens.push_back(n);
     ids.insert(ids.end(), n, id);
     mask.insert(mask.end(), n, 0);
   }
@@ -444,6 +445,8 @@ SftSample SftDataset::next() {
     const size_t n = std::min(c.ids.size(), L);
     if (s.input_ids.size() + n > L) break;
     s.images.insert(s.images.end(), c.images.begin(), c.images.end());
+    s.image_tokens.insert(s.image_tokens.end(), c.image_tokens.begin(), c.image_tokens.end());
+    s.documents.push_back(static_cast<int64_t>(n));
     for (size_t i = 0; i < n; ++i) {
       s.input_ids.push_back(c.ids[i]);
       s.labels.push_back(i + 1 < c.ids.size() && c.mask[i + 1] ? c.ids[i + 1] : -100);

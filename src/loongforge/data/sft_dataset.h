@@ -82,6 +82,8 @@ struct SftSample {  // one training sequence of exactly seq_len positions
   std::vector<int64_t> position_ids;  // restart at 0 at each packed conversation (and at the padding)
   std::vector<int64_t> segment_ids;   // 0,0,..,1,1,..: which packed conversation; padding gets its own id
   std::vector<std::string> images;    // the images of its image-token runs, in order
+  std::vector<int64_t> image_tokens;  // the length of each image's run
+  std::vector<int64_t> documents;     // the length of each packed conversation (the rest is padding)
   bool operator==(const SftSample&) const = default;
 };
 
@@ -126,13 +128,14 @@ class SftDataset {
     std::vector<Message> messages;
     std::vector<std::string> images;  // in the order of their markers
     std::vector<std::string> image_fields;  // the field of each image, for errors
+    std::vector<int64_t> image_tokens;  // each image's run of image tokens
     std::vector<int64_t> ids;  // truncated to seq_len + 1
     std::vector<uint8_t> mask;
   };
   // Parses, checks and tokenizes one conversation and appends it (nothing appended when it throws).
   void add_conversation(const nlohmann::json& j, const std::string& where, const std::string& image_root);
   size_t conv_at(uint64_t k);  // conversation index of stream position K
-  void expand_images(const Conv& c, Encoded& e) const;  // one image token per image -> its run of tokens
+  void expand_images(Conv& c, Encoded& e) const;  // one image token per image -> its run (c.image_tokens)
 
   SftOptions opts_;
   ChatTemplate tmpl_;

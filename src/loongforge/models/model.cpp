@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "loongforge/core/error.h"
 #include "loongforge/nn/recompute.h"
 
@@ -95,6 +97,15 @@ Batch Batch::map(const std::function<at::Tensor(const std::string&, const at::Te
 at::Tensor checkpoint_slice(const at::Tensor& t, const CheckpointTensor& e) {
   if (e.index < 0) return t;
   return t.select(0, e.index).slice(0, e.begin, e.end);
+}
+
+Model::TrainWork Model::train_work() const {
+  // train_flops_per_sample(s) = a s + b s^2: a per token, b per pair of positions
+  const double s = 1024, f1 = train_flops_per_sample(1024), f2 = train_flops_per_sample(2048);
+  TrainWork w;
+  w.per_token_pair = std::max(0.0, (f2 - 2 * f1) / (2 * s * s));
+  w.per_token = f1 / s - w.per_token_pair * s;
+  return w;
 }
 
 std::vector<CheckpointTensor> Model::checkpoint_tensors() const {

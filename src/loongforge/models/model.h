@@ -94,6 +94,16 @@ class Model : public torch::nn::Module {
   virtual int64_t loss_terms(const Batch& b) const = 0;
   // Training FLOPs (forward + backward) per sample of a batch with sequence length `seq` (MFU).
   virtual double train_flops_per_sample(int64_t seq) const = 0;
+  // Training FLOPs (forward + backward) of a sample's parts, for data-parallel load balancing (data/balance.h):
+  // per language-model token through the linear layers and per (query, key) pair of one document's attention; per
+  // patch through the vision modules and per pair of patches of one image (0 without vision modules). An image of t
+  // image tokens has t * patches_per_image_token patches, or fixed_image_patches when that is > 0.
+  struct TrainWork {
+    double per_token = 0, per_token_pair = 0, per_patch = 0, per_patch_pair = 0;
+    int64_t patches_per_image_token = 1, fixed_image_patches = 0;
+  };
+  // The default reads the language-model terms off train_flops_per_sample (a * seq + b * seq^2), no vision.
+  virtual TrainWork train_work() const;
 
   // The pieces of a forward, for engines that run part of the model (pipeline stages, FSDP units):
   // the input of block 0 (pre modules);

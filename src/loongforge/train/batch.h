@@ -5,7 +5,9 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "loongforge/data/balance.h"
 #include "loongforge/models/batch.h"
 
 namespace lf::train {
@@ -29,6 +31,13 @@ class BatchSource {
   // 0 <= first, n >= 1 and first + n <= global_rows. The default draws the whole batch and slices it; sources
   // override it to read only their rows.
   virtual Batch next_rows(int64_t global_rows, int64_t first, int64_t n);
+  // Load balancing (data.balance): draws the next `global_rows` rows (the position moves past them all, as
+  // next_rows) and keeps them until the next draw; returns what each row holds (data/balance.h). take(which) gives
+  // the drawn rows `which` (indices into them) as one batch, in that order: the same tensors next_rows gives for
+  // those rows. The default draws next(global_rows) and keeps the batch (documents: segment_ids runs, or the row;
+  // no images); sources override both to convert only the rows taken.
+  virtual std::vector<data::RowShape> draw(int64_t global_rows);
+  virtual Batch take(const std::vector<int64_t>& which);
   // Position in the data, for exact resume.
   virtual nlohmann::json state() const = 0;
   virtual void restore(const nlohmann::json& state) = 0;
@@ -42,6 +51,9 @@ class BatchSource {
   // The file whose batches this source gives as they are (data.format: batch), for a model's errors on their
   // contents; "" when batches are made from data checked on reading.
   virtual std::string origin() const { return ""; }
+
+ private:
+  Batch drawn_;  // the default draw's rows
 };
 
 }  // namespace lf::train

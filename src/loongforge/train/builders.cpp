@@ -326,6 +326,7 @@ RunOptions run_options(const json& r) {
   o.fp8 = r["precision"] == "fp8";
   o.fp8_blockwise = r["fp8_scaling"] == "blockwise";
   o.validate = r["data"]["valid_fraction"].get<double>() > 0;
+  o.balance = r["data"]["balance"] == "cost";
   o.eval_every = r["eval"]["every"];
   o.eval_batches = r["eval"]["batches"];
   o.log_every = std::max<int64_t>(1, r["log"]["every"].get<int64_t>());

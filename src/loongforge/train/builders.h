@@ -34,6 +34,7 @@ struct RunOptions {
   bool distributed = false;           // a layout other than one process, or launched as several processes
   bool fp8 = false, fp8_blockwise = false;  // precision: fp8, fp8_scaling: blockwise
   bool validate = false;              // data.valid_fraction > 0
+  bool balance = false;               // data.balance: cost (rows placed on data-parallel ranks by cost)
   int64_t eval_every = 0, eval_batches = 0;  // eval.every, eval.batches
   int64_t log_every = 1;              // log.every (at least 1)
   std::string progress = "auto";      // log.progress

@@ -242,6 +242,7 @@ class DistEngine : public Engine {
 
   bool is_main() const override { return comm_->rank() == 0; }
   int data_parallel() const override { return layout_.dp; }
+  int data_parallel_rank() const override { return static_cast<int>(dp_index_); }
   void barrier() override { comm_->world_group().barrier(); }
   std::pair<int64_t, int64_t> local_rows(int64_t micro_batch_size) const override {
     return {dp_index_ * micro_batch_size, micro_batch_size};

@@ -60,6 +60,8 @@ class Engine {
   virtual bool is_main() const { return true; }
   // The data-parallel size: global micro-batches hold this many times micro_batch_size rows.
   virtual int data_parallel() const { return 1; }
+  // This process's data-parallel rank (0 .. data_parallel() - 1).
+  virtual int data_parallel_rank() const { return 0; }
   // The rows [first, first + n) of each global micro-batch (data_parallel() x micro_batch_size rows) this process
   // reads (BatchSource::next_rows).
   virtual std::pair<int64_t, int64_t> local_rows(int64_t micro_batch_size) const {

@@ -24,6 +24,46 @@ Batch BatchSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {
   return next(global_rows).rows(first, n);
 }
 
+std::vector<data::RowShape> BatchSource::draw(int64_t global_rows) {
+  if (global_rows < 1) throw Error("a batch of " + std::to_string(global_rows) + " rows");
+  drawn_ = next(global_rows);
+  const int64_t n = drawn_.num_rows();
+  std::vector<data::RowShape> shapes(static_cast<size_t>(n));
+  const at::Tensor seg = drawn_.get("segment_ids");
+  const at::Tensor ids = drawn_.get("input_ids");
+  for (int64_t r = 0; r < n; ++r) {
+    auto& docs = shapes[static_cast<size_t>(r)].documents;
+    if (!seg.defined()) {
+      if (ids.defined() && ids.dim() >= 2) docs.push_back(ids.size(1));
+      continue;
+    }
+    const at::Tensor row = seg[r].to(at::kLong).contiguous();
+    const int64_t* p = row.data_ptr<int64_t>();
+    for (int64_t i = 0, len = row.numel(); i < len;) {
+      int64_t j = i;
+      while (j < len && p[j] == p[i]) ++j;
+      docs.push_back(j - i);
+      i = j;
+    }
+  }
+  return shapes;
+}
+
+Batch BatchSource::take(const std::vector<int64_t>& which) {
+  const int64_t n = drawn_.num_rows();
+  std::vector<Batch> parts;  // runs of consecutive rows
+  for (size_t i = 0; i < which.size();) {
+    if (which[i] < 0 || which[i] >= n)
+      throw Error("row " + std::to_string(which[i]) + " of a draw of " + std::to_string(n) + " rows");
+    size_t j = i + 1;
+    while (j < which.size() && which[j] == which[j - 1] + 1 && which[j] < n) ++j;
+    parts.push_back(drawn_.rows(which[i], static_cast<int64_t>(j - i)));
+    i = j;
+  }
+  if (parts.empty()) throw Error("take: no rows");
+  return parts.size() == 1 ? parts.front() : Batch::concat(parts);
+}
+
 Batch PretrainSource::next(int64_t b) { return build(ds_.next_batch(static_cast<size_t>(b))); }
 
 Batch PretrainSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {

@@ -39,7 +39,8 @@ const char* kDefaults = R"json({
     "per_document_attention": false,
     "image_root": "",
     "image_backend": "pil",
-    "skip_bad_samples": false
+    "skip_bad_samples": false,
+    "balance": "none"
   },
   "train": {"steps": 100, "micro_batch_size": 8, "grad_accum": 1, "threads": 0, "cpu_split": 0, "stop_at_step": 0,
             "cuda_graphs": false},
@@ -67,6 +68,7 @@ const std::map<std::string, std::vector<std::string>> kChoices = {
     {"model.vision.select_strategy", {"default", "full"}},
     {"data.format", {"pretrain", "sft", "batch"}},
     {"data.image_backend", {"pil", "torchvision"}},
+    {"data.balance", {"none", "cost"}},
     {"schedule.kind", {"cosine", "linear", "constant", "wsd"}},
     {"log.progress", {"auto", "bar", "lines", "off"}},
     {"parallel.cp_mode", {"ring", "a2a"}},

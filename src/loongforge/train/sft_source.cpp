@@ -83,13 +83,45 @@ Batch SftSource::next_rows(int64_t global_rows, int64_t first, int64_t b) {
     throw Error("batch rows [" + std::to_string(first) + ", " + std::to_string(first + b) + ") outside a batch of " +
                 std::to_string(global_rows) + " rows");
   for (int64_t i = 0; i < first; ++i) ds_->next();
+  std::vector<data::SftSample> samples;
+  for (int64_t i = 0; i < b; ++i) samples.push_back(ds_->next());
+  for (int64_t i = first + b; i < global_rows; ++i) ds_->next();
+  std::vector<const data::SftSample*> rows;
+  for (const auto& s : samples) rows.push_back(&s);
+  return to_batch(rows);
+}
+
+std::vector<data::RowShape> SftSource::draw(int64_t global_rows) {
+  if (global_rows < 1) throw Error("a batch of " + std::to_string(global_rows) + " rows");
+  drawn_.clear();
+  std::vector<data::RowShape> shapes;
+  for (int64_t i = 0; i < global_rows; ++i) {
+    drawn_.push_back(ds_->next());
+    shapes.push_back({drawn_.back().documents, drawn_.back().image_tokens});
+  }
+  return shapes;
+}
+
+Batch SftSource::take(const std::vector<int64_t>& which) {
+  std::vector<const data::SftSample*> rows;
+  for (int64_t i : which) {
+    if (i < 0 || i >= static_cast<int64_t>(drawn_.size()))
+      throw Error("row " + std::to_string(i) + " of a draw of " + std::to_string(drawn_.size()) + " rows");
+    rows.push_back(&drawn_[static_cast<size_t>(i)]);
+  }
+  if (rows.empty()) throw Error("take: no rows");
+  return to_batch(rows);
+}
+
+Batch SftSource::to_batch(const std::vector<const data::SftSample*>& samples) const {
+  const int64_t b = static_cast<int64_t>(samples.size());
   const int64_t t = ds_->options().seq_len;
   at::Tensor ids = at::empty({b, t}, at::kLong), tgt = at::empty({b, t}, at::kLong);
   at::Tensor pos = at::empty({b, t}, at::kLong), seg = at::empty({b, t}, at::kLong);
   std::vector<std::string> paths;
   std::vector<int64_t> image_row;
   for (int64_t i = 0; i < b; ++i) {
-    data::SftSample s = ds_->next();
+    const data::SftSample& s = *samples[static_cast<size_t>(i)];
     paths.insert(paths.end(), s.images.begin(), s.images.end());
     image_row.insert(image_row.end(), s.images.size(), i);
     std::copy(s.input_ids.begin(), s.input_ids.end(), ids[i].data_ptr<int64_t>());
@@ -97,7 +129,6 @@ Batch SftSource::next_rows(int64_t global_rows, int64_t first, int64_t b) {
     std::copy(s.position_ids.begin(), s.position_ids.end(), pos[i].data_ptr<int64_t>());
     std::copy(s.segment_ids.begin(), s.segment_ids.end(), seg[i].data_ptr<int64_t>());
   }
-  for (int64_t i = first + b; i < global_rows; ++i) ds_->next();
   Batch out = token_batch(ids, tgt, pos, seg);
   if (proc_) add_images(out, *proc_, paths, image_row);
   return out;

@@ -30,11 +30,17 @@ class SftSource : public BatchSource {
   // Converts only rows [first, first + n) to tensors; the others are drawn (packing decides where each sample ends)
   // and dropped.
   Batch next_rows(int64_t global_rows, int64_t first, int64_t n) override;
+  // Keeps the drawn samples; take() converts (and preprocesses the images of) only the rows it is given.
+  std::vector<data::RowShape> draw(int64_t global_rows) override;
+  Batch take(const std::vector<int64_t>& which) override;
   nlohmann::json state() const override;
   void restore(const nlohmann::json& state) override;
   std::optional<Skipped> skipped_samples() const override;
 
  private:
+  Batch to_batch(const std::vector<const data::SftSample*>& rows) const;
+
+  std::vector<data::SftSample> drawn_;
   std::unique_ptr<data::Tokenizer> tok_;
   std::unique_ptr<data::SftDataset> ds_;
   std::unique_ptr<data::image::ImageProcessor> proc_;  // with images

@@ -12,6 +12,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/data/balance.h"
 #include "loongforge/io/hf_model.h"
 #include "loongforge/io/peft.h"
 #include "loongforge/io/plot.h"
@@ -117,6 +118,21 @@ TrainOutcome train_run(const json& r, bool resume) {
   const double flops_per_token = model->train_flops_per_sample(eo.seq_len) / seq;
   const double peak = peak_flops(ro.peak_tflops, device);
 
+  // Data-parallel placement of the step's rows (data/balance.h): by cost with data.balance: cost, else today's
+  // contiguous slices; with dp > 1 both report the ranks' cost imbalance before and after. Costs are in units of
+  // one language-model token's linear work, the other terms scaled by the model's FLOPs ratios.
+  const bool place_by_cost = ro.balance || dp > 1;
+  data::CostModel cost_model;
+  {
+    const models::Model::TrainWork w = model->train_work();
+    const double unit = w.per_token > 0 ? w.per_token : 1.0;
+    cost_model.token_pair = w.per_token_pair / unit;
+    cost_model.patch = w.per_patch / unit;
+    cost_model.patch_pair = w.per_patch_pair / unit;
+    cost_model.patches_per_image_token = w.patches_per_image_token;
+    cost_model.fixed_image_patches = w.fixed_image_patches;
+  }
+
   const std::string metrics_path = (fs::path(out) / "metrics.jsonl").string();
   if (main_rank && resume && fs::exists(metrics_path)) {  // drop lines of steps after the checkpoint (they will be redone)
     std::ifstream in(metrics_path);
@@ -149,12 +165,29 @@ TrainOutcome train_run(const json& r, bool resume) {
     auto t0 = std::chrono::steady_clock::now();
     std::vector<Batch> micro;
     int64_t counted = 0;
-    const auto [first_row, rows] = engine->local_rows(mb);  // this rank reads only its rows
+    json balance_metrics = json::object();
     double loss = 0;
     try {
-      for (int64_t i = 0; i < accum; ++i) {
-        micro.push_back(data->next_rows(mb * dp, first_row, rows));
-        counted += model->loss_terms(micro.back());
+      if (place_by_cost) {
+        // The step's rows (the same rows as below, in one draw): every rank computes their costs and the same
+        // placement, then converts only its own slots' rows.
+        const std::vector<data::RowShape> shapes = data->draw(accum * mb * dp);
+        std::vector<double> costs;
+        for (const auto& s : shapes) costs.push_back(data::row_cost(s, cost_model));
+        const data::Placement before = data::contiguous_placement(dp, accum, mb);
+        const data::Placement placed = ro.balance && dp > 1 ? data::balanced_placement(costs, dp, accum, mb) : before;
+        balance_metrics = {{"dp_cost_imbalance_before", data::imbalance(costs, before)},
+                           {"dp_cost_imbalance_after", data::imbalance(costs, placed)}};
+        for (const auto& slot : placed[static_cast<size_t>(engine->data_parallel_rank())]) {
+          micro.push_back(data->take(slot));
+          counted += model->loss_terms(micro.back());
+        }
+      } else {
+        const auto [first_row, rows] = engine->local_rows(mb);  // this rank reads only its rows
+        for (int64_t i = 0; i < accum; ++i) {
+          micro.push_back(data->next_rows(mb * dp, first_row, rows));
+          counted += model->loss_terms(micro.back());
+        }
       }
       counted = engine->global_counted(counted);
       // The loss of the step averages over every counted token of all its micro-batches (and ranks).
@@ -184,6 +217,7 @@ TrainOutcome train_run(const json& r, bool resume) {
       line["data_samples_read"] = skipped->read;
     }
     if (device.is_cuda()) line["max_memory_allocated"] = kernels::cuda::max_memory_allocated();
+    for (auto it = balance_metrics.begin(); it != balance_metrics.end(); ++it) line[it.key()] = it.value();
     const json extra = engine->step_metrics();
     for (auto it = extra.begin(); it != extra.end(); ++it) line[it.key()] = it.value();
     if (valid && ro.eval_every > 0 && (step % ro.eval_every == 0 || step == steps)) {

@@ -152,6 +152,18 @@ Model::ReferenceOutput LlavaImpl::reference_forward(const std::map<std::string, 
   return reference_output(h, block_inputs(Batch{{"input_ids", ids}}, h.scalar_type()), labels);
 }
 
+Model::TrainWork LlavaImpl::train_work() const {
+  TrainWork w = language_model->train_work();
+  const auto& v = config_.vision;
+  const double h = static_cast<double>(v.hidden_size), th = static_cast<double>(config_.text.hidden_size);
+  const double proj_in = h * static_cast<double>(std::max<size_t>(1, config_.feature_layers.size()));
+  // 6 x the parameters a patch goes through (tower, projector per image token: about one per patch) + attention
+  w.per_patch = 6.0 * (static_cast<double>(v.num_parameters()) + proj_in * th + th * th);
+  w.per_patch_pair = 12.0 * static_cast<double>(v.num_hidden_layers) * h;
+  w.fixed_image_patches = v.num_positions();
+  return w;
+}
+
 std::vector<CheckpointTensor> LlavaImpl::checkpoint_tensors() const {
   std::vector<CheckpointTensor> out;
   for (const auto& item : vision_tower->named_parameters()) out.push_back({"vision_tower." + item.key(), "vision_tower." + item.key()});

@@ -71,6 +71,8 @@ class LlavaImpl : public VisionLanguageModel {
     return language_model->block_inputs(b, dtype);
   }
   ReferenceOutput reference_forward(const std::map<std::string, at::Tensor>& batch, const std::string& file) override;
+  // the language model's terms plus the vision tower's (load balancing)
+  TrainWork train_work() const override;
   std::optional<ImageTokens> image_tokens() const override {
     return ImageTokens{config_.image_token_id, config_.tokens_per_image()};
   }

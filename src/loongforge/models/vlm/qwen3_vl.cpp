@@ -201,6 +201,18 @@ Model::ReferenceOutput Qwen3VLImpl::reference_forward(const std::map<std::string
                           labels);
 }
 
+Model::TrainWork Qwen3VLImpl::train_work() const {
+  TrainWork w = language_model->train_work();
+  const auto& v = config_.vision;
+  const double h = static_cast<double>(v.hidden_size), unit = static_cast<double>(v.merge_unit());
+  // 6 x the parameters a patch goes through (mergers per m x m patches) + attention over the image in every block
+  w.per_patch = 6.0 * (static_cast<double>(v.num_tower_parameters()) +
+                       static_cast<double>(v.num_merger_parameters() + v.num_deepstack_parameters()) / unit);
+  w.per_patch_pair = 12.0 * h * static_cast<double>(v.depth);
+  w.patches_per_image_token = v.merge_unit();
+  return w;
+}
+
 std::vector<CheckpointTensor> Qwen3VLImpl::checkpoint_tensors() const {
   std::vector<CheckpointTensor> out;
   for (const auto& item : visual->named_parameters())

@@ -49,6 +49,8 @@ class Qwen3VLImpl : public VisionLanguageModel {
   std::string family() const override { return "vlm"; }
   std::string model_type() const override { return "qwen3_vl"; }
   const nlohmann::json& config_json() const override { return config_.raw; }
+  // the language model's terms plus the vision tower's (load balancing)
+  TrainWork train_work() const override;
   void init_weights(double std) override;
   BatchSchema batch_schema() const override;  // as Qwen2.5-VL's (videos without second_per_grid_ts)
   at::Tensor embed(const Batch& b) override;

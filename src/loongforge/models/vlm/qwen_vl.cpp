@@ -341,6 +341,22 @@ Model::ReferenceOutput QwenVLImpl::reference_forward(const std::map<std::string,
   return reference_output(h, Batch{{"cos", cos}, {"sin", sin}}, labels);
 }
 
+Model::TrainWork QwenVLImpl::train_work() const {
+  TrainWork w = language_model->train_work();
+  const auto& v = config_.vision;
+  const double h = static_cast<double>(v.hidden_size), unit = static_cast<double>(v.merge_unit());
+  const double full = static_cast<double>(v.fullatt_block_indexes.size());
+  const double window = static_cast<double>(v.window_size / v.patch_size) * static_cast<double>(v.window_size / v.patch_size);
+  // 6 x the parameters a patch goes through (the merger's per m x m patches) + attention: whole image in the
+  // full-attention blocks, a window's patches in the others
+  w.per_patch = 6.0 * (static_cast<double>(v.num_tower_parameters()) +
+                       static_cast<double>(v.num_merger_parameters()) / unit) +
+                12.0 * h * (static_cast<double>(v.depth) - full) * window;
+  w.per_patch_pair = 12.0 * h * full;
+  w.patches_per_image_token = v.merge_unit();
+  return w;
+}
+
 std::vector<CheckpointTensor> QwenVLImpl::checkpoint_tensors() const {
   std::vector<CheckpointTensor> out;
   for (const auto& item : visual->named_parameters()) out.push_back({"visual." + item.key(), "visual." + item.key()});

@@ -46,6 +46,8 @@ class QwenVLImpl : public VisionLanguageModel {
   std::string family() const override { return "vlm"; }
   std::string model_type() const override { return "qwen2_5_vl"; }
   const nlohmann::json& config_json() const override { return config_.raw; }
+  // the language model's terms plus the vision tower's (load balancing)
+  TrainWork train_work() const override;
   void init_weights(double std) override;
   // input_ids, targets [B,T]; pixel_values [patches, C*T*P*P] and image_grid_thw [images, 3] (item fields with
   // .row), the images in the order of their image tokens.
