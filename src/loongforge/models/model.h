@@ -191,6 +191,9 @@ class Model : public torch::nn::Module {
   // too (MoEImpl::force_stats).
   void set_recompute(int64_t every_n_blocks);
   bool recomputed(int64_t block) const { return recompute_every_ > 0 && block % recompute_every_ == 0; }
+  // The layers of the modules before the blocks (a VLM's vision tower) recomputed in backward too; false when the
+  // model has no such layers.
+  virtual bool set_pre_recompute(bool on) { return false; }
   // Router losses of a recomputed block (index), called in its backward recomputation (unset: none).
   std::function<at::Tensor(int64_t block)> layer_loss_fn;
 

@@ -77,4 +77,14 @@ at::Tensor recompute(std::function<at::Tensor(const at::Tensor&)> fn, const at::
   return y;
 }
 
+at::Tensor maybe_recompute(bool on, torch::nn::Module& layer, const std::function<at::Tensor(const at::Tensor&)>& fn,
+                           const at::Tensor& x) {
+  if (!on || !at::GradMode::is_enabled()) return fn(x);
+  std::vector<at::Tensor> params;
+  for (const auto& p : layer.parameters())
+    if (p.requires_grad()) params.push_back(p);
+  if (params.empty() && !x.requires_grad()) return fn(x);
+  return recompute(fn, x, params);
+}
+
 }  // namespace lf::nn

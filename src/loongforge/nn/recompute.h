@@ -2,6 +2,7 @@
 // during backward to get the gradients. Parameter gradients accumulate into .grad (use with loss.backward()).
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
 
 #include <functional>
 #include <vector>
@@ -13,5 +14,10 @@ namespace lf::nn {
 // output.
 at::Tensor recompute(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& x,
                      const std::vector<at::Tensor>& params, std::function<at::Tensor()> extra = nullptr);
+
+// fn(x), one layer of `layer`: recomputed in backward over its trainable parameters when `on` and gradients are on
+// (and something needs them); else run as is.
+at::Tensor maybe_recompute(bool on, torch::nn::Module& layer, const std::function<at::Tensor(const at::Tensor&)>& fn,
+                           const at::Tensor& x);
 
 }  // namespace lf::nn

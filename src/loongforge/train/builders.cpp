@@ -152,6 +152,8 @@ ModelBundle build_model(const json& r) {
   }
   std::string rc = m["recompute"];
   b.model->set_recompute(rc == "full" ? 1 : rc == "per_layer" ? 2 : 0);
+  if (m["vision"]["recompute"].get<bool>() && !b.model->set_pre_recompute(true))
+    throw Error("recipe: field 'model.vision.recompute': the " + b.model->model_type() + " model has no vision tower");
 
   const json& lo = r["lora"];
   if (lo["enabled"].get<bool>()) {

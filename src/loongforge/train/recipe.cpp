@@ -24,7 +24,7 @@ const char* kDefaults = R"json({
   "device": "cpu",
   "model": {"path": "", "config": "", "family": "", "tokenizer": "", "init_std": -1.0, "recompute": "none", "freeze": [""],
             "vision": {"path": "", "feature_layer": -2, "select_strategy": "default", "freeze": false,
-                       "lr_multiplier": 1.0},
+                       "lr_multiplier": 1.0, "recompute": false},
             "projector": {"kind": "mlp2x_gelu", "freeze": false, "lr_multiplier": 1.0},
             "language": {"path": "", "freeze": false, "lr_multiplier": 1.0},
             "image_token": "<image>"},

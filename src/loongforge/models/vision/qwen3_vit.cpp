@@ -1,4 +1,5 @@
 // The Qwen3-VL vision transformer (models/vision/qwen3_vit.h).
+#include "loongforge/nn/recompute.h"
 #include "loongforge/models/vision/qwen3_vit.h"
 
 #include <ATen/ATen.h>
@@ -152,7 +153,11 @@ Qwen3VitOutput Qwen3VisionTowerImpl::forward(const at::Tensor& pixel_values, con
   const at::Tensor frames = lay.frame_segments.to(dev);
   Qwen3VitOutput out;
   for (int64_t i = 0; i < c_.depth; ++i) {
-    x = (*blocks)[static_cast<size_t>(i)]->as<Qwen3VitBlockImpl>()->forward(x, cos, sin, frames);
+    auto* block = (*blocks)[static_cast<size_t>(i)]->as<Qwen3VitBlockImpl>();
+    // (by value: a recomputation runs in backward, after this frame is gone)
+    x = nn::maybe_recompute(
+        recompute, *block, [block, cos, sin, frames](const at::Tensor& y) { return block->forward(y, cos, sin, frames); },
+        x);
     const auto& ds = c_.deepstack_visual_indexes;
     if (auto it = std::find(ds.begin(), ds.end(), i); it != ds.end()) {
       auto* m = (*deepstack_merger_list)[static_cast<size_t>(it - ds.begin())]->as<Qwen3PatchMergerImpl>();

@@ -87,6 +87,7 @@ class Qwen3VisionTowerImpl : public torch::nn::Module {
   // transformers' _init_weights (normal(std) weights and embeddings, zero biases, unit norms); std < 0: the config's.
   void init_weights(double std);
   const Qwen3VitConfig& config() const { return c_; }
+  bool recompute = false;  // each block recomputed in backward (activation recomputation)
 
   std::shared_ptr<torch::nn::Module> patch_embed;  // holds proj.weight [hidden, C, T, P, P] and proj.bias
   at::Tensor patch_weight, patch_bias;

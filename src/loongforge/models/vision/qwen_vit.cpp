@@ -1,4 +1,5 @@
 // The Qwen2.5-VL vision transformer (models/vision/qwen_vit.h).
+#include "loongforge/nn/recompute.h"
 #include "loongforge/models/vision/qwen_vit.h"
 
 #include <ATen/ATen.h>
@@ -221,7 +222,14 @@ at::Tensor QwenVisionTowerImpl::forward(const at::Tensor& pixel_values, const at
   for (int64_t i = 0; i < c_.depth; ++i) {
     const bool full = std::find(c_.fullatt_block_indexes.begin(), c_.fullatt_block_indexes.end(), i) !=
                       c_.fullatt_block_indexes.end();
-    x = (*blocks)[static_cast<size_t>(i)]->as<QwenVitBlockImpl>()->forward(x, cos, sin, full ? frames : windows);
+    auto* block = (*blocks)[static_cast<size_t>(i)]->as<QwenVitBlockImpl>();
+    // (by value: a recomputation runs in backward, after this frame is gone)
+    x = nn::maybe_recompute(
+        recompute, *block,
+        [block, cos, sin, segments = full ? frames : windows](const at::Tensor& y) {
+          return block->forward(y, cos, sin, segments);
+        },
+        x);
   }
   return merger(x).index_select(0, on(lay.unit_back));
 }

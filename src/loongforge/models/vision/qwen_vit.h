@@ -126,6 +126,7 @@ class QwenVisionTowerImpl : public torch::nn::Module {
   // transformers' _init_weights (normal(std) weights, zero biases, unit norms); std < 0: the config's.
   void init_weights(double std);
   const QwenVitConfig& config() const { return c_; }
+  bool recompute = false;  // each block recomputed in backward (activation recomputation)
 
   std::shared_ptr<torch::nn::Module> patch_embed;  // holds proj.weight [hidden, C, T, P, P]
   at::Tensor patch_weight;

@@ -1,4 +1,5 @@
 // CLIP / SigLIP vision transformers (models/vision/vit.h).
+#include "loongforge/nn/recompute.h"
 #include "loongforge/models/vision/vit.h"
 
 #include <ATen/ATen.h>
@@ -184,7 +185,8 @@ std::vector<at::Tensor> VisionTowerImpl::hidden_states(const at::Tensor& pixel_v
   if (pre_layrnorm) h = pre_layrnorm(h);
   out.push_back(h);
   for (int64_t i = 0; i < upto; ++i) {
-    h = (*encoder->layers)[static_cast<size_t>(i)]->as<VitLayerImpl>()->forward(h);
+    auto* layer = (*encoder->layers)[static_cast<size_t>(i)]->as<VitLayerImpl>();
+    h = nn::maybe_recompute(recompute, *layer, [layer](const at::Tensor& x) { return layer->forward(x); }, h);
     out.push_back(h);
   }
   return out;

@@ -130,6 +130,7 @@ class VisionTowerImpl : public torch::nn::Module {
   void init_weights(double std);
   const VitConfig& config() const { return c_; }
   std::vector<nn::AttentionHook*> attention_modules();
+  bool recompute = false;  // each layer recomputed in backward (activation recomputation)
 
   VitEmbeddings embeddings{nullptr};
   torch::nn::LayerNorm pre_layrnorm{nullptr};  // CLIP

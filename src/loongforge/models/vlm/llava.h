@@ -76,6 +76,10 @@ class LlavaImpl : public VisionLanguageModel {
   std::optional<ImageTokens> image_tokens() const override {
     return ImageTokens{config_.image_token_id, config_.tokens_per_image()};
   }
+  bool set_pre_recompute(bool on) override {
+    vision_tower->recompute = on;
+    return true;
+  }
   std::vector<CheckpointTensor> checkpoint_tensors() const override;
   bool ignorable_checkpoint_tensor(const std::string& name) const override;
   std::string canonical_checkpoint_name(const std::string& stored) const override;

@@ -61,6 +61,10 @@ class QwenVLImpl : public VisionLanguageModel {
   std::optional<ImageTokens> image_tokens() const override {
     return ImageTokens{config_.image_token_id, 0, config_.vision_start_token_id, config_.vision_end_token_id};
   }
+  bool set_pre_recompute(bool on) override {
+    visual->recompute = on;
+    return true;
+  }
   // input_ids, optional labels, pixel_values + image_grid_thw, optional mm_token_type_ids (1 marks image tokens;
   // default: the image_token_id tokens) and attention_mask (all ones).
   ReferenceOutput reference_forward(const std::map<std::string, at::Tensor>& batch, const std::string& file) override;
