@@ -90,10 +90,14 @@ def test_vlm_layout_matches_one_process(setup, reference, tmp_path, layout):
 
 
 @pytest.fixture(scope="module")
-def qwen_setup(tmp_path_factory):
+def qwen_setups(tmp_path_factory):
+    return {family: make_qwen_setup(tmp_path_factory, family) for family in ("qwen2_5_vl", "qwen3_vl")}
+
+
+def make_qwen_setup(tmp_path_factory, family):
     from test_qwen_vl_train import make_model_dir as make_qwen
-    d = tmp_path_factory.mktemp("qwen_dist")
-    make_qwen(d / "m", seed=6)
+    d = tmp_path_factory.mktemp(family)
+    make_qwen(d / "m", family, seed=6)
     colours = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (30, 40, 210)}
     data = []
     for i in range(12):
@@ -119,10 +123,13 @@ log: {{progress: off, plot: false, tensorboard: false}}
     return r
 
 
-@pytest.mark.parametrize("layout", ["dp2", "tp2_sp", "pp2"])
-def test_qwen_vl_packed_layout_matches_one_process(qwen_setup, tmp_path, layout):
-    sets = {"dp2": ["parallel.dp=2", "train.micro_batch_size=1"], "tp2_sp": ["parallel.tp=2", "parallel.sp=true"],
-            "pp2": ["parallel.pp=2"]}[layout]
+@pytest.mark.parametrize("family,layout", [("qwen2_5_vl", "dp2"), ("qwen2_5_vl", "tp2_sp"), ("qwen2_5_vl", "pp2"),
+                                           ("qwen3_vl", "tp2"), ("qwen3_vl", "tp2_sp")])
+def test_qwen_vl_packed_layout_matches_one_process(qwen_setups, tmp_path, family, layout):
+    """(Qwen3-VL under sequence parallelism: its deepstack features cut like the sequence.)"""
+    qwen_setup = qwen_setups[family]
+    sets = {"dp2": ["parallel.dp=2", "train.micro_batch_size=1"], "tp2": ["parallel.tp=2"],
+            "tp2_sp": ["parallel.tp=2", "parallel.sp=true"], "pp2": ["parallel.pp=2"]}[layout]
     one = tmp_path / "one"
     one.mkdir()
     run_lf("train", qwen_recipe(qwen_setup, one), "--set", "parallel.zero=1")  # a world of one, distributed engine

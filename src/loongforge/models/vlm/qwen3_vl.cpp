@@ -115,12 +115,20 @@ at::Tensor Qwen3VLImpl::merged_embeddings(const at::Tensor& ids, const at::Tenso
 }
 
 at::Tensor Qwen3VLImpl::embed(const Batch& b) {
-  if (scatter_sequence_fn)  // the deepstack features would have to follow the sequence cut
-    throw OptionError("sp", "Qwen3-VL's deepstack blocks under sequence parallelism are not supported yet");
   const at::Tensor& ids = b.at("input_ids");
   std::vector<at::Tensor> deepstack;
   at::Tensor h = merged_embeddings(ids, b.get("pixel_values"), b.get("image_grid_thw"), "batch", &deepstack,
                                    b.get("pixel_values_videos"), b.get("video_grid_thw"));
+  if (scatter_sequence_fn) {
+    // Sequence parallelism: each deepstack layer's features as a dense [B, T, H] tensor (zero off the visual tokens)
+    // cut like the sequence; the cut's backward gathers the gradient, so the tower's stays whole on every rank.
+    if (!deepstack.empty()) {
+      const at::Tensor mask = ((ids == config_.image_token_id) | (ids == config_.video_token_id)).to(h.device());
+      const c10::List<std::optional<at::Tensor>> index({std::optional<at::Tensor>(mask)});
+      for (at::Tensor& d : deepstack) d = scatter_sequence_fn(at::zeros_like(h).index_put(index, d));
+    }
+    h = scatter_sequence_fn(h);
+  }
   std::lock_guard<std::mutex> lock(stash_mutex_);
   stash_.push_back({ids, std::move(deepstack)});
   if (stash_.size() > 16) stash_.pop_front();
@@ -139,6 +147,10 @@ Batch Qwen3VLImpl::blocks_batch(const at::Tensor& ids, const at::Tensor& rope_ma
   Batch in{{"cos", cos}, {"sin", sin}, {"segment_ids", segment_ids}};
   const bool visual = (grid.defined() && grid.size(0) > 0) || (video_grid.defined() && video_grid.size(0) > 0);
   if (visual && !config_.vision.deepstack_visual_indexes.empty()) {
+    if (!deepstack.empty() && deepstack[0].dim() == 3) {  // dense, cut like the sequence (embed under sp)
+      for (size_t k = 0; k < deepstack.size(); ++k) in.set("deepstack_dense." + std::to_string(k), deepstack[k]);
+      return in;
+    }
     const at::Tensor mask = (ids == config_.image_token_id) | (ids == config_.video_token_id);
     in.set("visual_mask", mask);
     // item fields (one item per image token, in order), so that splitting the rows keeps each row's features
@@ -173,6 +185,13 @@ at::Tensor Qwen3VLImpl::position_ids(const Batch& b) const {
 }
 
 at::Tensor Qwen3VLImpl::block_extra(const Batch& in, at::Tensor y, int64_t i) {
+  if (i >= static_cast<int64_t>(config_.vision.deepstack_visual_indexes.size())) return y;
+  if (const at::Tensor d = in.get("deepstack_dense." + std::to_string(i)); d.defined()) {
+    if (d.requires_grad() && !at::GradMode::is_enabled())
+      throw Error("qwen3_vl: block " + std::to_string(i) + " adds deepstack features and cannot be recomputed or "
+                  "sharded as an FSDP unit yet (their gradients would not reach the vision tower)");
+    return y + d.to(y.scalar_type());
+  }
   const at::Tensor mask = in.get("visual_mask");
   if (!mask.defined() || i >= static_cast<int64_t>(config_.vision.deepstack_visual_indexes.size())) return y;
   const at::Tensor f = in.get(deepstack_key(static_cast<size_t>(i)));
