@@ -53,14 +53,7 @@ void Qwen3VLImpl::init_weights(double std) {
   language_model->init_weights(std);
 }
 
-BatchSchema Qwen3VLImpl::batch_schema() const {
-  BatchSchema s = qwen_vl_batch_schema(*language_model);
-  s.push_back(optional_field("pixel_values_videos", at::kFloat, 2,
-                             "the videos' patches, as pixel_values (item field: pixel_values_videos.row)"));
-  s.push_back(optional_field("video_grid_thw", at::kLong, 2,
-                             "each video's (t, h, w) in patches [videos, 3] (item field: video_grid_thw.row)"));
-  return s;
-}
+BatchSchema Qwen3VLImpl::batch_schema() const { return qwen_vl_batch_schema(*language_model, false); }
 
 namespace {
 // transformers' Qwen3-VL positions take each video frame as its own grid of t = 1.

@@ -107,7 +107,7 @@ void QwenVLImpl::init_weights(double std) {
   language_model->init_weights(std);
 }
 
-BatchSchema qwen_vl_batch_schema(const llama::CausalLMImpl& lm) {
+BatchSchema qwen_vl_batch_schema(const llama::CausalLMImpl& lm, bool video_seconds) {
   BatchSchema s;
   for (const BatchField& f : lm.batch_schema())
     if (f.name == "input_ids" || f.name == "targets") s.push_back(f);
@@ -116,20 +116,18 @@ BatchSchema qwen_vl_batch_schema(const llama::CausalLMImpl& lm) {
                              "item field (pixel_values.row: each patch's row)"));
   s.push_back(optional_field("image_grid_thw", at::kLong, 2,
                              "each image's (t, h, w) in patches [images, 3]; item field (image_grid_thw.row)"));
-  return s;
-}
-
-BatchSchema QwenVLImpl::batch_schema() const {
-  BatchSchema s = qwen_vl_batch_schema(*language_model);
   s.push_back(optional_field("pixel_values_videos", at::kFloat, 2,
                              "the videos' patches, as pixel_values (item field: pixel_values_videos.row)"));
   s.push_back(optional_field("video_grid_thw", at::kLong, 2,
                              "each video's (t, h, w) in patches [videos, 3] (item field: video_grid_thw.row)"));
-  s.push_back(optional_field("second_per_grid_ts", at::kFloat, 1,
-                             "seconds per temporal patch of each video [videos] (item field: second_per_grid_ts.row; "
-                             "absent: 1)"));
+  if (video_seconds)
+    s.push_back(optional_field("second_per_grid_ts", at::kFloat, 1,
+                               "seconds per temporal patch of each video [videos] (item field: "
+                               "second_per_grid_ts.row; absent: 1)"));
   return s;
 }
+
+BatchSchema QwenVLImpl::batch_schema() const { return qwen_vl_batch_schema(*language_model, true); }
 
 at::Tensor qwen_rope_index(const at::Tensor& ids, const at::Tensor& image_mask, const at::Tensor& grid_thw, int64_t m,
                            const std::string& where, const at::Tensor& segment_ids, const QwenVideos* videos) {

@@ -107,8 +107,9 @@ llama::DecoderConfig qwen_vl_text_config(const nlohmann::json& j, const std::str
 void qwen_vl_tokens(const nlohmann::json& j, const std::string& file, int64_t vocab, int64_t vision_out,
                     int64_t text_hidden, int64_t* image_token_id, int64_t* video_token_id,
                     int64_t* vision_start_token_id, int64_t* vision_end_token_id);
-// input_ids, targets, pixel_values, image_grid_thw.
-BatchSchema qwen_vl_batch_schema(const llama::CausalLMImpl& lm);
+// input_ids, targets, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw and, with video_seconds
+// (Qwen2.5-VL), second_per_grid_ts.
+BatchSchema qwen_vl_batch_schema(const llama::CausalLMImpl& lm, bool video_seconds);
 // Videos (Qwen2.5-VL): where their tokens are, their grids [videos, 3], seconds per temporal patch [videos] (float;
 // undefined: 1 each) and the tower's tokens_per_second: frame k of a video sits at temporal position
 // start + trunc(k * tokens_per_second * seconds), computed in float32 as transformers does.
