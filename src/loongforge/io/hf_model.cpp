@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -31,9 +32,10 @@ std::map<std::string, std::string> stored_names(const models::Model& model, cons
 }  // namespace
 
 namespace {
-// load_state / load_part: the checkpoint tensors of the model whose names start with `prefix`, from DIR's tensors
-// under prefix + their stored names.
-void load_tensors(models::Model& model, const std::string& dir, const std::string& prefix) {
+// load_state / load_part: the checkpoint tensors of the model whose names start with one of `take` (none: all) and
+// are not in `skip`, from DIR's tensors under prefix + their stored names.
+void load_tensors(models::Model& model, const std::string& dir, const std::string& prefix,
+                  const std::vector<std::string>& take = {}, const std::vector<std::string>& skip = {}) {
   SafetensorsCheckpoint ckpt = SafetensorsCheckpoint::open(dir);
   const std::map<std::string, std::string> stored = stored_names(model, ckpt, dir, prefix);
   auto contains = [&](const std::string& n) { return stored.count(n) > 0; };
@@ -43,7 +45,9 @@ void load_tensors(models::Model& model, const std::string& dir, const std::strin
   auto buffers = model.named_buffers(true);
   std::set<std::string> whole;
   for (const auto& e : model.checkpoint_tensors()) {
-    if (!e.name.starts_with(prefix)) continue;
+    if (!take.empty() && std::none_of(take.begin(), take.end(), [&](const auto& t) { return e.name.starts_with(t); }))
+      continue;
+    if (std::find(skip.begin(), skip.end(), e.name) != skip.end()) continue;
     // A parameter stored under its in-memory name (stacked experts whole, Mixtral's "mlp" block: checkpoints
     // written name for name from the model's parameters) loads from there; otherwise from the mapped names.
     if (e.name != e.param && !contains(e.name) && contains(e.param)) {
@@ -56,7 +60,8 @@ void load_tensors(models::Model& model, const std::string& dir, const std::strin
     const std::string& name = item.first;
     at::Tensor& p = item.second;
     if (!contains(name))
-      throw Error(dir + ": tensor '" + name.substr(prefix.size()) + "' missing from the checkpoint" +
+      throw Error(dir + ": tensor '" + (name.starts_with(prefix) ? name.substr(prefix.size()) : name) +
+                  "' missing from the checkpoint" +
                   (prefix.empty() ? "" : " (the " + prefix.substr(0, prefix.size() - 1) + " part)"));
     const std::string& key = stored.at(name);
     std::vector<int64_t> shape = ckpt.shape(key);
@@ -75,15 +80,16 @@ void load_tensors(models::Model& model, const std::string& dir, const std::strin
 
 void load_state(models::Model& model, const std::string& dir) { load_tensors(model, dir, ""); }
 
-void load_part(models::Model& model, const std::string& dir, const std::string& prefix) {
-  load_tensors(model, dir, prefix);
+void load_part(models::Model& model, const models::Composition::Part& part) {
+  load_tensors(model, part.dir, part.prefix, part.take.empty() ? std::vector<std::string>{part.prefix} : part.take,
+               part.skip);
 }
 
 std::shared_ptr<models::Model> load_composed(const models::Composition& c, double init_std, at::ScalarType dtype) {
   std::shared_ptr<models::Model> model = models::build_model(c.config, "the composed model");
   model->init_weights(init_std);
   model->to(dtype);
-  for (const auto& part : c.parts) load_part(*model, part.dir, part.prefix);
+  for (const auto& part : c.parts) load_part(*model, part);
   return model;
 }
 

@@ -23,10 +23,10 @@ std::shared_ptr<models::Model> load_model(const std::string& dir, at::ScalarType
 
 // Copies the checkpoint tensors of DIR into the model (by the family's checkpoint names).
 void load_state(models::Model& model, const std::string& dir);
-// Copies a part's folder into the model's checkpoint tensors named PREFIX...: stored name n fills the tensor
-// canonical_checkpoint_name(PREFIX + n); every such tensor must be there (errors name DIR and the tensor); stored
-// tensors that fill none (a CLIP folder's text tower) are skipped.
-void load_part(models::Model& model, const std::string& dir, const std::string& prefix);
+// Copies a part's folder into the model's checkpoint tensors (Composition::Part): stored name n fills the tensor
+// canonical_checkpoint_name(part.prefix + n); every tensor the part takes must be there (errors name DIR and the
+// tensor); stored tensors that fill none (a CLIP folder's text tower, a whole VLM's language model) are skipped.
+void load_part(models::Model& model, const models::Composition::Part& part);
 // A model composed from parts' folders (models::compose): built from the composition's config, initialised as for
 // training from scratch (init_std < 0: the config's), then each part loaded (load_part).
 std::shared_ptr<models::Model> load_composed(const models::Composition& c, double init_std = -1,

@@ -20,21 +20,29 @@ struct ComposeParts {
   nlohmann::json vision, language;
   std::string vision_file, language_file;
   std::string vision_dir, language_dir;  // the folders whose weights fill the parts
-  std::string projector;                 // the projector kind ("mlp2x_gelu")
-  int64_t image_token_id = -1;           // the image token in the language model's tokenizer
+  std::string projector;                 // the projector kind ("mlp2x_gelu", "patch_merger")
+  std::string image_token;               // the recipe's image token ("": the family's usual one for the projector)
+  // A token's id in the language model's tokenizer; the caller adds the token (at the first embedding row no token
+  // uses) when the tokenizer lacks it, and fails with one line when it cannot.
+  std::function<int64_t(const std::string& token)> token_id;
   int64_t feature_layer = -2;            // the vision layer whose features the projector takes
   std::string select_strategy = "default";  // "default" drops a class token; "full" keeps it
 };
 // The whole model's config.json, and where each part folder's checkpoint tensors go (prefix + stored name).
 struct Composition {
   nlohmann::json config;
+  // DIR's tensors, each under prefix + its stored name, fill the model's checkpoint tensors whose names start with
+  // one of `take` (empty: with `prefix`), except those named in `skip` (left as initialised: a projector layer whose
+  // width changed).
   struct Part {
     std::string dir, prefix;
+    std::vector<std::string> take;
+    std::vector<std::string> skip;
   };
   std::vector<Part> parts;
-  // Each component's module-name prefix in the whole ("vision", "projector", "language"), for per-component
+  // Each component's module-name prefixes in the whole ("vision", "projector", "language"), for per-component
   // freezing and learning rates.
-  std::vector<std::pair<std::string, std::string>> components;
+  std::vector<std::pair<std::string, std::vector<std::string>>> components;
 };
 
 struct Family {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <regex>
 
 #include "loongforge/core/error.h"
@@ -32,7 +33,7 @@ namespace {
 struct Composed {
   std::shared_ptr<models::Model> model;
   std::string files_dir;
-  std::vector<std::pair<std::string, std::string>> components;
+  std::vector<std::pair<std::string, std::vector<std::string>>> components;
 };
 
 Composed compose_model(const json& r) {
@@ -58,41 +59,47 @@ Composed compose_model(const json& r) {
   p.vision_dir = vdir;
   p.language_dir = ldir;
   p.projector = m["projector"]["kind"];
+  p.image_token = m["image_token"];
   p.feature_layer = m["vision"]["feature_layer"];
   p.select_strategy = m["vision"]["select_strategy"];
 
-  // the tokenizer, with the image token
-  const std::string token = m["image_token"];
+  // the tokenizer, with the tokens the composition needs (model.image_token, ...) added where it lacks them
   auto tok = data::Tokenizer::load(tokdir);
   const std::string tok_json = (fs::path(tokdir) / "tokenizer.json").string();
   std::string tokenizer_text = fs::exists(tok_json) ? read_text_file(tok_json) : "";
-  if (auto id = tok->token_to_id(token)) {
-    p.image_token_id = *id;
-  } else {
+  json tj = tokenizer_text.empty() ? json() : json::parse(tokenizer_text);
+  std::map<std::string, int64_t> added;
+  int64_t next_free = tok->vocab_size();
+  p.token_id = [&](const std::string& token) -> int64_t {
+    if (auto id = tok->token_to_id(token)) return *id;
+    if (auto it = added.find(token); it != added.end()) return it->second;
     if (tokenizer_text.empty())
-      throw Error("recipe: field 'model.image_token': '" + token + "' is not a token of " + tokdir +
-                  " and only a tokenizer.json can be given one here");
+      throw Error("recipe: field 'model.tokenizer': '" + token + "' (a token the " + p.projector +
+                  " composition needs) is not a token of " + tokdir + " and only a tokenizer.json can be given one here");
     const int64_t vocab = p.language.value("vocab_size", int64_t(0));
-    p.image_token_id = tok->vocab_size();
-    if (p.image_token_id >= vocab)
-      throw Error("recipe: field 'model.image_token': '" + token + "' is not a token of " + tokdir + ", and all " +
-                  std::to_string(vocab) + " embedding rows of " + p.language_file +
-                  " have tokens: pick one of its tokens (e.g. a reserved special token)");
-    json tj = json::parse(tokenizer_text);
-    tj["added_tokens"].push_back({{"id", p.image_token_id}, {"content", token}, {"single_word", false},
+    if (next_free >= vocab)
+      throw Error("recipe: field 'model.tokenizer': '" + token + "' (a token the " + p.projector +
+                  " composition needs) is not a token of " + tokdir + ", and all " + std::to_string(vocab) +
+                  " embedding rows of " + p.language_file + " have tokens: give model.image_token one of its tokens "
+                  "(e.g. a reserved special token) or a tokenizer that has it");
+    const int64_t id = next_free++;
+    tj["added_tokens"].push_back({{"id", id}, {"content", token}, {"single_word", false},
                                   {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"special", true}});
-    tokenizer_text = tj.dump(2);
-  }
+    added[token] = id;
+    return id;
+  };
+  models::Composition c = models::compose(p, "recipe: field 'model.projector.kind'");
+  if (!added.empty()) tokenizer_text = tj.dump(2);
+
   for (const char* f : {"tokenizer_config.json", "tokenizer.model", "special_tokens_map.json", "chat_template.jinja",
                         "chat_template.json", "generation_config.json", "vocab.json", "merges.txt"})
     if (fs::exists(fs::path(tokdir) / f))
       write_file_atomic((files / f).string(), read_text_file((fs::path(tokdir) / f).string()));
   if (!tokenizer_text.empty()) write_file_atomic((files / "tokenizer.json").string(), tokenizer_text);
-  for (const char* f : {"preprocessor_config.json", "processor_config.json"})
+  for (const char* f : {"preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json"})
     if (fs::exists(fs::path(vdir) / f))
       write_file_atomic((files / f).string(), read_text_file((fs::path(vdir) / f).string()));
 
-  models::Composition c = models::compose(p, "recipe: field 'model.projector.kind'");
   Composed out;
   out.model = io::load_composed(c, m["init_std"].get<double>());
   out.files_dir = files.string();
@@ -115,9 +122,13 @@ ModelBundle build_model(const json& r) {
     b.model = c.model;
     b.tokenizer = c.files_dir;
     // per-component freeze and learning-rate multipliers
-    for (const auto& [component, prefix] : c.components) {
-      std::string re = "^";
-      for (char ch : prefix) re += ch == '.' ? std::string("\\.") : std::string(1, ch);
+    for (const auto& [component, prefixes] : c.components) {
+      std::string re = "^(";
+      for (const auto& prefix : prefixes) {
+        if (re.size() > 2) re += "|";
+        for (char ch : prefix) re += ch == '.' ? std::string("\\.") : std::string(1, ch);
+      }
+      re += ")";
       const json& part = m[component];
       if (part["freeze"].get<bool>()) freeze.emplace_back(re);
       const double mult = part["lr_multiplier"];

@@ -27,7 +27,7 @@ const char* kDefaults = R"json({
                        "lr_multiplier": 1.0, "recompute": false},
             "projector": {"kind": "mlp2x_gelu", "freeze": false, "lr_multiplier": 1.0},
             "language": {"path": "", "freeze": false, "lr_multiplier": 1.0},
-            "image_token": "<image>"},
+            "image_token": ""},
   "data": {
     "format": "pretrain",
     "train": [{"path": "", "weight": 1.0}],

@@ -3,6 +3,7 @@
 
 #include "loongforge/models/vlm/llava.h"
 #include "loongforge/models/vlm/qwen3_vl.h"
+#include "loongforge/models/vlm/qwen_compose.h"
 #include "loongforge/models/vlm/qwen_vl.h"
 
 namespace lf::models::vlm {
@@ -15,8 +16,8 @@ Family family() {
   Family f;
   f.name = "vlm";
   f.model_types = {"llava", "qwen2_5_vl", "qwen3_vl"};
-  f.projectors = {"mlp2x_gelu"};
-  f.compose = compose_llava;
+  f.projectors = {"mlp2x_gelu", "patch_merger"};
+  f.compose = [](const ComposeParts& p) { return p.projector == "patch_merger" ? compose_qwen_vl(p) : compose_llava(p); };
   f.build = [](const nlohmann::json& j, const std::string& file) {
     const std::string t = type_of(j);
     return t == "qwen3_vl" ? build_qwen3_vl(j, file) : t == "qwen2_5_vl" ? build_qwen_vl(j, file) : build_llava(j, file);

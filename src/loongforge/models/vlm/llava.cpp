@@ -253,7 +253,7 @@ Composition compose_llava(const ComposeParts& p) {
                       {"model_type", "llava"},
                       {"vision_config", vision},
                       {"text_config", text},
-                      {"image_token_id", p.image_token_id},
+                      {"image_token_id", p.token_id(p.image_token.empty() ? "<image>" : p.image_token)},
                       {"projector_hidden_act", "gelu"},
                       {"multimodal_projector_bias", true},
                       {"vision_feature_layer", p.feature_layer},
@@ -265,8 +265,8 @@ Composition compose_llava(const ComposeParts& p) {
   // a vision folder stores vision_model.* (LLaVA's llava-hf layout under vision_tower.); a LM folder model.* and
   // lm_head.weight (LLaVA's language_model.*)
   out.parts = {{p.vision_dir, "vision_tower."}, {p.language_dir, "language_model."}};
-  out.components = {{"vision", "vision_tower."}, {"projector", "multi_modal_projector."},
-                    {"language", "language_model."}};
+  out.components = {{"vision", {"vision_tower."}}, {"projector", {"multi_modal_projector."}},
+                    {"language", {"language_model."}}};
   return out;
 }
 
