@@ -124,12 +124,14 @@ log: {{progress: off, plot: false, tensorboard: false}}
 
 
 @pytest.mark.parametrize("family,layout", [("qwen2_5_vl", "dp2"), ("qwen2_5_vl", "tp2_sp"), ("qwen2_5_vl", "pp2"),
-                                           ("qwen3_vl", "tp2"), ("qwen3_vl", "tp2_sp")])
+                                           ("qwen3_vl", "tp2"), ("qwen3_vl", "tp2_sp"), ("qwen3_vl", "fsdp2")])
 def test_qwen_vl_packed_layout_matches_one_process(qwen_setups, tmp_path, family, layout):
-    """(Qwen3-VL under sequence parallelism: its deepstack features cut like the sequence.)"""
+    """(Qwen3-VL under sequence parallelism: its deepstack features cut like the sequence; as FSDP units: the
+    features added after each unit, outside its recomputation.)"""
     qwen_setup = qwen_setups[family]
     sets = {"dp2": ["parallel.dp=2", "train.micro_batch_size=1"], "tp2": ["parallel.tp=2"],
-            "tp2_sp": ["parallel.tp=2", "parallel.sp=true"], "pp2": ["parallel.pp=2"]}[layout]
+            "tp2_sp": ["parallel.tp=2", "parallel.sp=true"], "pp2": ["parallel.pp=2"],
+            "fsdp2": ["parallel.dp=2", "parallel.zero=3", "train.micro_batch_size=1"]}[layout]
     one = tmp_path / "one"
     one.mkdir()
     run_lf("train", qwen_recipe(qwen_setup, one), "--set", "parallel.zero=1")  # a world of one, distributed engine

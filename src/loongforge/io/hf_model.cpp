@@ -119,15 +119,17 @@ void export_model(models::Model& model, const std::string& out_dir, at::ScalarTy
   NamedTensors tensors;
   for (auto& item : models::checkpoint_targets(model))
     tensors.emplace_back(item.first, item.second.detach().to(at::kCPU, dtype).contiguous());
-  save_sharded(out_dir, tensors, max_shard_bytes, {{"format", "pt"}});
+  save_sharded(out_dir, tensors, max_shard_bytes, {{"format", "pt"}}, model.weights_file_stem());
   write_model_metadata(model, out_dir, dtype, tokenizer_src);
 }
 
 void write_model_metadata(const models::Model& model, const std::string& out_dir, at::ScalarType dtype,
                           const std::string& tokenizer_src) {
   nlohmann::json cfg = model.config_json();
-  cfg["dtype"] = dtype_name(dtype) == "BF16" ? "bfloat16" : dtype_name(dtype) == "F16" ? "float16" : "float32";
-  cfg.erase("torch_dtype");
+  if (model.config_records_dtype()) {
+    cfg["dtype"] = dtype_name(dtype) == "BF16" ? "bfloat16" : dtype_name(dtype) == "F16" ? "float16" : "float32";
+    cfg.erase("torch_dtype");
+  }
   write_file_atomic((fs::path(out_dir) / "config.json").string(), cfg.dump(2) + "\n");
   if (!tokenizer_src.empty()) {
     for (const char* f : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",

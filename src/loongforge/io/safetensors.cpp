@@ -318,13 +318,18 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path) {
   std::string file = path;
   if (fs::is_directory(path, ec)) {
     fs::path dir(path);
-    if (fs::exists(dir / "model.safetensors.index.json", ec)) {
-      file = (dir / "model.safetensors.index.json").string();
-    } else if (fs::exists(dir / "model.safetensors", ec)) {
-      file = (dir / "model.safetensors").string();
-    } else {
-      throw err(path, "", "no model.safetensors or model.safetensors.index.json in this folder");
+    file.clear();
+    // transformers' names, then diffusers'
+    for (const char* stem : {"model", "diffusion_pytorch_model"}) {
+      if (fs::exists(dir / (std::string(stem) + ".safetensors.index.json"), ec)) {
+        file = (dir / (std::string(stem) + ".safetensors.index.json")).string();
+      } else if (fs::exists(dir / (std::string(stem) + ".safetensors"), ec)) {
+        file = (dir / (std::string(stem) + ".safetensors")).string();
+      }
+      if (!file.empty()) break;
     }
+    if (file.empty())
+      throw err(path, "", "no model.safetensors, diffusion_pytorch_model.safetensors or their .index.json in this folder");
   }
   const std::string suffix = ".index.json";
   bool is_index = file.size() >= suffix.size() && file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0;

@@ -149,8 +149,10 @@ at::Tensor Model::run_blocks(const Batch& inputs, at::Tensor h, int64_t begin, i
     std::function<at::Tensor()> extra;
     for (const auto& [idx, blk] : moe)
       if (idx == i) extra = [this, i]() { return layer_loss_fn ? layer_loss_fn(i) : at::Tensor(); };
-    h = nn::recompute([this, inputs, i](const at::Tensor& x) { return block_forward(inputs, x, i); }, h,
-                      block(i).parameters(), std::move(extra));
+    h = block_after(inputs,
+                    nn::recompute([this, inputs, i](const at::Tensor& x) { return block_body(inputs, x, i); }, h,
+                                  block(i).parameters(), std::move(extra)),
+                    i);
   }
   return h;
 }

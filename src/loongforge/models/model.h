@@ -112,6 +112,11 @@ class Model : public torch::nn::Module {
   virtual Batch block_inputs(const Batch& b, at::ScalarType dtype) const = 0;
   // block i on h, as is (no recomputation);
   virtual at::Tensor block_forward(const Batch& inputs, const at::Tensor& h, int64_t i) = 0;
+  // block_forward = block_after(block_body): the body is what recomputation reruns and FSDP units shard (the
+  // block's own parameters); block_after adds what comes from outside the block with gradients of its own (Qwen3-VL's
+  // deepstack features), run by the engines with the graph kept. Default: all body.
+  virtual at::Tensor block_body(const Batch& inputs, const at::Tensor& h, int64_t i) { return block_forward(inputs, h, i); }
+  virtual at::Tensor block_after(const Batch& inputs, const at::Tensor& y, int64_t i) { return y; }
   // the post modules up to the loss head (final norm);
   virtual at::Tensor post_blocks(const at::Tensor& h) = 0;
   // the loss head: the summed loss over the batch's terms from post_blocks' output (float32 scalar).
@@ -163,6 +168,11 @@ class Model : public torch::nn::Module {
   virtual std::string cuda_graph_blocker() const { return ""; }
 
   // ---- checkpoints ----
+  // The weights' file name in a saved folder, without ".safetensors" (transformers: "model"; diffusers:
+  // "diffusion_pytorch_model"), and whether config.json records the weights' dtype (transformers' "dtype"; diffusers'
+  // configs do not).
+  virtual std::string weights_file_stem() const { return "model"; }
+  virtual bool config_records_dtype() const { return true; }
   // Checkpoint names <-> model tensors; every parameter not listed maps to itself.
   virtual std::vector<CheckpointTensor> checkpoint_tensors() const;
   // Checkpoint tensors loading may skip (tied copies, buffers older versions saved).

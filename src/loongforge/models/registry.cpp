@@ -4,6 +4,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/models/diffusion/family.h"
 #include "loongforge/models/llama/family.h"
 #include "loongforge/models/vlm/family.h"
 
@@ -14,6 +15,7 @@ std::vector<Family> builtin() {
   std::vector<Family> out;
   out.push_back(llama::family());
   out.push_back(vlm::family());
+  out.push_back(diffusion::family());
   return out;
 }
 

@@ -32,7 +32,7 @@ struct LayerNode : torch::autograd::Node {
     at::Tensor y;
     {
       at::AutoGradMode enable(true);
-      y = model->block_forward(inputs, x, static_cast<int64_t>(unit));
+      y = model->block_body(inputs, x, static_cast<int64_t>(unit));
     }
     std::vector<at::Tensor> inputs;
     if (input_requires_grad) inputs.push_back(x);
@@ -232,7 +232,7 @@ at::Tensor FullyShardedModel::forward_hidden(const models::Batch& b) {
     at::Tensor y;
     {
       at::NoGradGuard no_grad;
-      y = model_->block_forward(inputs, h, static_cast<int64_t>(i));
+      y = model_->block_body(inputs, h, static_cast<int64_t>(i));
     }
     free_unit(i);
     if (needs_node) {
@@ -247,7 +247,7 @@ at::Tensor FullyShardedModel::forward_hidden(const models::Batch& b) {
       node->set_next_edges(torch::autograd::collect_next_edges(h));
       torch::autograd::set_history(y, node);
     }
-    h = y;
+    h = model_->block_after(inputs, y, static_cast<int64_t>(i));  // outside the unit, with the graph kept
   }
   return model_->post_blocks(h);
 }

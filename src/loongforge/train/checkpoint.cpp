@@ -264,7 +264,7 @@ std::string write_checkpoint(const std::string& root, int64_t step, const Checkp
   io::NamedTensors wt, ot;
   json mine = json::object(), mine_opt = json::object();  // checkpoint name -> weight file; parameter -> moments file
   size_t i = 0;
-  const std::string weight_stem = trainable.lora ? "adapter" : "model";
+  const std::string weight_stem = trainable.lora ? "adapter" : model.weights_file_stem();
   for (const auto& [n, t] : weights) {
     if (static_cast<int>(i++ % static_cast<size_t>(ranks.writers)) != ranks.writer) continue;
     wt.emplace_back(n, t.to(at::kCPU, at::kFloat).contiguous());
@@ -319,12 +319,13 @@ std::string write_checkpoint(const std::string& root, int64_t step, const Checkp
       write_file_atomic((fs::path(tmp) / "base_config.json").string(), model.config_json().dump(2) + "\n");
     } else {
       for (int rk = 0; rk < ranks.world; ++rk) {  // total_size: bytes of every weight, as transformers writes it
-        fs::path f = fs::path(tmp) / shard_file("model", rk, ranks.world);
+        fs::path f = fs::path(tmp) / shard_file(model.weights_file_stem(), rk, ranks.world);
         if (fs::exists(f)) total += static_cast<int64_t>(fs::file_size(f));
       }
       json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
       if (!one)  // a world of one: model.safetensors alone, as save_pretrained writes a model that fits one file
-        write_file_atomic((fs::path(tmp) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+        write_file_atomic((fs::path(tmp) / (model.weights_file_stem() + ".safetensors.index.json")).string(),
+                          index.dump(2) + "\n");
     }
     json oindex = {{"world", ranks.world}, {"layout", ranks.layout}, {"optimizer_steps", optimizer_steps},
                    {"weight_map", opt_map}};

@@ -23,6 +23,10 @@ class VisionLanguageModel : public Model {
   at::Tensor block_forward(const Batch& in, const at::Tensor& h, int64_t i) override {
     return block_extra(in, language_model->block_forward(in, h, i), i);
   }
+  at::Tensor block_body(const Batch& in, const at::Tensor& h, int64_t i) override {
+    return language_model->block_forward(in, h, i);
+  }
+  at::Tensor block_after(const Batch& in, const at::Tensor& y, int64_t i) override { return block_extra(in, y, i); }
   at::Tensor post_blocks(const at::Tensor& h) override { return language_model->post_blocks(h); }
   at::Tensor head_loss_sum(const at::Tensor& h, const Batch& b) override;
   int64_t hidden_size() const override { return language_model->config().hidden_size; }

@@ -181,8 +181,8 @@ at::Tensor Qwen3VLImpl::block_extra(const Batch& in, at::Tensor y, int64_t i) {
   if (i >= static_cast<int64_t>(config_.vision.deepstack_visual_indexes.size())) return y;
   if (const at::Tensor d = in.get("deepstack_dense." + std::to_string(i)); d.defined()) {
     if (d.requires_grad() && !at::GradMode::is_enabled())
-      throw Error("qwen3_vl: block " + std::to_string(i) + " adds deepstack features and cannot be recomputed or "
-                  "sharded as an FSDP unit yet (their gradients would not reach the vision tower)");
+      throw Error("qwen3_vl: block " + std::to_string(i) + "'s deepstack features were added without gradients "
+                  "(an engine ran block_forward inside recomputation instead of block_after outside it)");
     return y + d.to(y.scalar_type());
   }
   const at::Tensor mask = in.get("visual_mask");
@@ -193,8 +193,8 @@ at::Tensor Qwen3VLImpl::block_extra(const Batch& in, at::Tensor y, int64_t i) {
                 "the first " + std::to_string(config_.vision.deepstack_visual_indexes.size()) +
                 " blocks must run on the first pipeline stage");
   if (f.requires_grad() && !at::GradMode::is_enabled())
-    throw Error("qwen3_vl: block " + std::to_string(i) + " adds deepstack features and cannot be recomputed or "
-                "sharded as an FSDP unit yet (their gradients would not reach the vision tower)");
+    throw Error("qwen3_vl: block " + std::to_string(i) + "'s deepstack features were added without gradients "
+                "(an engine ran block_forward inside recomputation instead of block_after outside it)");
   // transformers' _deepstack_process: hidden_states[mask] += features
   const c10::List<std::optional<at::Tensor>> index({std::optional<at::Tensor>(mask.to(y.device()))});
   return at::index_put(y, index, y.index({mask.to(y.device())}) + f.to(y.scalar_type()));
