@@ -8,6 +8,7 @@ namespace lf::cli {
 void add_dump(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_generate(CLI::App& app);
+void add_sample(CLI::App& app);
 void add_convert(CLI::App& app);
 void add_train(CLI::App& app);
 void add_eval(CLI::App& app);

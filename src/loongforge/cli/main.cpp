@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   lf::cli::add_dump(app);
   lf::cli::add_tokenize(app);
   lf::cli::add_generate(app);
+  lf::cli::add_sample(app);
   lf::cli::add_convert(app);
   lf::cli::add_train(app);
   lf::cli::add_eval(app);

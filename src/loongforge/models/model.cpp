@@ -292,4 +292,9 @@ void Model::set_moe_training(double aux_loss_coef, double seq_aux_loss_coef, dou
   }
 }
 
+std::map<std::string, at::Tensor> Model::unconditional(const std::map<std::string, at::Tensor>&,
+                                                     const std::string&) const {
+  throw Error("the " + model_type() + " model has no unconditional input (classifier-free guidance)");
+}
+
 }  // namespace lf::models

@@ -144,6 +144,12 @@ class Model : public torch::nn::Module {
   };
   virtual ReferenceOutput reference_forward(const std::map<std::string, at::Tensor>& batch, const std::string& file) = 0;
 
+  // Denoising models: the conditions of an unconditional prediction for classifier-free guidance, given the
+  // conditional ones under the reference library's names (DiT: the class labels replaced by the "no label" class).
+  // The default: lf::Error (the model has no unconditional input).
+  virtual std::map<std::string, at::Tensor> unconditional(const std::map<std::string, at::Tensor>& conditions,
+                                                          const std::string& file) const;
+
   // ---- how it splits ----
   virtual Split split() const = 0;
   virtual TensorParallelSpec tensor_parallel_spec() const = 0;

@@ -256,6 +256,15 @@ Model::ReferenceOutput DiTImpl::reference_forward(const std::map<std::string, at
   return r;
 }
 
+std::map<std::string, at::Tensor> DiTImpl::unconditional(const std::map<std::string, at::Tensor>& conditions,
+                                                         const std::string& file) const {
+  auto out = conditions;
+  auto it = out.find("class_labels");
+  if (it == out.end()) throw file_error(file, "class_labels", "missing");
+  it->second = at::full_like(it->second, c_.num_embeds_ada_norm);
+  return out;
+}
+
 Split DiTImpl::split() const {
   Split s;
   s.pre = {"pos_embed"};

@@ -100,6 +100,9 @@ class DiTImpl : public Model {
   // hidden_states, timestep, class_labels (and target for the loss) -> output [B, out_channels, H, W], loss.
   ReferenceOutput reference_forward(const std::map<std::string, at::Tensor>& batch, const std::string& file) override;
 
+  // class_labels -> num_embeds_ada_norm (the "no label" row the label dropout trains).
+  std::map<std::string, at::Tensor> unconditional(const std::map<std::string, at::Tensor>& conditions,
+                                                  const std::string& file) const override;
   Split split() const override;
   TensorParallelSpec tensor_parallel_spec() const override { return {}; }
   std::vector<nn::AttentionHook*> attention_modules() override;

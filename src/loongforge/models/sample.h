@@ -1,0 +1,57 @@
+// Sampling from a denoising model (the diffusion transformers): diffusers' schedulers — the flow-matching Euler
+// sampler (FlowMatchEulerDiscreteScheduler: shifted sigmas, timestep = sigma x num_train_timesteps) and DDIM for
+// epsilon-prediction models (DDIMScheduler, eta 0) — with classifier-free guidance. The model is driven through
+// its reference_forward under its library's argument names (hidden_states, timestep and the conditions), reading
+// the first channels of `output` (a learned-sigma model's prediction).
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <string>
+
+#include "loongforge/models/model.h"
+
+namespace lf::models {
+
+struct SchedulerConfig {
+  std::string kind = "flow_match_euler";  // flow_match_euler | ddim
+  int64_t num_train_timesteps = 1000;
+  double shift = 1.0;  // flow matching: sigma -> shift * sigma / (1 + (shift - 1) * sigma)
+  // DDIM (diffusers' DDIMScheduler fields and defaults)
+  double beta_start = 0.0001, beta_end = 0.02;
+  std::string beta_schedule = "linear";  // linear | scaled_linear | squaredcos_cap_v2
+  bool clip_sample = true;
+  double clip_sample_range = 1.0;
+  bool set_alpha_to_one = true;
+  int64_t steps_offset = 0;
+  std::string timestep_spacing = "leading";  // leading | trailing
+  // A diffusers scheduler_config.json (FlowMatchEulerDiscreteScheduler, DDIMScheduler, or DDPMScheduler whose betas
+  // DDIM then samples with); unsupported values are one line naming `file` and the field.
+  static SchedulerConfig from_json(const nlohmann::json& j, const std::string& file);
+};
+
+// The schedule of `steps` denoising steps: timesteps [steps] (float32 for flow matching, int64 for DDIM) and the
+// noise level of each step plus the final one, sigmas [steps + 1] (flow matching: the sigmas, ending at 0; DDIM:
+// sqrt((1 - alpha_bar) / alpha_bar) at each timestep, ending at the final alpha's).
+struct Schedule {
+  at::Tensor timesteps, sigmas;
+};
+Schedule make_schedule(const SchedulerConfig& c, int64_t steps);
+
+struct SampleOptions {
+  SchedulerConfig scheduler;
+  int64_t steps = 50;
+  double guidance = 1.0;  // classifier-free guidance scale (1: conditional prediction only)
+};
+
+struct SampleResult {
+  at::Tensor samples;  // [steps + 1, ...noise shape]: index 0 the noise, the last the result
+  Schedule schedule;
+};
+
+// Denoises batch["noise"] with the batch's other tensors as conditions (`file` names the batch in errors).
+SampleResult sample(Model& model, const std::map<std::string, at::Tensor>& batch, const SampleOptions& opts,
+                    const std::string& file);
+
+}  // namespace lf::models
