@@ -111,21 +111,33 @@ void PretrainSource::restore(const nlohmann::json& s) { ds_.restore(data::Pretra
 
 BatchFileSource::BatchFileSource(const std::string& path) : path_(path) {
   auto f = io::SafetensorsFile::open(path);
-  if (!f->contains("input_ids")) throw file_error(path, "input_ids", "missing");
-  const at::Tensor ids = f->tensor("input_ids").clone();
-  if (ids.scalar_type() != at::kLong || ids.dim() != 2 || ids.size(0) == 0)
-    throw file_error(path, "input_ids", "expected int64 [B,T] with B > 0");
-  at::Tensor labels = f->contains("labels") ? f->tensor("labels") : ids;
-  if (labels.sizes() != ids.sizes() || labels.scalar_type() != at::kLong)
-    throw file_error(path, "labels", "expected int64 with the shape of input_ids");
-  rows_ = ids.size(0);
-  // transformers' convention: labels align with inputs and shift inside; targets are the shifted labels
-  all_ = token_batch(ids, nn::next_token_targets(labels));
+  const bool tokens = f->contains("input_ids");
+  rows_ = -1;
+  if (tokens) {
+    const at::Tensor ids = f->tensor("input_ids").clone();
+    if (ids.scalar_type() != at::kLong || ids.dim() != 2 || ids.size(0) == 0)
+      throw file_error(path, "input_ids", "expected int64 [B,T] with B > 0");
+    at::Tensor labels = f->contains("labels") ? f->tensor("labels") : ids;
+    if (labels.sizes() != ids.sizes() || labels.scalar_type() != at::kLong)
+      throw file_error(path, "labels", "expected int64 with the shape of input_ids");
+    rows_ = ids.size(0);
+    // transformers' convention: labels align with inputs and shift inside; targets are the shifted labels
+    all_ = token_batch(ids, nn::next_token_targets(labels));
+  } else {
+    // a batch of the model's own named tensors (a diffusion model's hidden_states, timestep, ...): the rows are the
+    // first per-row tensor's
+    for (const auto& e : f->entries())
+      if (!Batch::is_item_index(e.name) && !f->contains(e.name + ".row") && rows_ < 0) {
+        if (e.shape.empty() || e.shape[0] == 0) throw file_error(path, e.name, "expected [B, ...] with B > 0");
+        rows_ = e.shape[0];
+      }
+    if (rows_ < 0) throw file_error(path, "", "no per-row tensor (expected input_ids, or the model's batch tensors)");
+  }
   // Other tensors the model's schema may read (pixel_values, image_grid_thw, ...): per row, or per item with
   // <name>.row saying each item's row (non-decreasing).
   for (const auto& e : f->entries()) {
     const std::string& n = e.name;
-    if (n == "input_ids" || n == "labels" || Batch::is_item_index(n)) continue;
+    if ((tokens && (n == "input_ids" || n == "labels")) || Batch::is_item_index(n)) continue;
     const at::Tensor t = f->tensor(n).clone();
     if (f->contains(n + ".row")) {
       const at::Tensor r = f->tensor(n + ".row").clone();

@@ -178,8 +178,11 @@ double DiTImpl::train_flops_per_sample(int64_t tokens) const {
 
 at::Tensor DiTImpl::patchify(const at::Tensor& x) const {
   const int64_t gh = x.size(2) / c_.patch_size, gw = x.size(3) / c_.patch_size;
-  at::Tensor h = at::conv2d(x, patch_weight, patch_bias, {c_.patch_size, c_.patch_size});
-  h = h.flatten(2).transpose(1, 2);
+  // the p x p convolution with stride p, as one matrix product over the patches (C, p, p) -> dim (ATen's CPU
+  // convolution gives wrong weight gradients when the row-split engine runs several parts' backward at once)
+  const int64_t n = x.size(0), ch = x.size(1), p = c_.patch_size;
+  at::Tensor patches = x.reshape({n, ch, gh, p, gw, p}).permute({0, 2, 4, 1, 3, 5}).reshape({n, gh * gw, ch * p * p});
+  at::Tensor h = at::linear(patches, patch_weight.reshape({patch_weight.size(0), -1}), patch_bias);
   // diffusers' PatchEmbed: positions for the latents' grid, base size sample_size / patch_size
   at::Tensor pos = sincos_2d_pos_embed(c_.inner_dim(), gh, gw, static_cast<double>(c_.sample_size / c_.patch_size), 1.0);
   return h + pos.to(h.device(), h.scalar_type()).unsqueeze(0);
