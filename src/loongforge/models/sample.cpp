@@ -52,6 +52,8 @@ namespace {
 
 double shifted(double s, double shift) { return shift * s / (1 + (shift - 1) * s); }
 
+}  // namespace
+
 // diffusers' betas (float32) -> alphas_cumprod (float32, cumulative product in float32).
 at::Tensor alphas_cumprod(const SchedulerConfig& c) {
   const int64_t n = c.num_train_timesteps;
@@ -71,8 +73,6 @@ at::Tensor alphas_cumprod(const SchedulerConfig& c) {
   }
   return at::cumprod(1.0 - betas, 0);
 }
-
-}  // namespace
 
 Schedule make_schedule(const SchedulerConfig& c, int64_t steps) {
   if (steps <= 0) throw Error("sample: the number of steps must be positive");

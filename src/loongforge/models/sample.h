@@ -39,6 +39,10 @@ struct Schedule {
 };
 Schedule make_schedule(const SchedulerConfig& c, int64_t steps);
 
+// The DDPM / DDIM schedule's cumulative alpha products (float32 [num_train_timesteps]), as diffusers computes
+// them from the betas.
+at::Tensor alphas_cumprod(const SchedulerConfig& c);
+
 struct SampleOptions {
   SchedulerConfig scheduler;
   int64_t steps = 50;

@@ -16,6 +16,7 @@
 #include "loongforge/nn/linear.h"
 #include "loongforge/nn/lora.h"
 #include "loongforge/parallel/comm.h"
+#include "loongforge/train/diffusion_source.h"
 #include "loongforge/train/pretrain_source.h"
 #include "loongforge/train/sft_source.h"
 
@@ -216,8 +217,9 @@ ModelBundle build_model(const json& r) {
   return b;
 }
 
-std::unique_ptr<BatchSource> build_data(const json& r, data::Split split, const std::string& tokenizer,
-                                        const models::Model* model) {
+namespace {
+std::unique_ptr<BatchSource> base_data(const json& r, data::Split split, const std::string& tokenizer,
+                                       const models::Model* model) {
   const json& d = r["data"];
   if (d["skip_bad_samples"].get<bool>() && d["format"] != "sft")
     throw Error("recipe: field 'data.skip_bad_samples': only SFT data (data.format: sft) has samples to skip");
@@ -254,6 +256,34 @@ std::unique_ptr<BatchSource> build_data(const json& r, data::Split split, const 
   o.split = split;
   o.valid_fraction = d["valid_fraction"];
   return std::make_unique<PretrainSource>(o, d["per_document_attention"].get<bool>());
+}
+}  // namespace
+
+std::unique_ptr<BatchSource> build_data(const json& r, data::Split split, const std::string& tokenizer,
+                                        const models::Model* model) {
+  auto src = base_data(r, split, tokenizer, model);
+  const json& f = r["diffusion"];
+  if (f["objective"] == "none") return src;
+  DiffusionObjective o;
+  o.kind = f["objective"];
+  o.timestep_sampling = f["timestep_sampling"];
+  o.logit_mean = f["logit_mean"];
+  o.logit_std = f["logit_std"];
+  o.mode_scale = f["mode_scale"];
+  o.loss_weighting = f["loss_weighting"];
+  o.condition_dropout = f["condition_dropout"];
+  if (!(o.condition_dropout >= 0 && o.condition_dropout < 1))
+    throw Error("recipe: field 'diffusion.condition_dropout': must be in [0, 1)");
+  o.schedule.num_train_timesteps = f["num_train_timesteps"];
+  if (o.schedule.num_train_timesteps <= 0) throw Error("recipe: field 'diffusion.num_train_timesteps': must be positive");
+  o.schedule.shift = f["shift"];
+  if (!(o.schedule.shift > 0)) throw Error("recipe: field 'diffusion.shift': must be positive");
+  o.schedule.beta_schedule = f["beta_schedule"];
+  o.schedule.beta_start = f["beta_start"];
+  o.schedule.beta_end = f["beta_end"];
+  // validation batches draw from a stream of their own
+  const uint64_t seed = static_cast<uint64_t>(r["seed"].get<int64_t>()) + (split == data::Split::Valid ? 1 : 0);
+  return std::make_unique<DiffusionObjectiveSource>(std::move(src), o, seed, model);
 }
 
 at::Device choose_device(const json& r, bool distributed) {

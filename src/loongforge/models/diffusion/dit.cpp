@@ -212,7 +212,10 @@ at::Tensor DiTImpl::head_loss_sum(const at::Tensor& h, const Batch& b) {
   at::Tensor out = final_layer(h, b.at("timestep"), b.at("class_labels"), x.size(2) / c_.patch_size,
                                x.size(3) / c_.patch_size);
   at::Tensor pred = out.narrow(1, 0, c_.in_channels);
-  return (pred.to(at::kFloat) - b.at("target").to(at::kFloat)).pow(2).sum();
+  at::Tensor err = (pred.to(at::kFloat) - b.at("target").to(at::kFloat)).pow(2);
+  if (const at::Tensor w = b.get("loss_weight"); w.defined())  // per-row weights (the objective's loss weighting)
+    return (err.flatten(1).sum(1) * w.to(at::kFloat)).sum();
+  return err.sum();
 }
 
 at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
