@@ -17,6 +17,7 @@
 #include "loongforge/nn/lora.h"
 #include "loongforge/parallel/comm.h"
 #include "loongforge/train/diffusion_source.h"
+#include "loongforge/train/image_source.h"
 #include "loongforge/train/pretrain_source.h"
 #include "loongforge/train/sft_source.h"
 
@@ -226,6 +227,18 @@ std::unique_ptr<BatchSource> base_data(const json& r, data::Split split, const s
   if (d["format"] == "batch") {
     if (d["train"].size() != 1) throw Error("recipe: field 'data.train': format 'batch' takes one safetensors file");
     return std::make_unique<BatchFileSource>(d["train"][0]["path"].get<std::string>());
+  }
+  if (d["format"] == "images") {
+    if (split == data::Split::Valid) throw Error("recipe: field 'data.valid_fraction': not supported for image folders yet");
+    data::ImageFolderOptions o;
+    for (const auto& s : d["train"]) o.roots.push_back(s["path"].get<std::string>());
+    if (o.roots.empty() || o.roots[0].empty())
+      throw Error("recipe: field 'data.train': no folders (a list of {path: DIR} with DIR/<class>/<image>)");
+    o.resolution = d["resolution"];
+    if (o.resolution <= 0) throw Error("recipe: field 'data.resolution': must be positive");
+    o.random_flip = d["random_flip"];
+    o.seed = static_cast<uint64_t>(r["seed"].get<int64_t>());
+    return std::make_unique<ImageFolderSource>(o);
   }
   if (d["format"] == "sft") {
     std::vector<std::string> files;

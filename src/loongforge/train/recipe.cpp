@@ -40,7 +40,9 @@ const char* kDefaults = R"json({
     "image_root": "",
     "image_backend": "pil",
     "skip_bad_samples": false,
-    "balance": "none"
+    "balance": "none",
+    "resolution": 256,
+    "random_flip": false
   },
   "train": {"steps": 100, "micro_batch_size": 8, "grad_accum": 1, "threads": 0, "cpu_split": 0, "stop_at_step": 0,
             "cuda_graphs": false},
@@ -69,7 +71,7 @@ const std::map<std::string, std::vector<std::string>> kChoices = {
     {"device", {"cpu", "cuda"}},
     {"model.recompute", {"none", "full", "per_layer"}},
     {"model.vision.select_strategy", {"default", "full"}},
-    {"data.format", {"pretrain", "sft", "batch"}},
+    {"data.format", {"pretrain", "sft", "batch", "images"}},
     {"data.image_backend", {"pil", "torchvision"}},
     {"data.balance", {"none", "cost"}},
     {"schedule.kind", {"cosine", "linear", "constant", "wsd"}},

@@ -1,0 +1,46 @@
+// Image folders for class-conditional diffusion training, ImageNet-style: ROOT/<class>/<image> (PNG / JPEG), the
+// classes numbered in sorted order of their folder names (torchvision's ImageFolder). Each image is made square as
+// DiT's (ADM's) center_crop_arr does — halved with Pillow's BOX filter while its short side is at least twice the
+// resolution, resized with BICUBIC so the short side is the resolution, cropped in the centre — optionally flipped
+// left-right, and scaled to [-1, 1] (ToTensor + Normalize(0.5, 0.5)).
+// The images are served as an endless stream: epoch e visits every image once in an order shuffled by (seed, e);
+// stream index k is the (k mod N)-th image of epoch k / N, and its flip is drawn from (seed, k), so any split of the
+// stream over processes gives the same samples. (Both with SplitMix64 from mix(a, b) = a * 6364136223846793005 +
+// b * 1442695040888963407 + 1 mod 2^64: the shuffle is Fisher-Yates from the last position down, swapping i with
+// next() mod (i + 1), state mix(seed, e); the flip is next() & 1, state mix(seed ^ 0x5f1f5f1f5f1f5f1f, k).)
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lf::data {
+
+struct ImageFolderOptions {
+  std::vector<std::string> roots;  // every root has the same class folders
+  int64_t resolution = 256;
+  bool random_flip = false;
+  uint64_t seed = 0;
+};
+
+class ImageFolderDataset {
+ public:
+  // Lists every root and checks that each image decodes (one-line lf::Error naming the file otherwise).
+  explicit ImageFolderDataset(ImageFolderOptions o);
+  int64_t size() const { return static_cast<int64_t>(files_.size()); }
+  const std::vector<std::string>& classes() const { return classes_; }
+  // The image at stream index k: float32 [3, R, R] in [-1, 1], and its class.
+  std::pair<at::Tensor, int64_t> get(int64_t k) const;
+
+ private:
+  ImageFolderOptions o_;
+  std::vector<std::string> classes_;
+  std::vector<std::pair<std::string, int64_t>> files_;  // (path, class), sorted
+};
+
+// ADM's center_crop_arr on a uint8 [H, W, 3] image: uint8 [size, size, 3].
+at::Tensor center_crop_arr(const at::Tensor& image, int64_t size);
+
+}  // namespace lf::data
