@@ -7,6 +7,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/models/diffusion/wan.h"
 
 namespace lf::models::diffusion {
 
@@ -22,6 +23,7 @@ struct Entry {
 // One line per class.
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> e = {
+      {"WanTransformer3DModel", build_wan, describe_wan},
   };
   return e;
 }
