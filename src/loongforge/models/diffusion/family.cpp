@@ -8,6 +8,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
 #include "loongforge/models/diffusion/dit.h"
+#include "loongforge/models/diffusion/wan.h"
 
 namespace lf::models::diffusion {
 
@@ -24,6 +25,7 @@ struct Entry {
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> e = {
       {"DiTTransformer2DModel", build_dit, describe_dit},
+      {"WanTransformer3DModel", build_wan, describe_wan},
   };
   return e;
 }
