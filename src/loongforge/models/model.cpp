@@ -149,10 +149,21 @@ at::Tensor Model::run_blocks(const Batch& inputs, at::Tensor h, int64_t begin, i
     std::function<at::Tensor()> extra;
     for (const auto& [idx, blk] : moe)
       if (idx == i) extra = [this, i]() { return layer_loss_fn ? layer_loss_fn(i) : at::Tensor(); };
-    h = block_after(inputs,
-                    nn::recompute([this, inputs, i](const at::Tensor& x) { return block_body(inputs, x, i); }, h,
-                                  block(i).parameters(), std::move(extra)),
-                    i);
+    // block inputs with gradients of their own (conditions made by modules before the blocks) go through the
+    // recomputation as side inputs, so their gradients reach those modules
+    std::vector<std::string> names;
+    std::vector<at::Tensor> side;
+    for (const auto& [name, t] : inputs.tensors())
+      if (t.defined() && t.requires_grad()) {
+        names.push_back(name);
+        side.push_back(t);
+      }
+    auto body = [this, inputs, names, i](const at::Tensor& x, const std::vector<at::Tensor>& s) {
+      Batch in = inputs;
+      for (size_t k = 0; k < names.size(); ++k) in.set(names[k], s[k]);
+      return block_body(in, x, i);
+    };
+    h = block_after(inputs, nn::recompute(body, h, side, block(i).parameters(), std::move(extra)), i);
   }
   return h;
 }

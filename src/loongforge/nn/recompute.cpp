@@ -10,14 +10,17 @@ namespace lf::nn {
 namespace {
 
 struct RecomputeNode : torch::autograd::Node {
-  std::function<at::Tensor(const at::Tensor&)> fn;
+  std::function<at::Tensor(const at::Tensor&, const std::vector<at::Tensor>&)> fn;
   std::function<at::Tensor()> extra;
   at::Tensor input;
+  std::vector<at::Tensor> side;  // the other inputs fn reads with gradients (edges 1.. of this node)
   at::Tensor rng_state;  // the CPU generator before the first run: dropout masks repeat exactly
   bool input_requires_grad = false;
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     at::Tensor x = input.detach().requires_grad_(input_requires_grad);
+    std::vector<at::Tensor> s;
+    for (const auto& t : side) s.push_back(t.detach().requires_grad_(true));
     at::Tensor y;
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     at::Tensor now;
@@ -29,7 +32,7 @@ struct RecomputeNode : torch::autograd::Node {
     at::Tensor e;
     {
       at::AutoGradMode enable(true);
-      y = fn(x);
+      y = fn(x, s);
       if (extra) e = extra();
     }
     {
@@ -40,20 +43,33 @@ struct RecomputeNode : torch::autograd::Node {
       torch::autograd::backward({y, e}, {grads[0], at::ones_like(e)});
     else
       torch::autograd::backward({y}, {grads[0]});
-    at::Tensor gx = input_requires_grad ? x.grad() : at::Tensor();
-    input = at::Tensor();  // free the saved input once used
-    return {gx};
+    torch::autograd::variable_list out = {input_requires_grad ? x.grad() : at::Tensor()};
+    for (const auto& t : s) out.push_back(t.grad());
+    input = at::Tensor();  // free the saved inputs once used
+    side.clear();
+    return out;
   }
-  void release_variables() override { input = at::Tensor(); }
+  void release_variables() override {
+    input = at::Tensor();
+    side.clear();
+  }
 };
 
 }  // namespace
 
 at::Tensor recompute(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& x,
                      const std::vector<at::Tensor>& params, std::function<at::Tensor()> extra) {
+  return recompute([fn = std::move(fn)](const at::Tensor& y, const std::vector<at::Tensor>&) { return fn(y); }, x, {},
+                   params, std::move(extra));
+}
+
+at::Tensor recompute(std::function<at::Tensor(const at::Tensor&, const std::vector<at::Tensor>&)> fn,
+                     const at::Tensor& x, const std::vector<at::Tensor>& side, const std::vector<at::Tensor>& params,
+                     std::function<at::Tensor()> extra) {
   bool any = x.requires_grad();
   for (const auto& p : params) any = any || p.requires_grad();
-  if (!any || !at::GradMode::is_enabled()) return fn(x);
+  for (const auto& t : side) any = any || t.requires_grad();
+  if (!any || !at::GradMode::is_enabled()) return fn(x, side);
   at::Tensor rng;
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
@@ -63,7 +79,7 @@ at::Tensor recompute(std::function<at::Tensor(const at::Tensor&)> fn, const at::
   at::Tensor y;
   {
     at::NoGradGuard no_grad;
-    y = fn(x);
+    y = fn(x, side);
   }
   auto node = std::shared_ptr<RecomputeNode>(new RecomputeNode(), torch::autograd::deleteNode);
   node->fn = std::move(fn);
@@ -71,8 +87,13 @@ at::Tensor recompute(std::function<at::Tensor(const at::Tensor&)> fn, const at::
   node->input = x.detach();
   node->rng_state = rng;
   node->input_requires_grad = x.requires_grad();
-  // The node's one input edge is x; parameters receive their gradients through the inner backward.
-  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  // The node's input edges are x and the side inputs; parameters receive their gradients through the inner backward.
+  std::vector<at::Tensor> edges = {x};
+  for (const auto& t : side) {
+    node->side.push_back(t.detach());
+    edges.push_back(t);
+  }
+  node->set_next_edges(torch::autograd::collect_next_edges(edges));
   torch::autograd::set_history(y, node);
   return y;
 }

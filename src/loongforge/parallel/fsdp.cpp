@@ -21,40 +21,50 @@ struct LayerNode : torch::autograd::Node {
   size_t unit = 0;
   models::Model* model = nullptr;
   std::vector<at::Tensor> params;  // the unit's trainable parameters (module tensors; gathered in apply)
-  models::Batch inputs;            // the blocks' other inputs (Model::block_inputs)
+  models::Batch inputs;            // the blocks' other inputs (Model::block_inputs), detached
+  std::vector<std::string> side;   // those with gradients of their own (edges 1.. of this node)
   at::Tensor input;
   bool input_requires_grad = false;
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    if (!grads[0].defined()) return {at::Tensor()};
+    if (!grads[0].defined()) return torch::autograd::variable_list(1 + side.size());
     fsdp->unit_backward_begin(unit);
     at::Tensor x = input.detach().requires_grad_(input_requires_grad);
+    models::Batch in = inputs;
+    std::vector<at::Tensor> side_in;
+    for (const auto& n : side) {
+      side_in.push_back(inputs.at(n).detach().requires_grad_(true));
+      in.set(n, side_in.back());
+    }
     at::Tensor y;
     {
       at::AutoGradMode enable(true);
-      y = model->block_body(inputs, x, static_cast<int64_t>(unit));
+      y = model->block_body(in, x, static_cast<int64_t>(unit));
     }
-    std::vector<at::Tensor> inputs;
-    if (input_requires_grad) inputs.push_back(x);
-    for (const auto& p : params) inputs.push_back(p);
+    std::vector<at::Tensor> wrt;
+    if (input_requires_grad) wrt.push_back(x);
+    for (const auto& t : side_in) wrt.push_back(t);
+    for (const auto& p : params) wrt.push_back(p);
     at::Tensor extra;
     if (fsdp->layer_loss_fn) {
       at::AutoGradMode enable(true);
       extra = fsdp->layer_loss_fn(unit);
     }
     std::vector<at::Tensor> g;
-    if (!inputs.empty()) {
+    if (!wrt.empty()) {
       if (extra.defined() && extra.requires_grad())
-        g = torch::autograd::grad({y, extra}, inputs, {grads[0], at::ones_like(extra)}, false, false, true);
+        g = torch::autograd::grad({y, extra}, wrt, {grads[0], at::ones_like(extra)}, false, false, true);
       else
-        g = torch::autograd::grad({y}, inputs, {grads[0]}, false, false, /*allow_unused=*/true);
+        g = torch::autograd::grad({y}, wrt, {grads[0]}, false, false, /*allow_unused=*/true);
     }
     y = at::Tensor();
     fsdp->free_unit(unit);
-    at::Tensor gx = input_requires_grad ? g[0] : at::Tensor();
-    fsdp->unit_grads(unit, std::vector<at::Tensor>(g.begin() + (input_requires_grad ? 1 : 0), g.end()));
+    const size_t first = input_requires_grad ? 1 : 0;
+    torch::autograd::variable_list out = {input_requires_grad ? g[0] : at::Tensor()};
+    for (size_t k = 0; k < side.size(); ++k) out.push_back(g[first + k]);
+    fsdp->unit_grads(unit, std::vector<at::Tensor>(g.begin() + static_cast<std::ptrdiff_t>(first + side.size()), g.end()));
     input = at::Tensor();
-    return {gx};
+    return out;
   }
   void release_variables() override { input = at::Tensor(); }
 };
@@ -242,9 +252,16 @@ at::Tensor FullyShardedModel::forward_hidden(const models::Batch& b) {
       node->model = model_;
       node->params = std::move(ps);
       node->input = h.detach();
-      node->inputs = inputs;
+      std::vector<at::Tensor> edges = {h};
+      for (const auto& [name, t] : inputs.tensors()) {
+        node->inputs.set(name, t.defined() ? t.detach() : t);
+        if (t.defined() && t.requires_grad()) {
+          node->side.push_back(name);
+          edges.push_back(t);
+        }
+      }
       node->input_requires_grad = h.requires_grad();
-      node->set_next_edges(torch::autograd::collect_next_edges(h));
+      node->set_next_edges(torch::autograd::collect_next_edges(edges));
       torch::autograd::set_history(y, node);
     }
     h = model_->block_after(inputs, y, static_cast<int64_t>(i));  // outside the unit, with the graph kept

@@ -384,11 +384,9 @@ Batch WanTransformer3DImpl::block_inputs(const Batch& b, at::ScalarType dtype) c
 }
 
 at::Tensor WanTransformer3DImpl::block_forward(const Batch& in, const at::Tensor& h, int64_t i) {
+  // (the conditions carry gradients to condition_embedder: recomputation and FSDP units pass them through as side
+  // inputs, nn/recompute.h)
   const at::Tensor &tp = in.at("timestep_proj"), &text = in.at("text");
-  if (!at::GradMode::is_enabled() && (tp.requires_grad() || text.requires_grad()))
-    throw Error("WanTransformer3DModel: the blocks' conditions (time modulation, projected text) carry gradients to "
-                "condition_embedder, which a block run without a graph (recomputation, FSDP) would drop; train "
-                "without recomputation and FSDP, or freeze condition_embedder");
   return (*blocks)[static_cast<size_t>(i)]->as<WanBlockImpl>()->forward(h, tp, text, in.at("cos"), in.at("sin"));
 }
 
