@@ -99,7 +99,7 @@ void add_tokenize(CLI::App& app) {
   auto* sub = app.add_subcommand("tokenize", "Encode text to token ids, or decode ids to text, with a tokenizer");
   auto o = std::make_shared<TokenizeOptions>();
   sub->add_option("--tokenizer", o->tokenizer,
-                  "A folder with tokenizer.json (preferred) or tokenizer.model, or either file")
+                  "A folder with tokenizer.json (preferred), tokenizer.model or spiece.model, or either file")
       ->required();
   auto* text = sub->add_option("--text", o->text, "Text to encode; prints a JSON array of ids");
   auto* decode = sub->add_option("--decode", o->decode, "Comma-separated ids to decode (e.g. 1,2,3); prints the text");
@@ -112,7 +112,9 @@ void add_tokenize(CLI::App& app) {
   sub->footer(
       "With neither --text nor --decode, reads a JSON array of strings on stdin and prints a JSON array of id arrays.\n"
       "Ids and text equal Hugging Face tokenizers' encode(text).ids / decode(ids) for tokenizer.json, and\n"
-      "sentencepiece's encode/decode for tokenizer.model.\n"
+      "sentencepiece's encode/decode for tokenizer.model. A tokenizer.json with a Unigram model (T5's) runs on the\n"
+      "sentencepiece model beside it (spiece.model / tokenizer.model) with the json's post-processor (T5's </s>);\n"
+      "a T5 folder with spiece.model alone (tokenizer_config.json's tokenizer_class) appends </s> too.\n"
       "Examples:\n"
       "  loongforge tokenize --tokenizer path/to/llama3 --text 'Hello world'\n"
       "  loongforge tokenize --tokenizer path/to/llama3/tokenizer.json --decode 128000,9906,1917\n"

@@ -6,6 +6,7 @@
 #include "loongforge/core/json.h"
 #include "loongforge/models/diffusion/family.h"
 #include "loongforge/models/llama/family.h"
+#include "loongforge/models/text_encoder/family.h"
 #include "loongforge/models/vlm/family.h"
 
 namespace lf::models {
@@ -16,6 +17,7 @@ std::vector<Family> builtin() {
   out.push_back(llama::family());
   out.push_back(vlm::family());
   out.push_back(diffusion::family());
+  out.push_back(text_encoder::family());
   return out;
 }
 

@@ -1,4 +1,5 @@
-// tokenizer.model through libsentencepiece: ids and text as SentencePieceProcessor.encode(text) / .decode(ids).
+// tokenizer.model through libsentencepiece: ids and text as SentencePieceProcessor.encode(text) / .decode(ids), with
+// the special tokens a model's tokenizer adds around them (T5's </s>) when asked to.
 #include <sentencepiece_processor.h>
 
 #include "loongforge/core/error.h"
@@ -11,9 +12,12 @@ namespace {
 
 class SentencePieceTokenizer : public Tokenizer {
  public:
-  explicit SentencePieceTokenizer(const std::string& path) : path_(path) {
+  SentencePieceTokenizer(const std::string& path, std::vector<int64_t> prefix, std::vector<int64_t> suffix)
+      : path_(path), prefix_(std::move(prefix)), suffix_(std::move(suffix)) {
     auto st = sp_.Load(path);
     if (!st.ok()) throw Error(path + ": not a sentencepiece model: " + st.ToString());
+    for (const auto* ids : {&prefix_, &suffix_})
+      for (int64_t id : *ids) check_id(id);
   }
 
   std::vector<int64_t> encode(std::string_view text, bool add_special_tokens) const override {
@@ -21,7 +25,11 @@ class SentencePieceTokenizer : public Tokenizer {
     std::vector<int> ids;
     auto st = sp_.Encode(text, &ids);
     if (!st.ok()) throw Error(path_ + ": encode failed: " + st.ToString());
-    return {ids.begin(), ids.end()};
+    if (!add_special_tokens) return {ids.begin(), ids.end()};
+    std::vector<int64_t> out(prefix_);
+    out.insert(out.end(), ids.begin(), ids.end());
+    out.insert(out.end(), suffix_.begin(), suffix_.end());
+    return out;
   }
 
   std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const override {
@@ -57,13 +65,15 @@ class SentencePieceTokenizer : public Tokenizer {
                   std::to_string(sp_.GetPieceSize()) + ")");
   }
   std::string path_;
+  std::vector<int64_t> prefix_, suffix_;  // added around the pieces by encode(text, true)
   sentencepiece::SentencePieceProcessor sp_;
 };
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& path) {
-  return std::make_unique<SentencePieceTokenizer>(path);
+std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& path, std::vector<int64_t> prefix,
+                                              std::vector<int64_t> suffix) {
+  return std::make_unique<SentencePieceTokenizer>(path, std::move(prefix), std::move(suffix));
 }
 
 }  // namespace lf::data::tok

@@ -13,8 +13,11 @@ namespace lf::data {
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  // PATH: a folder with tokenizer.json (preferred) or tokenizer.model, or either file. Errors: lf::Error, one line
-  // naming the file and the field.
+  // PATH: a folder with tokenizer.json (preferred), tokenizer.model or spiece.model, or either file. A tokenizer.json
+  // with a Unigram model (T5's, converted from sentencepiece) runs on the folder's sentencepiece model, with the
+  // special tokens of the json's TemplateProcessing around the ids; a T5 folder's sentencepiece model alone
+  // (tokenizer_config.json's tokenizer_class T5Tokenizer) appends its eos_token. Errors: lf::Error, one line naming
+  // the file and the field.
   static std::unique_ptr<Tokenizer> load(const std::string& path);
   // Same as tokenizers' Tokenizer.encode(text, add_special_tokens).ids (or SentencePieceProcessor.encode(text)).
   // TEXT must be valid UTF-8 (lf::Error otherwise).
