@@ -60,6 +60,15 @@ struct BatchField {
   std::string doc;
 };
 using BatchSchema = std::vector<BatchField>;
+// A required field that is not a sequence (a diffusion model's latents, timesteps, conditions).
+inline BatchField required_field(std::string name, at::ScalarType dtype, int64_t dims, std::string doc) {
+  BatchField f;
+  f.name = std::move(name);
+  f.dtype = dtype;
+  f.dims = dims;
+  f.doc = std::move(doc);
+  return f;
+}
 // An optional field (images and the like: item fields, not sequences).
 inline BatchField optional_field(std::string name, at::ScalarType dtype, int64_t dims, std::string doc) {
   BatchField f;

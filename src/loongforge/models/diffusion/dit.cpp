@@ -152,14 +152,7 @@ void DiTImpl::init_weights(double std) {
 }
 
 BatchSchema DiTImpl::batch_schema() const {
-  auto field = [](const char* name, at::ScalarType dtype, int64_t dims, const char* doc) {
-    BatchField f;
-    f.name = name;
-    f.dtype = dtype;
-    f.dims = dims;
-    f.doc = doc;
-    return f;
-  };
+  const auto field = required_field;
   return {field("hidden_states", at::kFloat, 4, "noisy latents [B, in_channels, H, W]"),
           field("timestep", at::kFloat, 1, "the scheduler's timestep of each sample [B]"),
           field("class_labels", at::kLong, 1, "class of each sample [B] (num_embeds_ada_norm: none)"),

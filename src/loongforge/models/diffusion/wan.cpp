@@ -272,14 +272,7 @@ void WanTransformer3DImpl::init_weights(double std) {
 }
 
 BatchSchema WanTransformer3DImpl::batch_schema() const {
-  auto field = [](const char* name, at::ScalarType dtype, int64_t dims, const char* doc) {
-    BatchField f;
-    f.name = name;
-    f.dtype = dtype;
-    f.dims = dims;
-    f.doc = doc;
-    return f;
-  };
+  const auto field = required_field;
   return {field("hidden_states", at::kFloat, 5, "noisy latents [B, C, F, H, W]"),
           field("timestep", at::kFloat, 1, "the denoising timestep of each row [B] (float or int64)"),
           field("encoder_hidden_states", at::kFloat, 3, "the text encoder's states [B, L, text_dim]"),
