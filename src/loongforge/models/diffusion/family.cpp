@@ -7,6 +7,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/models/diffusion/vae.h"
 
 namespace lf::models::diffusion {
 
@@ -22,6 +23,7 @@ struct Entry {
 // One line per class.
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> e = {
+      {"AutoencoderKL", build_autoencoder_kl, describe_autoencoder_kl},
   };
   return e;
 }
