@@ -9,6 +9,7 @@
 #include "loongforge/core/json.h"
 #include "loongforge/models/diffusion/dit.h"
 #include "loongforge/models/diffusion/wan.h"
+#include "loongforge/models/diffusion/vae.h"
 
 namespace lf::models::diffusion {
 
@@ -26,6 +27,7 @@ const std::vector<Entry>& entries() {
   static const std::vector<Entry> e = {
       {"DiTTransformer2DModel", build_dit, describe_dit},
       {"WanTransformer3DModel", build_wan, describe_wan},
+      {"AutoencoderKL", build_autoencoder_kl, describe_autoencoder_kl},
   };
   return e;
 }
