@@ -282,13 +282,18 @@ void add_data(CLI::App& app) {
   auto so = std::make_shared<SynthOptions>();
   auto* synth = data->add_subcommand("synth", "Generate a synthetic task (train.jsonl + a character tokenizer)");
   synth->add_option("--task", so->task, "task: addition (documents 'A+B=C'), shapes (images of coloured shapes "
-                                       "with questions, for the vision-language demo)")->capture_default_str();
+                                       "with questions, for the vision-language demo), shape_classes (the same "
+                                       "images in colour class folders, for the diffusion demo)")->capture_default_str();
   synth->add_option("--out", so->out, "output folder")->required();
   synth->add_option("--docs", so->docs, "number of documents")->capture_default_str()->check(CLI::PositiveNumber);
   synth->add_option("--digits", so->digits, "digits of each operand")->capture_default_str();
   synth->add_option("--seed", so->seed, "random seed")->capture_default_str();
   synth->callback([so] {
     data::write_synthetic_task(so->task, so->out, so->docs, so->digits, so->seed);
+    if (so->task == "shape_classes") {
+      std::printf("data synth: wrote %lld images in %s/<colour>/\n", static_cast<long long>(so->docs), so->out.c_str());
+      return;
+    }
     const char* what = so->task == "shapes" ? "train.json, images/, test.tsv" : "train.jsonl";
     std::printf("data synth: wrote %s/%s (%lld documents) and %s/tokenizer.json\n", so->out.c_str(), what,
                 static_cast<long long>(so->docs), so->out.c_str());

@@ -34,7 +34,8 @@ std::string char_tokenizer_json(const std::string& chars, const std::vector<std:
 
 void write_synthetic_task(const std::string& task, const std::string& out_dir, int64_t docs, int digits, uint64_t seed) {
   if (task == "shapes") return write_shapes_task(out_dir, docs, seed);
-  if (task != "addition") throw Error("data synth: unknown task '" + task + "' (tasks: addition, shapes)");
+  if (task == "shape_classes") return write_shape_classes_task(out_dir, docs, seed);
+  if (task != "addition") throw Error("data synth: unknown task '" + task + "' (tasks: addition, shapes, shape_classes)");
   if (digits < 1 || digits > 9) throw Error("data synth: --digits must be in 1..9");
   std::filesystem::create_directories(out_dir);
   std::mt19937_64 rng(seed);

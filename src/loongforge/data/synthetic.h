@@ -1,8 +1,10 @@
 // Synthetic tasks the project generates itself, for the quickstart and for tests: small enough to learn on a CPU in
 // minutes, with an exact answer to check what a model learned.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lf::data {
@@ -19,6 +21,11 @@ void write_synthetic_task(const std::string& task, const std::string& out_dir, i
 
 // The "shapes" task (above); `docs` training images, 20 held out.
 void write_shapes_task(const std::string& out_dir, int64_t docs, uint64_t seed);
+// "shape_classes" (the diffusion demo): `docs` images as above in class folders OUT_DIR/<colour>/NNNNN.png (blue,
+// green, red, yellow: classes 0-3 in sorted order), for `data.format: images`.
+void write_shape_classes_task(const std::string& out_dir, int64_t docs, uint64_t seed);
+// The colours of the shapes, by name.
+std::vector<std::pair<std::string, std::array<int, 3>>> shape_colours();
 // A character-level tokenizer.json: `specials` (ids 0..), then one token per character of `chars`.
 std::string char_tokenizer_json(const std::string& chars, const std::vector<std::string>& specials);
 

@@ -105,4 +105,23 @@ void write_shapes_task(const std::string& out_dir, int64_t docs, uint64_t seed) 
   write_file_atomic((fs::path(out_dir) / "preprocessor_config.json").string(), proc.dump(2) + "\n");
 }
 
+void write_shape_classes_task(const std::string& out_dir, int64_t docs, uint64_t seed) {
+  namespace fs = std::filesystem;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> pick_colour(0, 3), pick_shape(0, 2);
+  for (const Colour& c : kColours) fs::create_directories(fs::path(out_dir) / c.name);
+  for (int64_t i = 0; i < docs; ++i) {
+    const int c = pick_colour(rng), s = pick_shape(rng);
+    char name[32];
+    std::snprintf(name, sizeof name, "%05lld.png", static_cast<long long>(i));
+    image::write_png((fs::path(out_dir) / kColours[c].name / name).string(), draw(rng, c, s));
+  }
+}
+
+std::vector<std::pair<std::string, std::array<int, 3>>> shape_colours() {
+  std::vector<std::pair<std::string, std::array<int, 3>>> out;
+  for (const Colour& c : kColours) out.push_back({c.name, {c.r, c.g, c.b}});
+  return out;
+}
+
 }  // namespace lf::data

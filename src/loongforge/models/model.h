@@ -170,6 +170,10 @@ class Model : public torch::nn::Module {
     int64_t start_id = -1, end_id = -1;
   };
   virtual std::optional<ImageTokens> image_tokens() const { return std::nullopt; }
+  // False when the model's backward must not run on several CPU threads at once (the row-split engine,
+  // parallel/thread_split.h): ATen's CPU convolutions give wrong weight gradients there, so models with
+  // convolutions (VAEs) say false; patch embeddings are written as GEMMs instead.
+  virtual bool thread_split_safe() const { return true; }
   // An empty string when a CUDA graph may capture a training step; else why not (one line).
   virtual std::string cuda_graph_blocker() const { return ""; }
 

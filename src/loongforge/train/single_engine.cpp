@@ -73,7 +73,8 @@ class SingleEngine : public Engine {
         opt_(on_device(b_, device), o.adamw, b_.weight_decay),
         split_(o.cpu_split) {
     if (!b_.lr_scale.empty()) opt_.set_lr_scale(b_.lr_scale);
-    splittable_ = b_.model->moe_blocks().empty() && !b_.model->recomputed(0) && !o.random_adapters;
+    splittable_ = b_.model->moe_blocks().empty() && !b_.model->recomputed(0) && !o.random_adapters &&
+                  b_.model->thread_split_safe();
     if (stream_) check_graphable(*b_.model);
   }
   double forward_backward(const std::vector<Batch>& micro, int64_t counted, bool bf16) override {

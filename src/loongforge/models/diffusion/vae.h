@@ -96,6 +96,8 @@ class AutoencoderKLImpl : public WholeModel {
   double scaling_factor() const { return config_.scaling_factor; }
   std::optional<double> shift_factor() const { return config_.shift_factor; }
   const AutoencoderKLConfig& config() const { return config_; }
+  // its convolutions' weight gradients are wrong when several threads run backward at once (ATen CPU)
+  bool thread_split_safe() const override { return false; }
 
   // ---- the model contract ----
   std::string family() const override { return "diffusion"; }
