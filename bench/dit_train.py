@@ -76,7 +76,7 @@ log: {{progress: off, plot: false, tensorboard: false}}
 
 def diffusers_steps(model, b, steps, warmup, device, precision):
     import torch
-    model.to(device).train()
+    model.to(device).eval()  # no label dropout (training mode would drop labels): the same loss as LoongForge's
     b = {k: v.to(device) for k, v in b.items()}
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95))
