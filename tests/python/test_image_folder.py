@@ -1,6 +1,7 @@
 """Class-conditional image folders for diffusion training (issue 20): `data.format: images` reads ROOT/<class>/<image>
 (classes numbered in sorted order, as torchvision's ImageFolder), makes each image square as DiT's center_crop_arr
-does with Pillow (BOX halvings, BICUBIC resize, centre crop), flips it left-right when `data.random_flip` draws so,
+does with Pillow (BOX halvings, BICUBIC resize, centre crop; or a crop at offsets the row draws, `data.random_crop`),
+flips it left-right when `data.random_flip` draws so,
 scales it to [-1, 1] and feeds it as clean `latents` to the diffusion objective: the first step's loss equals
 diffusers' DiT on the images as Pillow and torch prepare them, in the documented stream order. Bad images and
 folders are one line."""
@@ -45,7 +46,8 @@ def flipped(seed, k):
     return splitmix64(mix(seed ^ 0x5f1f5f1f5f1f5f1f, k))[1] & 1
 
 
-def center_crop_arr(pil_image, image_size):  # DiT's (ADM's) preprocessing
+def center_crop_arr(pil_image, image_size, offsets=None):
+    """DiT's (ADM's) preprocessing; with `offsets` (room -> offset) the square is cut at the offsets it gives."""
     while min(*pil_image.size) >= 2 * image_size:
         pil_image = pil_image.resize(tuple(x // 2 for x in pil_image.size), resample=Image.BOX)
     scale = image_size / min(*pil_image.size)
@@ -53,7 +55,20 @@ def center_crop_arr(pil_image, image_size):  # DiT's (ADM's) preprocessing
     arr = np.array(pil_image)
     crop_y = (arr.shape[0] - image_size) // 2
     crop_x = (arr.shape[1] - image_size) // 2
+    if offsets:
+        crop_y = offsets(arr.shape[0] - image_size)
+        crop_x = offsets(arr.shape[1] - image_size)
     return Image.fromarray(arr[crop_y: crop_y + image_size, crop_x: crop_x + image_size])
+
+
+def crop_offsets(seed, k):
+    """The row's crop offsets: SplitMix64 from mix(seed ^ 0x3c3c3c3c3c3c3c3c, k), next() mod (room + 1)."""
+    state = [mix(seed ^ 0x3c3c3c3c3c3c3c3c, k)]
+
+    def offset(room):
+        state[0], r = splitmix64(state[0])
+        return r % (room + 1)
+    return offset
 
 
 def make_folders(root):
@@ -68,8 +83,8 @@ def make_folders(root):
     return sorted(files, key=lambda x: (x[1], str(x[0])))
 
 
-@pytest.mark.parametrize("flip", [False, True])
-def test_first_loss_matches_pillow_and_diffusers(tmp_path, flip):
+@pytest.mark.parametrize("flip,crop", [(False, False), (True, False), (True, True)])
+def test_first_loss_matches_pillow_and_diffusers(tmp_path, flip, crop):
     model = make_dit(tmp_path / "m", num_embeds_ada_norm=3, in_channels=3, out_channels=6, sample_size=8)
     files = make_folders(tmp_path / "imgs")
     n, res = len(files), 8
@@ -77,7 +92,8 @@ def test_first_loss_matches_pillow_and_diffusers(tmp_path, flip):
 output_dir: {tmp_path / 'run'}
 seed: {SEED}
 model: {{path: {tmp_path / 'm'}}}
-data: {{format: images, train: [{{path: {tmp_path / 'imgs'}}}], resolution: {res}, random_flip: {str(flip).lower()}}}
+data: {{format: images, train: [{{path: {tmp_path / 'imgs'}}}], resolution: {res}, random_flip: {str(flip).lower()},
+       random_crop: {str(crop).lower()}}}
 train: {{steps: 1, micro_batch_size: {n}, threads: 1}}
 optim: {{lr: 0.0}}
 diffusion: {{objective: flow_matching, shift: 2.0}}
@@ -91,7 +107,7 @@ log: {{progress: off, plot: false, tensorboard: false}}
     with torch.no_grad():
         for k in range(n):
             f, label = files[order[k]]
-            img = np.array(center_crop_arr(Image.open(f).convert("RGB"), res))
+            img = np.array(center_crop_arr(Image.open(f).convert("RGB"), res, crop_offsets(SEED, k) if crop else None))
             if flip and flipped(SEED, k):
                 img = img[:, ::-1]
             x = torch.from_numpy(img.copy()).permute(2, 0, 1).float() / 255.0

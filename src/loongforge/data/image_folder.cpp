@@ -70,7 +70,15 @@ std::pair<at::Tensor, int64_t> ImageFolderDataset::get(int64_t k) const {
   for (int64_t i = n - 1; i > 0; --i)
     std::swap(order[static_cast<size_t>(i)], order[splitmix64(state) % static_cast<uint64_t>(i + 1)]);
   const auto& [path, label] = files_[static_cast<size_t>(order[static_cast<size_t>(pos)])];
-  at::Tensor img = center_crop_arr(image::read_image(path), o_.resolution);
+  at::Tensor img;
+  if (o_.random_crop) {  // the crop's offsets from the row's own stream: next() mod (room + 1), rows then columns
+    uint64_t state = mix(o_.seed ^ 0x3c3c3c3c3c3c3c3cULL, static_cast<uint64_t>(k));
+    img = random_crop_arr(image::read_image(path), o_.resolution, [&](int64_t room) {
+      return static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(room + 1));
+    });
+  } else {
+    img = center_crop_arr(image::read_image(path), o_.resolution);
+  }
   if (o_.random_flip) {
     uint64_t state = mix(o_.seed ^ 0x5f1f5f1f5f1f5f1fULL, static_cast<uint64_t>(k));
     if (splitmix64(state) & 1) img = img.flip({1});
@@ -79,7 +87,10 @@ std::pair<at::Tensor, int64_t> ImageFolderDataset::get(int64_t k) const {
   return {((x - 0.5) / 0.5).contiguous(), label};
 }
 
-at::Tensor center_crop_arr(const at::Tensor& image, int64_t size) {
+namespace {
+// center_crop_arr's resize: BOX halvings while the short side is at least twice `size`, then BICUBIC to a short side
+// of `size` (each side rounded half to even, as Python's round).
+at::Tensor resize_short_side(const at::Tensor& image, int64_t size) {
   at::Tensor img = image;
   while (std::min(img.size(0), img.size(1)) >= 2 * size)
     img = image::resize_pil(img, img.size(0) / 2, img.size(1) / 2, image::Filter::box);
@@ -87,8 +98,20 @@ at::Tensor center_crop_arr(const at::Tensor& image, int64_t size) {
   // Python's round (half to even) of each side times the scale
   const int64_t h = static_cast<int64_t>(std::nearbyint(static_cast<double>(img.size(0)) * scale));
   const int64_t w = static_cast<int64_t>(std::nearbyint(static_cast<double>(img.size(1)) * scale));
-  img = image::resize_pil(img, h, w, image::Filter::bicubic);
-  const int64_t y = (h - size) / 2, x = (w - size) / 2;
+  return image::resize_pil(img, h, w, image::Filter::bicubic);
+}
+}  // namespace
+
+at::Tensor center_crop_arr(const at::Tensor& image, int64_t size) {
+  const at::Tensor img = resize_short_side(image, size);
+  const int64_t y = (img.size(0) - size) / 2, x = (img.size(1) - size) / 2;
+  return img.narrow(0, y, size).narrow(1, x, size).contiguous();
+}
+
+at::Tensor random_crop_arr(const at::Tensor& image, int64_t size, const std::function<int64_t(int64_t)>& offset) {
+  const at::Tensor img = resize_short_side(image, size);
+  const int64_t y = offset(img.size(0) - size);
+  const int64_t x = offset(img.size(1) - size);
   return img.narrow(0, y, size).narrow(1, x, size).contiguous();
 }
 

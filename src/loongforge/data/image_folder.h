@@ -7,11 +7,13 @@
 // stream index k is the (k mod N)-th image of epoch k / N, and its flip is drawn from (seed, k), so any split of the
 // stream over processes gives the same samples. (Both with SplitMix64 from mix(a, b) = a * 6364136223846793005 +
 // b * 1442695040888963407 + 1 mod 2^64: the shuffle is Fisher-Yates from the last position down, swapping i with
-// next() mod (i + 1), state mix(seed, e); the flip is next() & 1, state mix(seed ^ 0x5f1f5f1f5f1f5f1f, k).)
+// next() mod (i + 1), state mix(seed, e); the flip is next() & 1, state mix(seed ^ 0x5f1f5f1f5f1f5f1f, k); a random
+// crop's row then column offsets are next() mod (room + 1), state mix(seed ^ 0x3c3c3c3c3c3c3c3c, k).)
 #pragma once
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +24,7 @@ struct ImageFolderOptions {
   std::vector<std::string> roots;  // every root has the same class folders
   int64_t resolution = 256;
   bool random_flip = false;
+  bool random_crop = false;  // the square at a random place of the resized image instead of its centre
   uint64_t seed = 0;
 };
 
@@ -42,5 +45,7 @@ class ImageFolderDataset {
 
 // ADM's center_crop_arr on a uint8 [H, W, 3] image: uint8 [size, size, 3].
 at::Tensor center_crop_arr(const at::Tensor& image, int64_t size);
+// The same resize, then the square at offset(room) rows and offset(room) columns (room: the rows / columns to spare).
+at::Tensor random_crop_arr(const at::Tensor& image, int64_t size, const std::function<int64_t(int64_t)>& offset);
 
 }  // namespace lf::data

@@ -237,6 +237,7 @@ std::unique_ptr<BatchSource> base_data(const json& r, data::Split split, const s
     o.resolution = d["resolution"];
     if (o.resolution <= 0) throw Error("recipe: field 'data.resolution': must be positive");
     o.random_flip = d["random_flip"];
+    o.random_crop = d["random_crop"];
     o.seed = static_cast<uint64_t>(r["seed"].get<int64_t>());
     return std::make_unique<ImageFolderSource>(o);
   }

@@ -42,7 +42,8 @@ const char* kDefaults = R"json({
     "skip_bad_samples": false,
     "balance": "none",
     "resolution": 256,
-    "random_flip": false
+    "random_flip": false,
+    "random_crop": false
   },
   "train": {"steps": 100, "micro_batch_size": 8, "grad_accum": 1, "threads": 0, "cpu_split": 0, "stop_at_step": 0,
             "cuda_graphs": false},
