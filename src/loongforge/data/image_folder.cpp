@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <mutex>
 
 #include "loongforge/core/error.h"
 #include "loongforge/data/image/decode.h"
@@ -63,13 +64,20 @@ ImageFolderDataset::ImageFolderDataset(ImageFolderOptions o) : o_(std::move(o)) 
 
 std::pair<at::Tensor, int64_t> ImageFolderDataset::get(int64_t k) const {
   const int64_t n = size(), epoch = k / n, pos = k % n;
-  // the epoch's order: Fisher-Yates with a generator seeded by (seed, epoch)
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
-  uint64_t state = mix(o_.seed, static_cast<uint64_t>(epoch));
-  for (int64_t i = n - 1; i > 0; --i)
-    std::swap(order[static_cast<size_t>(i)], order[splitmix64(state) % static_cast<uint64_t>(i + 1)]);
-  const auto& [path, label] = files_[static_cast<size_t>(order[static_cast<size_t>(pos)])];
+  int64_t file;
+  {
+    std::lock_guard<std::mutex> lock(order_mutex_);
+    if (epoch != order_epoch_) {  // the epoch's order: Fisher-Yates with a generator seeded by (seed, epoch)
+      order_.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) order_[static_cast<size_t>(i)] = i;
+      uint64_t state = mix(o_.seed, static_cast<uint64_t>(epoch));
+      for (int64_t i = n - 1; i > 0; --i)
+        std::swap(order_[static_cast<size_t>(i)], order_[splitmix64(state) % static_cast<uint64_t>(i + 1)]);
+      order_epoch_ = epoch;
+    }
+    file = order_[static_cast<size_t>(pos)];
+  }
+  const auto& [path, label] = files_[static_cast<size_t>(file)];
   at::Tensor img;
   if (o_.random_crop) {  // the crop's offsets from the row's own stream: next() mod (room + 1), rows then columns
     uint64_t state = mix(o_.seed ^ 0x3c3c3c3c3c3c3c3cULL, static_cast<uint64_t>(k));

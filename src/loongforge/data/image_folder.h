@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,6 +42,10 @@ class ImageFolderDataset {
   ImageFolderOptions o_;
   std::vector<std::string> classes_;
   std::vector<std::pair<std::string, int64_t>> files_;  // (path, class), sorted
+  // the order of the epoch last asked for (rebuilt when another epoch is)
+  mutable std::mutex order_mutex_;
+  mutable std::vector<int64_t> order_;
+  mutable int64_t order_epoch_ = -1;
 };
 
 // ADM's center_crop_arr on a uint8 [H, W, 3] image: uint8 [size, size, 3].

@@ -54,6 +54,12 @@ double shifted(double s, double shift) { return shift * s / (1 + (shift - 1) * s
 
 }  // namespace
 
+at::Tensor flow_training_sigmas(const SchedulerConfig& c) {
+  const int64_t n = c.num_train_timesteps;
+  const at::Tensor s = at::arange(n, 0, -1, at::kFloat) / static_cast<double>(n);
+  return c.shift * s / (1 + (c.shift - 1) * s);
+}
+
 // diffusers' betas (float32) -> alphas_cumprod (float32, cumulative product in float32).
 at::Tensor alphas_cumprod(const SchedulerConfig& c) {
   const int64_t n = c.num_train_timesteps;
@@ -81,10 +87,8 @@ Schedule make_schedule(const SchedulerConfig& c, int64_t steps) {
   if (c.kind == "flow_match_euler") {
     // The scheduler's construction shifts its training sigmas (t / T, t = T..1); set_timesteps then spaces the
     // timesteps linearly from the largest to the smallest of those and shifts again (in float64, as numpy).
-    auto shifted_f32 = [&](float sig) {  // the construction's float32 tensor arithmetic
-      return static_cast<float>(c.shift) * sig / (1.0f + static_cast<float>(c.shift - 1) * sig);
-    };
-    const double sigma_max = shifted_f32(1.0f), sigma_min = shifted_f32(1.0f / static_cast<float>(T));
+    const at::Tensor train = flow_training_sigmas(c);
+    const double sigma_max = train[0].item<float>(), sigma_min = train[train.size(0) - 1].item<float>();
     std::vector<float> sig(static_cast<size_t>(steps) + 1, 0.0f);
     const double a = sigma_max * T, b = sigma_min * T;
     for (int64_t i = 0; i < steps; ++i) {

@@ -39,6 +39,10 @@ struct Schedule {
 };
 Schedule make_schedule(const SchedulerConfig& c, int64_t steps);
 
+// FlowMatchEulerDiscreteScheduler's training sigmas (float32 [num_train_timesteps], index i: t = T - i, sigma =
+// shift(t / T)), computed as its constructor does; timestep i is sigma_i x T.
+at::Tensor flow_training_sigmas(const SchedulerConfig& c);
+
 // The DDPM / DDIM schedule's cumulative alpha products (float32 [num_train_timesteps]), as diffusers computes
 // them from the betas.
 at::Tensor alphas_cumprod(const SchedulerConfig& c);

@@ -18,6 +18,7 @@ DiffusionObjectiveSource::DiffusionObjectiveSource(std::unique_ptr<BatchSource> 
                                                    uint64_t seed, const models::Model* model)
     : inner_(std::move(inner)), o_(std::move(o)), seed_(seed), model_(model) {
   if (o_.kind == "ddpm") alphas_cumprod_ = models::alphas_cumprod(o_.schedule);
+  else sigmas_ = models::flow_training_sigmas(o_.schedule);
 }
 
 Batch DiffusionObjectiveSource::make(const Batch& clean, const std::vector<int64_t>& index) const {
@@ -47,10 +48,7 @@ Batch DiffusionObjectiveSource::make(const Batch& clean, const std::vector<int64
     if (o_.condition_dropout > 0 && at::rand({1}, g, f32).item<float>() < o_.condition_dropout) dropped.push_back(r);
     const int64_t i = std::clamp<int64_t>((u * static_cast<float>(T)).to(at::kLong).item<int64_t>(), 0, T - 1);
     if (flow) {
-      // the training sigmas of FlowMatchEulerDiscreteScheduler: s = (T - i) / T shifted, in float32
-      const at::Tensor s = at::full({1}, static_cast<float>(T - i), f32) / static_cast<float>(T);
-      const float sh = static_cast<float>(o_.schedule.shift);
-      const at::Tensor sg = sh * s / (1 + static_cast<float>(o_.schedule.shift - 1) * s);
+      const at::Tensor sg = sigmas_.narrow(0, i, 1);
       sigma[static_cast<size_t>(r)] = sg;
       step[static_cast<size_t>(r)] = sg * static_cast<float>(T);
     } else {

@@ -57,6 +57,7 @@ class DiffusionObjectiveSource : public BatchSource {
   uint64_t seed_;
   const models::Model* model_;
   at::Tensor alphas_cumprod_;  // DDPM
+  at::Tensor sigmas_;          // flow matching: the scheduler's training sigmas
   int64_t rows_ = 0;           // rows of the stream served so far
   int64_t drawn_base_ = 0;     // stream index of the current draw's first row
 };

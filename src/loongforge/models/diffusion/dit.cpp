@@ -113,7 +113,6 @@ at::Tensor DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& timestep
 DiTImpl::DiTImpl(DiTConfig c) : c_(std::move(c)) {
   const int64_t d = c_.inner_dim(), p = c_.patch_size;
   auto pe = register_module("pos_embed", std::make_shared<torch::nn::Module>());
-  pos_embed_module = pe.get();
   auto proj = pe->register_module("proj", std::make_shared<torch::nn::Module>());
   patch_weight = proj->register_parameter("weight", at::empty({d, c_.in_channels, p, p}));
   patch_bias = proj->register_parameter("bias", at::empty({d}));

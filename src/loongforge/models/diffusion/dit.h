@@ -113,7 +113,6 @@ class DiTImpl : public Model {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y);
   const DiTConfig& config() const { return c_; }
 
-  torch::nn::Module* pos_embed_module = nullptr;
   at::Tensor patch_weight, patch_bias;  // pos_embed.proj
   torch::nn::ModuleList transformer_blocks{nullptr};
   nn::Linear proj_out_1{nullptr}, proj_out_2{nullptr};

@@ -7,11 +7,11 @@
 namespace lf::models::diffusion {
 
 at::Tensor timestep_embedding(const at::Tensor& timesteps, int64_t dim, bool flip_sin_to_cos,
-                              double downscale_freq_shift, double scale, double max_period) {
+                              double downscale_freq_shift, double scale, double max_period, at::ScalarType dtype) {
   const int64_t half = dim / 2;
-  const auto f32 = timesteps.options().dtype(at::kFloat);
-  at::Tensor exponent = at::arange(half, f32) * (-std::log(max_period)) / (static_cast<double>(half) - downscale_freq_shift);
-  at::Tensor arg = timesteps.reshape({-1, 1}).to(at::kFloat) * at::exp(exponent).unsqueeze(0);
+  at::Tensor exponent = at::arange(half, timesteps.options().dtype(dtype)) * (-std::log(max_period)) /
+                        (static_cast<double>(half) - downscale_freq_shift);
+  at::Tensor arg = timesteps.reshape({-1, 1}).to(dtype) * at::exp(exponent).unsqueeze(0);
   if (scale != 1.0) arg = arg * scale;
   at::Tensor emb = flip_sin_to_cos ? at::cat({at::cos(arg), at::sin(arg)}, -1) : at::cat({at::sin(arg), at::cos(arg)}, -1);
   if (dim % 2 == 1) emb = at::constant_pad_nd(emb, {0, 1});

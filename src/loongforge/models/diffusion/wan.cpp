@@ -8,6 +8,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/models/diffusion/embeddings.h"
 
 namespace lf::models::diffusion {
 
@@ -212,13 +213,8 @@ WanConditionEmbedderImpl::WanConditionEmbedderImpl(const WanConfig& c) : freq_di
 at::Tensor WanConditionEmbedderImpl::time_embedding(const at::Tensor& timestep) {
   // diffusers' Timesteps(flip_sin_to_cos=True, downscale_freq_shift=0): float32 sinusoids (fp64 runs: fp64)
   const auto w = time_1->weight.scalar_type();
-  const auto ft = w == at::kDouble ? at::kDouble : at::kFloat;
-  const int64_t half = freq_dim_ / 2;
-  const at::Tensor freqs =
-      at::exp(at::arange(half, timestep.options().dtype(ft)) * (-std::log(10000.0)) / half);
-  const at::Tensor angles = timestep.to(ft).unsqueeze(1) * freqs.unsqueeze(0);
-  at::Tensor emb = at::cat({at::cos(angles), at::sin(angles)}, -1);
-  if (freq_dim_ % 2 == 1) emb = at::pad(emb, {0, 1});
+  const at::Tensor emb = timestep_embedding(timestep, freq_dim_, true, 0.0, 1.0, 10000.0,
+                                            w == at::kDouble ? at::kDouble : at::kFloat);
   return time_2(at::silu(time_1(emb.to(w))));
 }
 
