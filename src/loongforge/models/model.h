@@ -75,6 +75,28 @@ struct TensorParallelSpec {
   std::vector<std::pair<std::string, int64_t>> divisible;
 };
 
+// What a diffusion model's autoencoder (a VAE) gives the tools above models/ (`data encode`, `sample --images`, the
+// trainer's sample grids): pixels in [-1, 1], [B, C, H, W] for image VAEs, [B, C, frames, H, W] for video VAEs.
+class LatentCodec {
+ public:
+  virtual ~LatentCodec() = default;
+  // The posterior's (mean, logvar), unscaled latents.
+  virtual std::pair<at::Tensor, at::Tensor> encode_latents(const at::Tensor& pixels) = 0;
+  // Unscaled latents -> pixels.
+  virtual at::Tensor decode_latents(const at::Tensor& z) = 0;
+  // The denoiser's latent space as the reference pipelines feed it: normalize (e.g. (z - shift) * scaling_factor, or
+  // Wan's per-channel (z - mean) / std) and its inverse.
+  virtual at::Tensor normalize_latents(const at::Tensor& z) const = 0;
+  virtual at::Tensor denormalize_latents(const at::Tensor& z) const = 0;
+  virtual int64_t latent_channels() const = 0;
+  virtual int64_t pixel_channels() const = 0;
+  // Pixels per latent along height/width, and frames per latent frame (1: an image VAE; video VAEs map
+  // 1 + temporal * k frames to 1 + k latent frames).
+  virtual int64_t spatial_factor() const = 0;
+  virtual int64_t temporal_factor() const { return 1; }
+  virtual bool video() const { return false; }
+};
+
 class Model : public torch::nn::Module {
  public:
   ~Model() override = default;
@@ -149,6 +171,9 @@ class Model : public torch::nn::Module {
   // The default: lf::Error (the model has no unconditional input).
   virtual std::map<std::string, at::Tensor> unconditional(const std::map<std::string, at::Tensor>& conditions,
                                                           const std::string& file) const;
+
+  // Autoencoders give their latent space (nullptr: not an autoencoder).
+  virtual LatentCodec* latent_codec() { return nullptr; }
 
   // ---- how it splits ----
   virtual Split split() const = 0;

@@ -223,6 +223,29 @@ std::pair<at::Tensor, at::Tensor> AutoencoderKLImpl::encode(const at::Tensor& x)
 
 at::Tensor AutoencoderKLImpl::decode(const at::Tensor& z) { return decoder(post_quant_conv ? post_quant_conv(z) : z); }
 
+namespace {
+// Per-channel statistics shaped to broadcast over z [B, C, ...].
+at::Tensor channel_stat(const std::vector<double>& v, const at::Tensor& z) {
+  std::vector<int64_t> shape(z.dim(), 1);
+  shape[1] = static_cast<int64_t>(v.size());
+  return at::tensor(v, z.options().dtype(at::kDouble)).to(z.scalar_type()).view(shape);
+}
+}  // namespace
+
+at::Tensor AutoencoderKLImpl::normalize_latents(const at::Tensor& z) const {
+  const auto& c = config_;
+  if (!c.latents_mean.empty() && !c.latents_std.empty())
+    return (z - channel_stat(c.latents_mean, z)) * c.scaling_factor / channel_stat(c.latents_std, z);
+  return (z - c.shift_factor.value_or(0.0)) * c.scaling_factor;
+}
+
+at::Tensor AutoencoderKLImpl::denormalize_latents(const at::Tensor& z) const {
+  const auto& c = config_;
+  if (!c.latents_mean.empty() && !c.latents_std.empty())
+    return z * channel_stat(c.latents_std, z) / c.scaling_factor + channel_stat(c.latents_mean, z);
+  return z / c.scaling_factor + c.shift_factor.value_or(0.0);
+}
+
 void AutoencoderKLImpl::init_weights(double std) { init_vae_weights(*this, std); }
 
 BatchSchema AutoencoderKLImpl::batch_schema() const {

@@ -83,7 +83,7 @@ class VaeDecoderImpl : public torch::nn::Module {
 };
 TORCH_MODULE(VaeDecoder);
 
-class AutoencoderKLImpl : public WholeModel {
+class AutoencoderKLImpl : public WholeModel, public LatentCodec {
  public:
   explicit AutoencoderKLImpl(AutoencoderKLConfig c);
 
@@ -96,6 +96,17 @@ class AutoencoderKLImpl : public WholeModel {
   double scaling_factor() const { return config_.scaling_factor; }
   std::optional<double> shift_factor() const { return config_.shift_factor; }
   const AutoencoderKLConfig& config() const { return config_; }
+  // ---- the latent space (LatentCodec) ----
+  LatentCodec* latent_codec() override { return this; }
+  std::pair<at::Tensor, at::Tensor> encode_latents(const at::Tensor& pixels) override { return encode(pixels); }
+  at::Tensor decode_latents(const at::Tensor& z) override { return decode(z); }
+  // (z - shift_factor) * scaling_factor; with latents_mean / latents_std (SDXL-style configs) per channel:
+  // (z - mean) * scaling_factor / std.
+  at::Tensor normalize_latents(const at::Tensor& z) const override;
+  at::Tensor denormalize_latents(const at::Tensor& z) const override;
+  int64_t latent_channels() const override { return config_.latent_channels; }
+  int64_t pixel_channels() const override { return config_.in_channels; }
+  int64_t spatial_factor() const override { return config_.downsample_factor(); }
   // its convolutions' weight gradients are wrong when several threads run backward at once (ATen CPU)
   bool thread_split_safe() const override { return false; }
 
