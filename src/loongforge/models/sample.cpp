@@ -60,8 +60,8 @@ at::Tensor flow_training_sigmas(const SchedulerConfig& c) {
   return c.shift * s / (1 + (c.shift - 1) * s);
 }
 
-// diffusers' betas (float32) -> alphas_cumprod (float32, cumulative product in float32).
-at::Tensor alphas_cumprod(const SchedulerConfig& c) {
+// diffusers' betas (float32).
+at::Tensor betas(const SchedulerConfig& c) {
   const int64_t n = c.num_train_timesteps;
   at::Tensor betas;
   if (c.beta_schedule == "linear") {
@@ -77,8 +77,11 @@ at::Tensor alphas_cumprod(const SchedulerConfig& c) {
     }
     betas = at::tensor(b, at::kFloat);
   }
-  return at::cumprod(1.0 - betas, 0);
+  return betas;
 }
+
+// alphas_cumprod (float32, cumulative product in float32).
+at::Tensor alphas_cumprod(const SchedulerConfig& c) { return at::cumprod(1.0 - betas(c), 0); }
 
 Schedule make_schedule(const SchedulerConfig& c, int64_t steps) {
   if (steps <= 0) throw Error("sample: the number of steps must be positive");
@@ -177,6 +180,11 @@ SampleResult sample(Model& model, const std::map<std::string, at::Tensor>& batch
   }
   r.samples = at::stack(out);
   return r;
+}
+
+at::Tensor latents_to_pixels(LatentCodec* codec, const at::Tensor& samples) {
+  if (!codec) return samples;
+  return codec->decode_latents(codec->denormalize_latents(samples.to(at::kFloat))).clamp(-1, 1);
 }
 
 }  // namespace lf::models

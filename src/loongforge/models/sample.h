@@ -43,6 +43,8 @@ Schedule make_schedule(const SchedulerConfig& c, int64_t steps);
 // shift(t / T)), computed as its constructor does; timestep i is sigma_i x T.
 at::Tensor flow_training_sigmas(const SchedulerConfig& c);
 
+// The DDPM / DDIM schedule's betas (float32 [num_train_timesteps]) as diffusers makes them.
+at::Tensor betas(const SchedulerConfig& c);
 // The DDPM / DDIM schedule's cumulative alpha products (float32 [num_train_timesteps]), as diffusers computes
 // them from the betas.
 at::Tensor alphas_cumprod(const SchedulerConfig& c);
@@ -57,6 +59,10 @@ struct SampleResult {
   at::Tensor samples;  // [steps + 1, ...noise shape]: index 0 the noise, the last the result
   Schedule schedule;
 };
+
+// Pixels in [-1, 1] from a denoiser's final samples: decoded by the autoencoder (its normalization undone first) when
+// one is given, else the samples themselves (pixel-space models).
+at::Tensor latents_to_pixels(LatentCodec* codec, const at::Tensor& samples);
 
 // Denoises batch["noise"] with the batch's other tensors as conditions (`file` names the batch in errors).
 SampleResult sample(Model& model, const std::map<std::string, at::Tensor>& batch, const SampleOptions& opts,

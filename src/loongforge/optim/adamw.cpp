@@ -192,6 +192,7 @@ void AdamW::step(std::optional<double> lr, double grad_scale) {
       kernels::cuda::multi_tensor_adamw(ps, gs, ms, vs, {rate * scale, opts_.beta1, opts_.beta2, opts_.eps, step_},
                                         wds);
     }
+    update_ema();
     return;
   }
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -217,6 +218,33 @@ void AdamW::step(std::optional<double> lr, double grad_scale) {
       p.addcdiv_(m_[i], denom, -(rate_i / bc1));
     }
   }
+  update_ema();
+}
+
+double EmaOptions::decay_at(int64_t s) const {
+  if (warmup == "none") return s <= update_after_step ? 0.0 : std::max(decay, min_decay);
+  const int64_t k = std::max<int64_t>(0, s - update_after_step - 1);
+  if (k <= 0) return 0.0;
+  const double kk = static_cast<double>(k);
+  double d = decay;
+  if (warmup == "ramp") d = std::min(decay, (1 + kk) / (10 + kk));
+  else if (warmup == "power") d = std::min(decay, 1 - std::pow(1 + kk / inv_gamma, -power));
+  return std::max(d, min_decay);
+}
+
+void AdamW::enable_ema(const EmaOptions& o) {
+  TORCH_CHECK(o.warmup == "ramp" || o.warmup == "power" || o.warmup == "none", "AdamW: EMA warmup ramp, power or none");
+  ema_opts_ = o;
+  ema_.clear();
+  at::NoGradGuard no_grad;
+  for (const auto& p : params_) ema_.push_back(p.detach().clone(at::MemoryFormat::Contiguous));
+}
+
+void AdamW::update_ema() {
+  if (ema_.empty()) return;
+  at::NoGradGuard no_grad;
+  const double one_minus = 1 - ema_opts_.decay_at(step_);
+  for (size_t i = 0; i < params_.size(); ++i) ema_[i].sub_(ema_[i] - params_[i], one_minus);
 }
 
 void AdamW::zero_grad(bool set_to_none) {

@@ -16,6 +16,21 @@ struct AdamWOptions {
   static AdamWOptions parse(const std::string& spec);
 };
 
+// An exponential moving average of the weights, kept by the optimizer beside its moments (so every layout shards,
+// gathers and checkpoints it as it does exp_avg), with diffusers' EMAModel schedule: at optimizer step s (1-based),
+// k = s - update_after_step - 1; decay 0 while k <= 0 (the average starts as a copy), else
+// min(decay, (1 + k) / (10 + k)) (warmup "ramp", EMAModel's default), min(decay, 1 - (1 + k / inv_gamma)^-power)
+// ("power": use_ema_warmup), then at least min_decay; warmup "none" (DiT's trainer): decay from the first step after
+// update_after_step (0 before). The average moves by ema -= (1 - decay) (ema - param).
+struct EmaOptions {
+  double decay = 0;  // 0: no average
+  double min_decay = 0;
+  int64_t update_after_step = 0;
+  std::string warmup = "ramp";  // ramp | power | none
+  double inv_gamma = 1.0, power = 2.0 / 3.0;
+  double decay_at(int64_t step) const;
+};
+
 class AdamW {
  public:
   // weight_decay[i] overrides the options' decay for params[i] (empty: the options' value for all).
@@ -35,9 +50,16 @@ class AdamW {
   std::vector<at::Tensor>& exp_avg() { return m_; }
   std::vector<at::Tensor>& exp_avg_sq() { return v_; }
   void set_steps(int64_t s) { step_ = s; }
+  // Keeps an average of the parameters from now on (a copy of them to start); step() updates it after each update.
+  void enable_ema(const EmaOptions& o);
+  bool has_ema() const { return ema_opts_.decay > 0; }
+  std::vector<at::Tensor>& ema() { return ema_; }
+  const std::vector<at::Tensor>& params() const { return params_; }
 
  private:
-  std::vector<at::Tensor> params_, m_, v_;
+  void update_ema();
+  std::vector<at::Tensor> params_, m_, v_, ema_;
+  EmaOptions ema_opts_;
   std::vector<double> wd_, lr_scale_;
   AdamWOptions opts_;
   int64_t step_ = 0;

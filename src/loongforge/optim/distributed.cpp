@@ -118,7 +118,8 @@ at::Tensor& DataParallelOptimizer::state_of(const std::string& which, size_t i) 
   if (which == "exp_avg") return adam_->exp_avg()[i];
   if (which == "exp_avg_sq") return adam_->exp_avg_sq()[i];
   if (which == "param") return param_views_[i];
-  throw Error("DataParallelOptimizer: unknown state '" + which + "' (exp_avg, exp_avg_sq, param)");
+  if (which == "ema" && adam_->has_ema()) return adam_->ema()[i];
+  throw Error("DataParallelOptimizer: unknown state '" + which + "' (exp_avg, exp_avg_sq, param; ema when enabled)");
 }
 
 std::map<std::string, at::Tensor> DataParallelOptimizer::full_state(const std::string& which) const {

@@ -58,10 +58,13 @@ class DataParallelOptimizer {
   void zero_grad() { engine_->zero_grad(); }
   int64_t steps() const { return adam_->steps(); }
   void set_steps(int64_t s) { adam_->set_steps(s); }
+  // An average of this rank's shard of the parameters (AdamW::enable_ema); full_state("ema") gathers it.
+  void enable_ema(const EmaOptions& o) { adam_->enable_ema(o); }
+  bool has_ema() const { return adam_->has_ema(); }
   const std::vector<std::string>& names() const { return engine_->names(); }
   parallel::GradSync& engine() { return *engine_; }
 
-  // Collective over the shard group: the whole "exp_avg", "exp_avg_sq" or "param" (master values) of every
+  // Collective over the shard group: the whole "exp_avg", "exp_avg_sq", "ema" or "param" (master values) of every
   // parameter, by name, in host memory (for checkpoints; steps() is the step count).
   std::map<std::string, at::Tensor> full_state(const std::string& which) const;
   // Sets this rank's shard of `which` from whole tensors by name (same values on every rank); "param" also

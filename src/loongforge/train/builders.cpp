@@ -286,6 +286,7 @@ std::unique_ptr<BatchSource> build_data(const json& r, data::Split split, const 
   o.mode_scale = f["mode_scale"];
   o.loss_weighting = f["loss_weighting"];
   o.condition_dropout = f["condition_dropout"];
+  o.vlb_weight = f["vlb_weight"];
   if (!(o.condition_dropout >= 0 && o.condition_dropout < 1))
     throw Error("recipe: field 'diffusion.condition_dropout': must be in [0, 1)");
   o.schedule.num_train_timesteps = f["num_train_timesteps"];
@@ -357,6 +358,17 @@ EngineOptions engine_options(const json& r) {
     throw Error("recipe: field 'parallel.vocab_granule': " + std::to_string(o.vocab_granule) + " must be >= 1");
   o.guest_slots = r["moe"]["guest_slots"].get<int>();
   o.ranks_per_node = r["moe"]["ranks_per_node"].get<int>();
+  const json& e = r["ema"];
+  o.ema.decay = e["decay"];
+  o.ema.min_decay = e["min_decay"];
+  o.ema.update_after_step = e["update_after_step"];
+  o.ema.warmup = e["warmup"];
+  o.ema.inv_gamma = e["inv_gamma"];
+  o.ema.power = e["power"];
+  if (o.ema.decay < 0 || o.ema.decay >= 1)
+    throw Error("recipe: field 'ema.decay': " + std::to_string(o.ema.decay) + " must be in [0, 1) (0: no average)");
+  if (o.ema.decay > 0 && r["lora"]["enabled"].get<bool>())
+    throw Error("recipe: field 'ema.decay': a weight average of LoRA runs is not supported (set 0)");
   return o;
 }
 

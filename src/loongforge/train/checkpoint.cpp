@@ -100,7 +100,7 @@ std::string save_checkpoint(const std::string& root, int64_t step, models::Model
                             const TrainableSet& trainable, optim::AdamW& opt, const nlohmann::json& trainer_state,
                             const std::string& tokenizer_src, int keep) {
   // A world of one through the one writer: the whole tensors by checkpoint name (LoRA runs: the adapter).
-  std::map<std::string, at::Tensor> weights, m, v;
+  std::map<std::string, at::Tensor> weights, m, v, ema;
   if (trainable.lora) {
     for (size_t i = 0; i < trainable.names.size(); ++i) weights[trainable.names[i]] = trainable.params[i].detach();
   } else {
@@ -109,9 +109,10 @@ std::string save_checkpoint(const std::string& root, int64_t step, models::Model
   for (size_t i = 0; i < trainable.names.size(); ++i) {
     m[trainable.names[i]] = opt.exp_avg()[i];
     v[trainable.names[i]] = opt.exp_avg_sq()[i];
+    if (opt.has_ema()) ema[trainable.names[i]] = opt.ema()[i];
   }
   return write_checkpoint(root, step, CheckpointRanks{}, weights, m, v, opt.steps(), model, trainable, trainer_state,
-                          tokenizer_src, keep);
+                          tokenizer_src, keep, ema);
 }
 
 OptimizerStateReader::OptimizerStateReader(const std::string& dir) : dir_(dir) {
@@ -175,6 +176,17 @@ nlohmann::json load_checkpoint(const std::string& dir, models::Model& model,
       at::Tensor t = st.tensor(key);
       if (t.sizes() != (*vec)[i].sizes()) throw Error(dir + ": optimizer tensor '" + key + "': shape does not match the model");
       (*vec)[i].copy_(t);
+    }
+  }
+  if (opt.has_ema()) {
+    const std::string ed = ema_dir(dir);
+    if (!fs::exists(ed)) throw Error(ed + ": missing (the run keeps a weight average: ema.decay > 0)");
+    auto ckpt = io::SafetensorsCheckpoint::open(ed);
+    for (size_t i = 0; i < trainable.names.size(); ++i) {
+      at::Tensor t = read_whole(ckpt, model, trainable.names[i], ed);
+      if (t.sizes() != opt.ema()[i].sizes())
+        throw Error(ed + ": tensor '" + trainable.names[i] + "': shape does not match the model");
+      opt.ema()[i].copy_(t);
     }
   }
   opt.set_steps(st.steps());
@@ -249,11 +261,14 @@ std::string shard_file(const std::string& stem, int rank, int world) {
   return world == 1 ? stem + ".safetensors" : rank_file(stem, rank);
 }
 
+std::string ema_dir(const std::string& checkpoint_dir) { return (fs::path(checkpoint_dir) / "ema").string(); }
+
 std::string write_checkpoint(const std::string& root, int64_t step, const CheckpointRanks& ranks,
                              const std::map<std::string, at::Tensor>& weights,
                              const std::map<std::string, at::Tensor>& m, const std::map<std::string, at::Tensor>& v,
                              int64_t optimizer_steps, const models::Model& model, const TrainableSet& trainable,
-                             const nlohmann::json& st, const std::string& tokenizer, int keep) {
+                             const nlohmann::json& st, const std::string& tokenizer, int keep,
+                             const std::map<std::string, at::Tensor>& ema) {
   using nlohmann::json;
   const bool main = ranks.rank == 0, one = ranks.world == 1;
   // one process: a temporary folder of its own (a killed run's leftovers never clash); else one name for every rank
@@ -280,6 +295,20 @@ std::string write_checkpoint(const std::string& root, int64_t step, const Checkp
   ot.emplace_back("rng.cpu", cpu_rng_state());
   if (!wt.empty())
     io::save_file((fs::path(tmp) / shard_file(weight_stem, ranks.rank, ranks.world)).string(), wt, {{"format", "pt"}});
+  const bool with_ema = !ema.empty() && !trainable.lora;
+  if (with_ema) {  // the average's folder: the same names in the same files, averaged values where trained
+    const std::map<std::string, at::Tensor> averaged = to_checkpoint_names(model, ema);
+    io::NamedTensors et;
+    for (const auto& [n, t] : wt) {
+      auto it = averaged.find(n);
+      et.emplace_back(n, it == averaged.end() ? t : it->second.to(at::kCPU, at::kFloat).contiguous());
+    }
+    if (main) fs::create_directories(ema_dir(tmp));
+    ranks.barrier();
+    if (!et.empty())
+      io::save_file((fs::path(ema_dir(tmp)) / shard_file(weight_stem, ranks.rank, ranks.world)).string(), et,
+                    {{"format", "pt"}});
+  }
   io::save_file((fs::path(tmp) / shard_file("optimizer", ranks.rank, ranks.world)).string(), ot,
                 {{"optimizer_steps", std::to_string(optimizer_steps)}});
   write_file_atomic((fs::path(tmp) / ("index-rank-" + std::to_string(ranks.rank) + ".json")).string(),
@@ -326,6 +355,12 @@ std::string write_checkpoint(const std::string& root, int64_t step, const Checkp
       if (!one)  // a world of one: model.safetensors alone, as save_pretrained writes a model that fits one file
         write_file_atomic((fs::path(tmp) / (model.weights_file_stem() + ".safetensors.index.json")).string(),
                           index.dump(2) + "\n");
+      if (with_ema) {
+        if (!one)
+          write_file_atomic((fs::path(ema_dir(tmp)) / (model.weights_file_stem() + ".safetensors.index.json")).string(),
+                            index.dump(2) + "\n");
+        io::write_model_metadata(model, ema_dir(tmp), at::kFloat, tokenizer);
+      }
     }
     json oindex = {{"world", ranks.world}, {"layout", ranks.layout}, {"optimizer_steps", optimizer_steps},
                    {"weight_map", opt_map}};

@@ -45,7 +45,7 @@ struct CheckpointRanks {
   std::function<void()> barrier = [] {};
   std::string layout = "single process";
 };
-// The one checkpoint writer: every rank writes its share of the whole weights (by checkpoint name; LoRA runs: the
+// The one checkpoint writer (ema: the weight average by parameter name, whole; written as DIR/ema): every rank writes its share of the whole weights (by checkpoint name; LoRA runs: the
 // adapter by parameter name) and of the optimizer moments (by parameter name) into <stem>-rank-R.safetensors, rank
 // 0 the indexes (model.safetensors.index.json, the format transformers reads; optimizer.index.json), config.json,
 // tokenizer files and trainer_state.json (LoRA: PEFT's adapter_config.json + adapter_model.safetensors instead of the
@@ -55,7 +55,11 @@ std::string write_checkpoint(const std::string& root, int64_t step, const Checkp
                              const std::map<std::string, at::Tensor>& exp_avg,
                              const std::map<std::string, at::Tensor>& exp_avg_sq, int64_t optimizer_steps,
                              const models::Model& model, const TrainableSet& trainable,
-                             const nlohmann::json& trainer_state, const std::string& tokenizer, int keep);
+                             const nlohmann::json& trainer_state, const std::string& tokenizer, int keep,
+                             const std::map<std::string, at::Tensor>& ema = {});
+// The folder of a checkpoint's weight average (ema.*): DIR/ema, a model folder like DIR itself with the averaged
+// values of the trained parameters (the rest as in DIR).
+std::string ema_dir(const std::string& checkpoint_dir);
 // The file of rank R's share: <stem>.safetensors in a world of one, else rank_file.
 std::string shard_file(const std::string& stem, int rank, int world);
 

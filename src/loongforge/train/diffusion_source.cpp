@@ -19,6 +19,19 @@ DiffusionObjectiveSource::DiffusionObjectiveSource(std::unique_ptr<BatchSource> 
     : inner_(std::move(inner)), o_(std::move(o)), seed_(seed), model_(model) {
   if (o_.kind == "ddpm") alphas_cumprod_ = models::alphas_cumprod(o_.schedule);
   else sigmas_ = models::flow_training_sigmas(o_.schedule);
+  bool vlb = false;
+  if (model_ && o_.kind == "ddpm" && o_.vlb_weight != 0)
+    for (const auto& f : model_->batch_schema()) vlb = vlb || f.name == "vlb_terms";
+  if (vlb) {  // guided diffusion's GaussianDiffusion tables, in float64 from the betas
+    const at::Tensor beta = models::betas(o_.schedule).to(at::kDouble), alpha = 1 - beta;
+    const at::Tensor abar = at::cumprod(alpha, 0);
+    const at::Tensor abar_prev = at::cat({at::ones({1}, abar.options()), abar.narrow(0, 0, abar.size(0) - 1)});
+    const at::Tensor post_var = beta * (1 - abar_prev) / (1 - abar);
+    const at::Tensor post_logvar = at::log(at::cat({post_var.narrow(0, 1, 1), post_var.narrow(0, 1, post_var.size(0) - 1)}));
+    vlb_table_ = at::stack({beta * abar_prev.sqrt() / (1 - abar), (1 - abar_prev) * alpha.sqrt() / (1 - abar),
+                            post_logvar, beta.log(), (1 / abar).sqrt(), (1 / abar - 1).sqrt()},
+                           1);
+  }
 }
 
 Batch DiffusionObjectiveSource::make(const Batch& clean, const std::vector<int64_t>& index) const {
@@ -46,7 +59,13 @@ Batch DiffusionObjectiveSource::make(const Batch& clean, const std::vector<int64
     }
     noise[static_cast<size_t>(r)] = at::randn(x[r].sizes(), g, f32);
     if (o_.condition_dropout > 0 && at::rand({1}, g, f32).item<float>() < o_.condition_dropout) dropped.push_back(r);
-    const int64_t i = std::clamp<int64_t>((u * static_cast<float>(T)).to(at::kLong).item<int64_t>(), 0, T - 1);
+    int64_t i = std::clamp<int64_t>((u * static_cast<float>(T)).to(at::kLong).item<int64_t>(), 0, T - 1);
+    if (buckets_ > 0) {  // a timestep uniform in bucket k (the density's u is drawn all the same: same stream)
+      const double tau = (static_cast<double>(bucket_) + at::rand({1}, g, f32).item<double>()) /
+                         static_cast<double>(buckets_) * static_cast<double>(T);
+      if (flow) i = (sigmas_ * static_cast<float>(T) - tau).abs().argmin().item<int64_t>();
+      else i = std::clamp<int64_t>(static_cast<int64_t>(tau), 0, T - 1);
+    }
     if (flow) {
       const at::Tensor sg = sigmas_.narrow(0, i, 1);
       sigma[static_cast<size_t>(r)] = sg;
@@ -72,6 +91,14 @@ Batch DiffusionObjectiveSource::make(const Batch& clean, const std::vector<int64
   } else {  // DDPMScheduler.add_noise
     out.set("hidden_states", s.pow(0.5) * x + (1 - s).pow(0.5) * eps);
     out.set("target", eps);
+    if (vlb_table_.defined()) {
+      const at::Tensor t = at::cat(step).to(at::kLong);
+      out.set("x_start", x);
+      out.set("vlb_terms", at::cat({vlb_table_.index_select(0, t).to(at::kFloat),
+                                    (t == 0).to(at::kFloat).unsqueeze(1),
+                                    at::full({n, 1}, o_.vlb_weight, f32)},
+                                   1));
+    }
   }
   out.set("timestep", at::cat(step));
   if (!dropped.empty()) {

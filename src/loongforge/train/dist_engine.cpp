@@ -155,6 +155,7 @@ class DistEngine : public Engine {
       for (const auto& n : fsdp_->names()) decay.push_back(wd.count(n) ? wd[n] : 0.0);
       opt_ = std::make_unique<optim::DataParallelOptimizer>(fsdp_, decay, ao);
       if (!lr_scale.empty()) opt_->set_lr_scale(lr_scale);
+      if (o.ema.decay > 0) opt_->enable_ema(o.ema);
       for (const auto& n : fsdp_->names()) saved_names_.push_back(n);
       return;
     }
@@ -229,6 +230,10 @@ class DistEngine : public Engine {
       opt_->set_lr_scale(lr_scale);
       if (eopt_) eopt_->set_lr_scale(lr_scale);
     }
+    if (o.ema.decay > 0) {
+      opt_->enable_ema(o.ema);
+      if (eopt_) eopt_->enable_ema(o.ema);
+    }
   }
 
   void set_sync(bool last) {
@@ -244,6 +249,33 @@ class DistEngine : public Engine {
   int data_parallel() const override { return layout_.dp; }
   int data_parallel_rank() const override { return static_cast<int>(dp_index_); }
   void barrier() override { comm_->world_group().barrier(); }
+  bool with_whole_model(bool average, const std::function<void(models::Model&)>& fn) override {
+    if (layout_.tp > 1 || layout_.sp || layout_.pp > 1 || layout_.cp > 1 || layout_.ep > 1 || layout_.zero == 3)
+      return false;
+    at::NoGradGuard no_grad;
+    std::map<std::string, at::Tensor> avg;
+    if (average && opt_->has_ema()) avg = opt_->full_state("ema");  // collective
+    if (is_main()) {
+      auto named = b_.model->named_parameters();
+      std::map<std::string, at::Tensor> kept;
+      for (const auto& [n, t] : avg) {
+        kept[n] = named[n].detach().clone();
+        named[n].detach().copy_(t);
+      }
+      auto restore = [&] {
+        for (const auto& [n, t] : kept) named[n].detach().copy_(t);
+      };
+      try {
+        fn(*b_.model);
+      } catch (...) {
+        restore();
+        throw;
+      }
+      restore();
+    }
+    barrier();
+    return true;
+  }
   std::pair<int64_t, int64_t> local_rows(int64_t micro_batch_size) const override {
     return {dp_index_ * micro_batch_size, micro_batch_size};
   }
@@ -439,7 +471,8 @@ class DistEngine : public Engine {
       for (const auto& item : b_.model->named_buffers())
         if (saved.count(item.key())) weights[item.key()] = item.value().detach();
     }
-    std::map<std::string, at::Tensor> m = whole(full_state("exp_avg")), v = whole(full_state("exp_avg_sq"));
+    std::map<std::string, at::Tensor> m = whole(full_state("exp_avg")), v = whole(full_state("exp_avg_sq")), e;
+    if (opt_->has_ema()) e = whole(full_state("ema"));
     // Each tensor of this stage is written by one of the stage's ranks (round robin over dp x cp x tp).
     const parallel::Group& stage = mesh_->group_over({"dp_rep", "ep", "dp_shard", "cp", "tp"});
     CheckpointRanks ranks;
@@ -450,7 +483,7 @@ class DistEngine : public Engine {
     ranks.barrier = [this] { barrier(); };
     ranks.layout = layout_.describe();
     return write_checkpoint(root, step, ranks, weights, m, v, opt_->steps(), *b_.model, b_.trainable, st, tokenizer,
-                            keep);
+                            keep, e);
   }
 
   json load(const std::string& dir) override {
@@ -461,11 +494,13 @@ class DistEngine : public Engine {
     if (lora) adapter = io::SafetensorsFile::open((fs::path(dir) / "adapter_model.safetensors").string());
     else ckpt = io::SafetensorsCheckpoint::open(dir);
     OptimizerStateReader st(dir);
+    std::optional<io::SafetensorsCheckpoint> ema_ckpt;
+    if (opt_->has_ema()) ema_ckpt = io::SafetensorsCheckpoint::open(ema_dir(dir));
     auto local_of = [&](const std::string& n, const at::Tensor& full) {
       at::Tensor t = (layout_.tp > 1 || layout_.sp) ? parallel::shard_of(n, full, plan_, *tp_) : full;
       return layout_.ep > 1 && ep_plan_.is_expert_param(n) ? parallel::expert_shard_of(t, *ep_) : t;
     };
-    std::map<std::string, at::Tensor> p, m, v;
+    std::map<std::string, at::Tensor> p, m, v, e;
     std::vector<std::string> all_names = opt_->names();
     if (eopt_) all_names.insert(all_names.end(), eopt_->names().begin(), eopt_->names().end());
     for (const auto& n : all_names) {
@@ -479,12 +514,14 @@ class DistEngine : public Engine {
       p[n] = local_of(n, w.to(at::kFloat));
       m[n] = local_of(n, st.tensor("exp_avg." + n));
       v[n] = local_of(n, st.tensor("exp_avg_sq." + n));
+      if (ema_ckpt) e[n] = local_of(n, read_whole(*ema_ckpt, *b_.model, n, ema_dir(dir)).to(at::kFloat));
     }
     for (auto* o : {opt_.get(), eopt_.get()}) {
       if (!o) continue;
       o->load_full_state("param", p);
       o->load_full_state("exp_avg", m);
       o->load_full_state("exp_avg_sq", v);
+      if (ema_ckpt) o->load_full_state("ema", e);
       o->set_steps(st.steps());
     }
     // Frozen parameters of this rank come from the checkpoint too.

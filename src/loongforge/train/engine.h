@@ -3,6 +3,7 @@
 // schedule are the same for both.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +76,10 @@ class Engine {
   // Extra entries for this step's metrics line (no collectives; called on every rank after step()): the MoE
   // replication plans' mean overload with and without guests, and the tokens replicas computed (parallel.ep).
   virtual nlohmann::json step_metrics() { return nlohmann::json::object(); }
+  // Runs fn on the main process with the whole model as it stands (with the weight average's values instead when
+  // `average` and the run keeps one), then puts the weights back; collective. False (fn not run anywhere) when the
+  // layout keeps no whole model on the main process (tp, pp, cp, ep, FSDP).
+  virtual bool with_whole_model(bool average, const std::function<void(models::Model&)>& fn) = 0;
 };
 
 // What the engines take from a recipe, read and checked once (builders.h: engine_options); the engines never look
@@ -90,6 +95,7 @@ struct EngineOptions {
   std::string backend = "auto";    // parallel.backend
   int64_t vocab_granule = 1;       // parallel.vocab_granule
   int guest_slots = 0, ranks_per_node = 0;  // moe.guest_slots, moe.ranks_per_node
+  optim::EmaOptions ema;                     // ema.* (decay 0: none): an average of the trained weights
 };
 
 // The distributed engine for the layout (dist_engine.cpp); takes the full model.

@@ -73,6 +73,7 @@ class SingleEngine : public Engine {
         opt_(on_device(b_, device), o.adamw, b_.weight_decay),
         split_(o.cpu_split) {
     if (!b_.lr_scale.empty()) opt_.set_lr_scale(b_.lr_scale);
+    if (o.ema.decay > 0) opt_.enable_ema(o.ema);
     splittable_ = b_.model->moe_blocks().empty() && !b_.model->recomputed(0) && !o.random_adapters &&
                   b_.model->thread_split_safe();
     if (stream_) check_graphable(*b_.model);
@@ -129,6 +130,23 @@ class SingleEngine : public Engine {
     return save_checkpoint(root, step, *b_.model, b_.trainable, opt_, st, tokenizer, keep);
   }
   json load(const std::string& dir) override { return load_checkpoint(dir, *b_.model, b_.trainable, opt_); }
+  bool with_whole_model(bool average, const std::function<void(models::Model&)>& fn) override {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> kept;
+    if (average && opt_.has_ema())
+      for (size_t i = 0; i < opt_.params().size(); ++i) {
+        kept.push_back(opt_.params()[i].detach().clone());
+        opt_.params()[i].detach().copy_(opt_.ema()[i]);
+      }
+    try {
+      fn(*b_.model);
+    } catch (...) {
+      for (size_t i = 0; i < kept.size(); ++i) opt_.params()[i].detach().copy_(kept[i]);
+      throw;
+    }
+    for (size_t i = 0; i < kept.size(); ++i) opt_.params()[i].detach().copy_(kept[i]);
+    return true;
+  }
 
  private:
   // Moves the model to the device before the optimizer allocates its state there (Module::to keeps the parameter

@@ -24,6 +24,8 @@
 #include "loongforge/train/engine.h"
 #include "loongforge/train/progress.h"
 #include "loongforge/train/recipe.h"
+#include "loongforge/train/diffusion_source.h"
+#include "loongforge/train/sample_grid.h"
 #include "loongforge/train/single_engine.h"
 
 namespace lf::train {
@@ -93,6 +95,23 @@ TrainOutcome train_run(const json& r, bool resume) {
   // Every evaluation uses the same first eval.batches validation batches, so values compare across steps and
   // with `loongforge eval`.
   const json valid_start = valid ? valid->state() : json();
+  // Diffusion runs: the validation loss per timestep bucket (eval.timestep_buckets) and sample grids (eval.samples).
+  const int64_t buckets = r["eval"]["timestep_buckets"];
+  DiffusionObjectiveSource* bucketed = nullptr;
+  if (buckets < 0) throw Error("recipe: field 'eval.timestep_buckets': must be >= 0");
+  if (buckets > 0) {
+    bucketed = dynamic_cast<DiffusionObjectiveSource*>(valid.get());
+    if (!bucketed)
+      throw Error("recipe: field 'eval.timestep_buckets': needs a diffusion run (diffusion.objective) with validation "
+                  "data (data.valid_fraction)");
+  }
+  std::unique_ptr<SampleGrid> grid;
+  if (r["eval"]["samples"].get<int64_t>() < 0) throw Error("recipe: field 'eval.samples': must be >= 0");
+  if (r["eval"]["samples"].get<int64_t>() > 0) {
+    auto fresh = build_data(r, data::Split::Train, tokenizer, model.get());
+    grid = std::make_unique<SampleGrid>(r, *fresh);
+  }
+  bool grid_said = false;
   // data.skip_bad_samples: the bad samples left out, said once here and in this run's first metrics line.
   const std::optional<BatchSource::Skipped> skipped = data->skipped_samples();
   if (main_rank && skipped && skipped->skipped > 0)
@@ -226,6 +245,32 @@ TrainOutcome train_run(const json& r, bool resume) {
       line["valid_loss"] = vl;
       if (tb) tb->add_scalar("valid/loss", vl, step);
       progress.note("step " + std::to_string(step) + " valid loss " + std::to_string(vl));
+      if (bucketed) {
+        json by_t = json::array();
+        for (int64_t k = 0; k < buckets; ++k) {
+          valid->restore(valid_start);
+          bucketed->set_timestep_bucket(k, buckets);
+          const double v = validation_loss(*engine, *valid, ro.eval_batches, mb);
+          by_t.push_back(v);
+          if (tb) tb->add_scalar("valid/loss_timestep_bucket_" + std::to_string(k), v, step);
+        }
+        bucketed->set_timestep_bucket(0, 0);
+        line["valid_loss_by_timestep"] = by_t;
+      }
+    }
+    if (grid && ro.eval_every > 0 && (step % ro.eval_every == 0 || step == steps)) {
+      std::string path;
+      const bool done = engine->with_whole_model(/*average=*/true, [&](models::Model& m) {
+        path = grid->write(m, step, (fs::path(out) / "samples").string());
+      });
+      if (done && main_rank) {
+        line["samples"] = path;
+        progress.note("step " + std::to_string(step) + " samples " + path);
+      } else if (!done && main_rank && !grid_said) {
+        std::fprintf(stderr, "eval.samples: this layout keeps no whole model on rank 0 (tp, pp, cp, ep, FSDP): no "
+                             "sample grids\n");
+        grid_said = true;
+      }
     }
     if (main_rank) {
       metrics << line.dump() << "\n";

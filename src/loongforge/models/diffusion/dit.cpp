@@ -152,10 +152,15 @@ void DiTImpl::init_weights(double std) {
 
 BatchSchema DiTImpl::batch_schema() const {
   const auto field = required_field;
-  return {field("hidden_states", at::kFloat, 4, "noisy latents [B, in_channels, H, W]"),
-          field("timestep", at::kFloat, 1, "the scheduler's timestep of each sample [B]"),
-          field("class_labels", at::kLong, 1, "class of each sample [B] (num_embeds_ada_norm: none)"),
-          field("target", at::kFloat, 4, "what the prediction is compared with [B, in_channels, H, W]")};
+  BatchSchema s{field("hidden_states", at::kFloat, 4, "noisy latents [B, in_channels, H, W]"),
+                field("timestep", at::kFloat, 1, "the scheduler's timestep of each sample [B]"),
+                field("class_labels", at::kLong, 1, "class of each sample [B] (num_embeds_ada_norm: none)"),
+                field("target", at::kFloat, 4, "what the prediction is compared with [B, in_channels, H, W]")};
+  if (c_.learned_sigma()) {  // DDPM's variational bound on the predicted variance (learned_variance_vlb)
+    s.push_back(optional_field("x_start", at::kFloat, 4, "the clean latents [B, in_channels, H, W]"));
+    s.push_back(optional_field("vlb_terms", at::kFloat, 2, "per-row schedule terms of the bound [B, 8]"));
+  }
+  return s;
 }
 
 int64_t DiTImpl::loss_terms(const Batch& b) const { return b.at("target").numel(); }
@@ -205,9 +210,55 @@ at::Tensor DiTImpl::head_loss_sum(const at::Tensor& h, const Batch& b) {
                                x.size(3) / c_.patch_size);
   at::Tensor pred = out.narrow(1, 0, c_.in_channels);
   at::Tensor err = (pred.to(at::kFloat) - b.at("target").to(at::kFloat)).pow(2);
+  at::Tensor sum;
   if (const at::Tensor w = b.get("loss_weight"); w.defined())  // per-row weights (the objective's loss weighting)
-    return (err.flatten(1).sum(1) * w.to(at::kFloat)).sum();
-  return err.sum();
+    sum = (err.flatten(1).sum(1) * w.to(at::kFloat)).sum();
+  else
+    sum = err.sum();
+  if (const at::Tensor vt = b.get("vlb_terms"); vt.defined()) {
+    if (!c_.learned_sigma())
+      throw Error("batch: vlb_terms: the model does not predict its variance (out_channels != 2 * in_channels)");
+    // Each row's bound counts once per element of its mean squared error: the loss stays a mean over elements.
+    const at::Tensor vb = learned_variance_vlb(out.to(at::kFloat), x.to(at::kFloat), b.at("x_start").to(at::kFloat),
+                                               vt.to(at::kFloat));
+    sum = sum + vb.sum() * static_cast<double>(err[0].numel());
+  }
+  return sum;
+}
+
+namespace {
+// 0.5 (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))): the standard normal CDF as guided diffusion approximates it.
+at::Tensor approx_normal_cdf(const at::Tensor& x) {
+  return 0.5 * (1.0 + at::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x.pow(3))));
+}
+}  // namespace
+
+at::Tensor learned_variance_vlb(const at::Tensor& out, const at::Tensor& x_t, const at::Tensor& x0,
+                                const at::Tensor& terms) {
+  const int64_t c = x_t.size(1);
+  std::vector<int64_t> shape(static_cast<size_t>(x_t.dim()), 1);
+  shape[0] = x_t.size(0);
+  auto col = [&](int64_t j) { return terms.select(1, j).reshape(shape); };
+  const at::Tensor coef1 = col(0), coef2 = col(1), post_logvar = col(2), log_beta = col(3), recip = col(4),
+                   recipm1 = col(5), first = terms.select(1, 6) > 0.5, weight = terms.select(1, 7);
+  const at::Tensor eps = out.narrow(1, 0, c).detach(), v = out.narrow(1, c, c);
+  const at::Tensor frac = (v + 1) / 2;
+  const at::Tensor model_logvar = frac * log_beta + (1 - frac) * post_logvar;
+  const at::Tensor model_mean = coef1 * (recip * x_t - recipm1 * eps) + coef2 * x_t;
+  const at::Tensor true_mean = coef1 * x0 + coef2 * x_t;
+  const at::Tensor kl = 0.5 * (-1.0 + model_logvar - post_logvar + at::exp(post_logvar - model_logvar) +
+                               (true_mean - model_mean).pow(2) * at::exp(-model_logvar));
+  // The decoder's discretized Gaussian log-likelihood of x0 in 256 bins over [-1, 1] (t = 0).
+  const at::Tensor centered = x0 - model_mean, inv_std = at::exp(-0.5 * model_logvar);
+  const at::Tensor cdf_plus = approx_normal_cdf(inv_std * (centered + 1.0 / 255)),
+                   cdf_min = approx_normal_cdf(inv_std * (centered - 1.0 / 255));
+  const at::Tensor log_cdf_plus = at::log(cdf_plus.clamp_min(1e-12)),
+                   log_one_minus_cdf_min = at::log((1 - cdf_min).clamp_min(1e-12)),
+                   log_delta = at::log((cdf_plus - cdf_min).clamp_min(1e-12));
+  const at::Tensor log_probs =
+      at::where(x0 < -0.999, log_cdf_plus, at::where(x0 > 0.999, log_one_minus_cdf_min, log_delta));
+  const at::Tensor kl_bits = kl.flatten(1).mean(1) / std::log(2.0), nll_bits = -log_probs.flatten(1).mean(1) / std::log(2.0);
+  return at::where(first, nll_bits, kl_bits) * weight;
 }
 
 at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
