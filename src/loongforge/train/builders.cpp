@@ -18,6 +18,7 @@
 #include "loongforge/parallel/comm.h"
 #include "loongforge/train/diffusion_source.h"
 #include "loongforge/train/image_source.h"
+#include "loongforge/train/latent_source.h"
 #include "loongforge/train/pretrain_source.h"
 #include "loongforge/train/sft_source.h"
 
@@ -227,6 +228,20 @@ std::unique_ptr<BatchSource> base_data(const json& r, data::Split split, const s
   if (d["format"] == "batch") {
     if (d["train"].size() != 1) throw Error("recipe: field 'data.train': format 'batch' takes one safetensors file");
     return std::make_unique<BatchFileSource>(d["train"][0]["path"].get<std::string>());
+  }
+  if (d["format"] == "latents") {
+    io::LatentShardOptions o;
+    for (const auto& s : d["train"]) o.dirs.push_back(s["path"].get<std::string>());
+    if (o.dirs.empty() || o.dirs[0].empty())
+      throw Error("recipe: field 'data.train': no folders (a list of {path: DIR} made by `loongforge data encode`)");
+    o.random_flip = d["random_flip"];
+    if (d["random_crop"].get<bool>())
+      throw Error("recipe: field 'data.random_crop': latent shards are cropped when encoded (data encode --resolution)");
+    o.seed = static_cast<uint64_t>(r["seed"].get<int64_t>());
+    o.valid_fraction = d["valid_fraction"];
+    o.valid = split == data::Split::Valid;
+    auto src = std::make_unique<LatentShardSource>(o);
+    return src;
   }
   if (d["format"] == "images") {
     if (split == data::Split::Valid) throw Error("recipe: field 'data.valid_fraction': not supported for image folders yet");

@@ -74,7 +74,7 @@ const std::map<std::string, std::vector<std::string>> kChoices = {
     {"device", {"cpu", "cuda"}},
     {"model.recompute", {"none", "full", "per_layer"}},
     {"model.vision.select_strategy", {"default", "full"}},
-    {"data.format", {"pretrain", "sft", "batch", "images"}},
+    {"data.format", {"pretrain", "sft", "batch", "images", "latents"}},
     {"data.image_backend", {"pil", "torchvision"}},
     {"data.balance", {"none", "cost"}},
     {"schedule.kind", {"cosine", "linear", "constant", "wsd"}},

@@ -185,7 +185,14 @@ at::Tensor DiTImpl::patchify(const at::Tensor& x) const {
   return h + pos.to(h.device(), h.scalar_type()).unsqueeze(0);
 }
 
-at::Tensor DiTImpl::embed(const Batch& b) { return patchify(b.at("hidden_states")); }
+at::Tensor DiTImpl::embed(const Batch& b) {
+  const at::Tensor& x = b.at("hidden_states");
+  if (x.dim() != 4 || x.size(1) != c_.in_channels)  // e.g. latents of another VAE
+    throw Error("batch: hidden_states: " + std::to_string(x.dim() > 1 ? x.size(1) : 0) + " channels in " +
+                std::to_string(x.dim()) + " dimensions, the model takes [B, " + std::to_string(c_.in_channels) +
+                ", H, W] (in_channels)");
+  return patchify(x);
+}
 
 Batch DiTImpl::block_inputs(const Batch& b, at::ScalarType) const {
   return Batch{{"timestep", b.at("timestep")}, {"class_labels", b.at("class_labels")}};
