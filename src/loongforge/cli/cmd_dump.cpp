@@ -57,6 +57,8 @@ void run_dump(const DumpArgs& a) {
   std::vector<at::Tensor> reached;
   auto forward_backward = [&]() {
     models::Model::ReferenceOutput r = model->reference_forward(batch, a.batch);
+    if (!r.loss.defined())  // denoisers give a loss only against a target
+      throw file_error(a.batch, "target", "missing (dump computes the loss and its gradients)");
     r.loss.backward();
     const bool first_call = reached.empty();
     for (auto& p : params) {

@@ -70,6 +70,11 @@ LatentShardDataset::LatentShardDataset(LatentShardOptions o) : o_(std::move(o)) 
     files_.push_back(std::move(files));
     indexes_.push_back(std::move(j));
   }
+  const fs::path null = fs::path(o_.dirs[0]) / kNullConditions;
+  if (fs::exists(null)) {
+    auto f = SafetensorsFile::open(null.string());
+    for (const auto& e : f->entries()) null_[e.name] = f->tensor(e.name).clone();
+  }
   if (o_.valid_fraction > 0) {
     const auto n = static_cast<int64_t>(rows_.size());
     const int64_t held = std::clamp<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(n) * o_.valid_fraction)),

@@ -9,6 +9,8 @@
 //                        `latents_flip` (the mirrored input's) and the conditions under the denoiser's argument
 //                        names: `class_labels` [n] (class folders) or `encoder_hidden_states` [n, L, D] (captions;
 //                        positions past the caption's tokens are zeros, as the Wan pipeline pads them).
+//   DIR/null_conditions.safetensors   (captions) the conditions of the empty prompt, one row each: what condition
+//                        dropout and guided sampling use for "no caption".
 // Reading: the rows as an endless stream, epoch e in an order shuffled by (seed, e) (as data/image_folder.h), and
 // with random_flip each row's flip drawn from (seed, k).
 #pragma once
@@ -25,6 +27,7 @@
 namespace lf::io {
 
 inline constexpr const char* kLatentIndex = "encode.json";
+inline constexpr const char* kNullConditions = "null_conditions.safetensors";
 std::string latent_shard_name(int64_t i);  // "shard_00003.safetensors"
 
 struct LatentShardOptions {
@@ -47,6 +50,8 @@ class LatentShardDataset {
   int64_t latent_channels() const { return channels_; }
   std::string last_file() const;
   const nlohmann::json& index(size_t dir) const { return indexes_[dir]; }
+  // The first folder's null_conditions.safetensors (empty when it has none).
+  const std::map<std::string, at::Tensor>& null_conditions() const { return null_; }
 
  private:
   struct Row {
@@ -60,6 +65,7 @@ class LatentShardDataset {
   std::vector<std::vector<std::string>> files_;  // per folder, its shard paths
   std::vector<Row> rows_;
   int64_t channels_ = 0;
+  std::map<std::string, at::Tensor> null_;
   mutable std::mutex mutex_;
   mutable std::vector<int64_t> order_;
   mutable int64_t order_epoch_ = -1;

@@ -149,9 +149,27 @@ SampleResult sample(Model& model, const std::map<std::string, at::Tensor>& batch
   if (it == batch.end()) throw file_error(file, "noise", "missing (the starting noise the samples are denoised from)");
   at::Tensor x = it->second.to(at::kFloat);
   if (x.dim() < 3) throw file_error(file, "noise", "expected [B, C, ...] latents");
-  std::map<std::string, at::Tensor> cond = batch, uncond;
-  cond.erase("noise");
-  if (o.guidance != 1.0) uncond = model.unconditional(cond, file);
+  std::map<std::string, at::Tensor> cond, negative, uncond;
+  for (const auto& [name, t] : batch) {
+    if (name == "noise") continue;
+    if (name.rfind("negative_", 0) == 0) negative[name.substr(9)] = t;
+    else cond[name] = t;
+  }
+  if (o.guidance != 1.0) {
+    if (negative.empty()) {
+      uncond = model.unconditional(cond, file);
+    } else {  // the batch's own unconditional inputs (one row for all, or one per row)
+      uncond = cond;
+      for (const auto& [name, t] : negative) {
+        if (!cond.count(name)) throw file_error(file, "negative_" + name, "no condition '" + name + "' to replace");
+        if (t.dim() == 0 || (t.size(0) != 1 && t.size(0) != x.size(0)))
+          throw file_error(file, "negative_" + name, "expected 1 or " + std::to_string(x.size(0)) + " rows");
+        std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+        shape[0] = x.size(0);
+        uncond[name] = t.expand(shape).contiguous();
+      }
+    }
+  }
   const SchedulerConfig& c = o.scheduler;
   SampleResult r;
   r.schedule = make_schedule(c, o.steps);

@@ -64,7 +64,9 @@ struct SampleResult {
 // one is given, else the samples themselves (pixel-space models).
 at::Tensor latents_to_pixels(LatentCodec* codec, const at::Tensor& samples);
 
-// Denoises batch["noise"] with the batch's other tensors as conditions (`file` names the batch in errors).
+// Denoises batch["noise"] with the batch's other tensors as conditions (`file` names the batch in errors). With
+// guidance, tensors named negative_<condition> (1 row, or one per row) are the unconditional inputs (a text model's
+// empty or negative prompt: WanPipeline's negative_prompt_embeds); else the model's unconditional().
 SampleResult sample(Model& model, const std::map<std::string, at::Tensor>& batch, const SampleOptions& opts,
                     const std::string& file);
 

@@ -3,6 +3,7 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -51,6 +52,9 @@ class BatchSource {
   // The file whose batches this source gives as they are (data.format: batch), for a model's errors on their
   // contents; "" when batches are made from data checked on reading.
   virtual std::string origin() const { return ""; }
+  // The inputs that stand for "no condition" in this data (one row each, under the model's names: a text model's
+  // encoding of the empty prompt), for condition dropout and guided sample grids; empty: the model's unconditional().
+  virtual std::map<std::string, at::Tensor> null_conditions() const { return {}; }
 
  private:
   Batch drawn_;  // the default draw's rows

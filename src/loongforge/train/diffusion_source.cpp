@@ -102,16 +102,28 @@ Batch DiffusionObjectiveSource::make(const Batch& clean, const std::vector<int64
   }
   out.set("timestep", at::cat(step));
   if (!dropped.empty()) {
-    if (!model_) throw Error("diffusion objective: condition dropout needs the model's unconditional inputs");
-    std::map<std::string, at::Tensor> cond;
-    for (const auto& [name, t] : clean.tensors())
-      if (name != "latents" && !Batch::is_item_index(name)) cond[name] = t;
-    const auto uncond = model_->unconditional(cond, where);
     const at::Tensor rows = at::tensor(dropped, at::kLong);
-    for (const auto& [name, u] : uncond) {
-      at::Tensor t = out.at(name).clone();
-      t.index_copy_(0, rows, u.index_select(0, rows).to(t.scalar_type()));
-      out.set(name, t);
+    const std::map<std::string, at::Tensor> null = inner_->null_conditions();
+    if (!null.empty()) {  // the data's own "no condition" (a text encoder's empty prompt)
+      for (const auto& [name, u] : null) {
+        if (!out.has(name)) throw file_error(where, "negative_" + name, "no condition '" + name + "' in the rows");
+        at::Tensor t = out.at(name).clone();
+        if (u.sizes().slice(1) != t.sizes().slice(1))
+          throw file_error(where, "negative_" + name, "shape does not match the rows' " + name);
+        t.index_copy_(0, rows, u.to(t.scalar_type()).expand_as(t.index_select(0, rows)).contiguous());
+        out.set(name, t);
+      }
+    } else {
+      if (!model_) throw Error("diffusion objective: condition dropout needs the model's unconditional inputs");
+      std::map<std::string, at::Tensor> cond;
+      for (const auto& [name, t] : clean.tensors())
+        if (name != "latents" && !Batch::is_item_index(name)) cond[name] = t;
+      const auto uncond = model_->unconditional(cond, where);
+      for (const auto& [name, u] : uncond) {
+        at::Tensor t = out.at(name).clone();
+        t.index_copy_(0, rows, u.index_select(0, rows).to(t.scalar_type()));
+        out.set(name, t);
+      }
     }
   }
   return out;

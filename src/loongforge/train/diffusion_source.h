@@ -50,6 +50,7 @@ class DiffusionObjectiveSource : public BatchSource {
   nlohmann::json state() const override { return {{"inner", inner_->state()}, {"rows", rows_}}; }
   void restore(const nlohmann::json& state) override;
   std::string origin() const override { return inner_->origin(); }
+  std::map<std::string, at::Tensor> null_conditions() const override { return inner_->null_conditions(); }
 
   // The training inputs of clean rows whose stream indices are `index` [rows] (int64).
   Batch make(const Batch& clean, const std::vector<int64_t>& index) const;

@@ -16,6 +16,7 @@ class LatentShardSource : public BatchSource {
   void restore(const nlohmann::json& state) override { rows_ = state.at("rows").get<int64_t>(); }
   // The shard last read: a model's error on a batch's contents (another VAE's channel count) names it.
   std::string origin() const override { return ds_.last_file(); }
+  std::map<std::string, at::Tensor> null_conditions() const override { return ds_.null_conditions(); }
 
  private:
   Batch rows(int64_t first, int64_t n) const;

@@ -127,7 +127,8 @@ BatchFileSource::BatchFileSource(const std::string& path) : path_(path) {
     // a batch of the model's own named tensors (a diffusion model's hidden_states, timestep, ...): the rows are the
     // first per-row tensor's
     for (const auto& e : f->entries())
-      if (!Batch::is_item_index(e.name) && !f->contains(e.name + ".row") && rows_ < 0) {
+      if (!Batch::is_item_index(e.name) && !f->contains(e.name + ".row") && e.name.rfind("negative_", 0) != 0 &&
+          rows_ < 0) {
         if (e.shape.empty() || e.shape[0] == 0) throw file_error(path, e.name, "expected [B, ...] with B > 0");
         rows_ = e.shape[0];
       }
@@ -139,6 +140,11 @@ BatchFileSource::BatchFileSource(const std::string& path) : path_(path) {
     const std::string& n = e.name;
     if ((tokens && (n == "input_ids" || n == "labels")) || Batch::is_item_index(n)) continue;
     const at::Tensor t = f->tensor(n).clone();
+    if (n.rfind("negative_", 0) == 0) {  // a condition's "no condition" value, one row (null_conditions)
+      if (t.dim() == 0 || t.size(0) != 1) throw file_error(path, n, "expected one row [1, ...]");
+      null_[n.substr(9)] = t;
+      continue;
+    }
     if (f->contains(n + ".row")) {
       const at::Tensor r = f->tensor(n + ".row").clone();
       if (r.scalar_type() != at::kLong || r.dim() != 1 || r.size(0) != t.size(0) ||

@@ -31,10 +31,13 @@ class BatchFileSource : public BatchSource {
   nlohmann::json state() const override { return {{"row", row_}}; }
   void restore(const nlohmann::json& state) override { row_ = state.at("row").get<int64_t>(); }
   std::string origin() const override { return path_; }
+  // The file's negative_<name> tensors (one row each) under <name>.
+  std::map<std::string, at::Tensor> null_conditions() const override { return null_; }
 
  private:
   std::string path_;
   Batch all_;  // input_ids, targets and the file's other tensors (item fields where it has <name>.row)
+  std::map<std::string, at::Tensor> null_;
   int64_t rows_ = 0, row_ = 0;
 };
 

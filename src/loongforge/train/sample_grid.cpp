@@ -23,6 +23,8 @@ SampleGrid::SampleGrid(const nlohmann::json& r, BatchSource& fresh) {
   const Batch clean = src->clean(n);
   for (const auto& [name, t] : clean.tensors())
     if (name != "latents" && !Batch::is_item_index(name)) batch_[name] = t;
+  if (r["eval"]["sample_guidance"].get<double>() != 1.0)
+    for (const auto& [name, t] : src->null_conditions()) batch_["negative_" + name] = t;
   const at::Tensor x = clean.at("latents");
   at::Generator g = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(r["seed"].get<int64_t>()));
   batch_["noise"] = at::randn(x.sizes(), g, at::TensorOptions().dtype(at::kFloat));

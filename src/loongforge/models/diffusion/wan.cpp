@@ -405,10 +405,12 @@ Model::ReferenceOutput WanTransformer3DImpl::reference_forward(const std::map<st
                                                                const std::string& file) {
   Batch b;
   for (const auto& [k, v] : batch) b.set(k, v);
-  const Inputs in = check(b, file, true);
+  const bool with_target = b.has("target");  // sampling passes none
+  const Inputs in = check(b, file, with_target);
   // the training path: embed, block_inputs, blocks, post_blocks, head_loss_sum / loss_terms (= F.mse_loss)
   const at::Tensor h = forward_hidden(b);
-  const at::Tensor loss = head_loss_sum(h, b) / static_cast<double>(loss_terms(b));
+  at::Tensor loss;
+  if (with_target) loss = head_loss_sum(h, b) / static_cast<double>(loss_terms(b));
   at::Tensor out;
   {
     at::NoGradGuard no_grad;  // the sample, for comparison only
