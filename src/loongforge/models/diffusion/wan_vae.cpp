@@ -97,7 +97,8 @@ WanVaeConfig WanVaeConfig::from_json(const nlohmann::json& j, const std::string&
   for (int64_t m : c.dim_mult)
     if (m <= 0) r.fail("dim_mult", std::to_string(m) + " is not positive");
   if (r.has("attn_scales") && !number_list(r, "attn_scales").empty())
-    r.fail("attn_scales", "attention in the encoder's levels is not built (diffusers' encoder cannot run it; Wan 2.1: [])");
+    r.fail("attn_scales",
+           "attention in the encoder's levels is not built (diffusers' encoder cannot run it; Wan 2.1: [])");
   if (r.has("temperal_downsample")) {
     const nlohmann::json& v = r.get("temperal_downsample");
     if (!v.is_array()) r.expected("temperal_downsample", "a list of booleans");
@@ -246,7 +247,8 @@ at::Tensor WanVaeRMSNormImpl::forward(const at::Tensor& x) {
   const bool upcast = x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
   const at::Tensor xf = upcast ? x.to(at::kFloat) : x;
   // F.normalize: x / max(||x||, 1e-12)
-  const at::Tensor n = (xf / at::linalg_vector_norm(xf, 2, at::IntArrayRef{1}, true).clamp_min(1e-12)).to(x.scalar_type());
+  const at::Tensor norm = at::linalg_vector_norm(xf, 2, at::IntArrayRef{1}, true).clamp_min(1e-12);
+  const at::Tensor n = (xf / norm).to(x.scalar_type());
   return n * scale_ * gamma;
 }
 
@@ -522,8 +524,8 @@ void AutoencoderKLWanImpl::check_sample(const at::Tensor& x, const std::string& 
   if (!at::isFloatingType(x.scalar_type()))
     throw file_error(file, "sample",
                      "expected a floating-point tensor, got " + std::string(c10::toString(x.scalar_type())));
-  if (x.dim() != 5 || x.size(1) != config_.in_channels || x.size(0) == 0 || x.size(2) == 0 || (x.size(2) - 1) % 4 != 0 ||
-      x.size(3) == 0 || x.size(4) == 0 || x.size(3) % f != 0 || x.size(4) % f != 0)
+  if (x.dim() != 5 || x.size(1) != config_.in_channels || x.size(0) == 0 || x.size(2) == 0 ||
+      (x.size(2) - 1) % 4 != 0 || x.size(3) == 0 || x.size(4) == 0 || x.size(3) % f != 0 || x.size(4) % f != 0)
     throw file_error(file, "sample",
                      "expected [batch, " + std::to_string(config_.in_channels) +
                          " (in_channels), 1 + 4k frames, H, W] with H and W multiples of " + std::to_string(f) +
