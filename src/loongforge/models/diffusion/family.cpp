@@ -10,6 +10,7 @@
 #include "loongforge/models/diffusion/dit.h"
 #include "loongforge/models/diffusion/wan.h"
 #include "loongforge/models/diffusion/vae.h"
+#include "loongforge/models/diffusion/wan_vae.h"
 
 namespace lf::models::diffusion {
 
@@ -28,6 +29,7 @@ const std::vector<Entry>& entries() {
       {"DiTTransformer2DModel", build_dit, describe_dit},
       {"WanTransformer3DModel", build_wan, describe_wan},
       {"AutoencoderKL", build_autoencoder_kl, describe_autoencoder_kl},
+      {"AutoencoderKLWan", build_autoencoder_kl_wan, describe_autoencoder_kl_wan},
   };
   return e;
 }
