@@ -5,6 +5,8 @@ arguments or a folder it did not make; `data.format: latents` trains on the shar
 (first loss = diffusers' DiT on those latents), with data.random_flip taking the mirrored rows; latents of another
 VAE (channel count) are one line naming the shard and field."""
 import json
+import struct
+import zlib
 
 import numpy as np
 import torch
@@ -135,3 +137,28 @@ def test_latents_of_another_vae_are_one_line(tmp_path):
     # shards without mirrored rows, asked to flip
     err = run_lf("train", write_recipe(tmp_path, flip=True), check=False).stderr
     assert "encode.json" in err and "flip" in err and len(err.strip().splitlines()) == 1, err
+
+
+def corrupt_pixels(png):
+    """The PNG with its compressed pixels garbled but every chunk well formed (lengths, CRCs)."""
+    out, i = bytearray(png[:8]), 8
+    while i < len(png):
+        n = struct.unpack(">I", png[i:i + 4])[0]
+        kind, data = png[i + 4:i + 8], bytearray(png[i + 8:i + 8 + n])
+        if kind == b"IDAT":
+            data[2:] = bytes(255 - b for b in data[2:])
+        out += struct.pack(">I", n) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xffffffff)
+        i += 12 + n
+    return bytes(out)
+
+
+def test_unreadable_images_are_one_line_before_any_work(tmp_path):
+    """Every image is checked (decoded) before the first shard: a file that is no image, or one whose pixels do not
+    decode, is one line naming it, and the output folder is not made."""
+    make_parts(tmp_path)
+    bad = tmp_path / "imgs" / "emu" / "9.png"
+    for content in (b"\x89PNG\r\n\x1a\n not really", corrupt_pixels((tmp_path / "imgs" / "emu" / "0.png").read_bytes())):
+        bad.write_bytes(content)
+        err = encode(tmp_path, check=False).stderr
+        assert "9.png" in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "lat").exists()

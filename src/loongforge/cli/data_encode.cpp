@@ -58,22 +58,23 @@ std::vector<Item> list_class_folders(const std::string& root) {
   return items;
 }
 
-// The progress of the encoding on stderr: a line redrawn on a terminal, a line per shard otherwise.
+// The progress of the encoding on stdout: a line redrawn on a terminal, a line per shard otherwise.
 void report(int64_t done, int64_t total, double seconds, bool tty) {
   const double rate = seconds > 0 ? static_cast<double>(done) / seconds : 0;
   const double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0;
   const int width = 30, filled = static_cast<int>(width * done / std::max<int64_t>(1, total));
   std::string bar(static_cast<size_t>(filled), '#');
   bar.resize(width, '.');
-  std::fprintf(stderr, "%sencode [%s] %lld/%lld %.1f items/s ETA %.0fs%s", tty ? "\r" : "", bar.c_str(),
+  std::printf("%sencode [%s] %lld/%lld %.1f items/s ETA %.0fs%s", tty ? "\r" : "", bar.c_str(),
                static_cast<long long>(done), static_cast<long long>(total), rate, eta, tty ? "   " : "\n");
-  std::fflush(stderr);
+  std::fflush(stdout);
 }
 
 void run_encode(const EncodeArgs& a) {
   if (a.images.empty()) throw Error("data encode: give --images DIR");
   if (a.resolution <= 0) throw Error("--resolution: must be positive");
   const std::vector<Item> items = list_class_folders(a.images);
+  for (const Item& it : items) data::image::check_image_file(it.path);  // a file that is no image: before any work
   auto vae = io::load_model(a.vae, at::kFloat);
   vae->eval();
   models::LatentCodec* codec = vae->latent_codec();
@@ -115,7 +116,7 @@ void run_encode(const EncodeArgs& a) {
   }
   fs::create_directories(a.out);
   const int64_t shards = (n + a.shard_size - 1) / a.shard_size;
-  const bool tty = ::isatty(STDERR_FILENO);
+  const bool tty = ::isatty(STDOUT_FILENO);
   const auto t0 = std::chrono::steady_clock::now();
   int64_t done_now = 0;
   at::NoGradGuard no_grad;
@@ -149,7 +150,7 @@ void run_encode(const EncodeArgs& a) {
   }
   index["complete"] = true;
   write_file_atomic(idx_path, index.dump(2) + "\n");
-  if (tty) std::fprintf(stderr, "\n");
+  if (tty) std::printf("\n");
   std::printf("%s: %lld latents [%lld channels] in %lld shards\n", a.out.c_str(), static_cast<long long>(n),
               static_cast<long long>(codec->latent_channels()), static_cast<long long>(shards));
 }
