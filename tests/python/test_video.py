@@ -14,19 +14,27 @@ from conftest import run_lf
 from test_image_folder import mix, splitmix64, stream_order
 
 
-def make_clip(path, width, height, frames, fps=8, codec="libx264"):
-    """An MP4 (yuv420p) of FRAMES frames: squares of three colours moving over a smooth background."""
+def make_clip(path, width, height, frames, fps=8, codec="libx264", pix_fmt="yuv420p", colorspace=None,
+              color_range=None):
+    """A clip (the container from PATH's extension) of FRAMES frames: squares of three colours moving over a smooth
+    background. COLORSPACE / COLOR_RANGE (FFmpeg's AVCOL_SPC / AVCOL_RANGE numbers): the YUV conversion the frames are
+    made with, tagged on the stream."""
     yy, xx = np.mgrid[0:height, 0:width]
     with av.open(str(path), "w") as c:
         s = c.add_stream(codec, rate=fps)
-        s.width, s.height, s.pix_fmt = width, height, "yuv420p"
+        s.width, s.height, s.pix_fmt = width, height, pix_fmt
+        if colorspace is not None:
+            s.codec_context.colorspace, s.codec_context.color_range = colorspace, color_range
         for i in range(frames):
             img = np.stack([(xx * 255 // max(width - 1, 1)), (yy * 255 // max(height - 1, 1)),
                             np.full_like(xx, 40 + 10 * i)], -1).astype(np.uint8)
             for k, colour in enumerate([(255, 0, 0), (0, 255, 0), (30, 30, 255)]):
                 y0, x0 = (3 * i + 7 * k) % (height - 8), (5 * i + 11 * k) % (width - 8)
                 img[y0:y0 + 8, x0:x0 + 8] = colour
-            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+            frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+            if colorspace is not None:
+                frame = frame.reformat(format=pix_fmt, dst_colorspace=colorspace, dst_color_range=color_range)
+            for p in s.encode(frame):
                 c.mux(p)
         for p in s.encode():
             c.mux(p)
@@ -54,17 +62,30 @@ def one_line_error(*args):
     return err
 
 
-@pytest.mark.parametrize("width,height,codec", [(32, 32, "libx264"), (64, 48, "libx264"), (48, 32, "mpeg4")])
-def test_decode_matches_pyav(tmp_path, width, height, codec):
-    clip = make_clip(tmp_path / "c.mp4", width, height, 10, fps=12, codec=codec)
+@pytest.mark.parametrize("name,width,height,codec,pix_fmt,colour", [
+    ("c.mp4", 32, 32, "libx264", "yuv420p", None),
+    ("c.mp4", 64, 48, "libx264", "yuv420p", None),
+    ("c.mp4", 50, 30, "libx264", "yuv420p", None),    # odd chroma edge
+    ("c.mp4", 48, 32, "libx264", "yuv420p", (1, 1)),  # BT.709, limited range
+    ("c.mp4", 48, 32, "libx264", "yuv420p", (1, 2)),  # BT.709, full range
+    ("c.mp4", 48, 32, "libx264", "yuv420p", (9, 1)),  # BT.2020
+    ("c.mkv", 48, 32, "libx264", "yuv420p", None),    # Matroska: no frame count, we count
+    ("c.webm", 48, 32, "libvpx", "yuv420p", None),    # VP8
+    ("c.avi", 48, 32, "mjpeg", "yuvj420p", None),     # full-range JPEG YUV
+    ("c.mp4", 48, 32, "mpeg4", "yuv420p", None),
+])
+def test_decode_matches_pyav(tmp_path, name, width, height, codec, pix_fmt, colour):
+    clip = make_clip(tmp_path / name, width, height, 10, fps=12, codec=codec, pix_fmt=pix_fmt,
+                     colorspace=colour and colour[0], color_range=colour and colour[1])
     ref, rate = pyav_frames(clip)
     ours, fps, n = our_frames(tmp_path, clip)
-    # Both convert yuv420p to RGB with swscale's SWS_BILINEAR (PyAV's default interpolation) and the stream's BT.601
-    # limited range; PyAV has FFmpeg 8 and we the system's (5.1), whose swscale gives the same bytes: H.264 decoding
-    # is bit-exact by the standard, so the frames are equal. MPEG-4 part 2 allows IDCTs within IEEE 1180's accuracy,
-    # and the two FFmpeg versions' decoders differ at a few pixels: at most 2 levels there, at under 1 % of pixels.
+    # Both convert to RGB with swscale's SWS_BILINEAR (PyAV's default interpolation) and the stream's colour space
+    # and range (BT.601 limited when untagged); PyAV has FFmpeg 8 and we the system's (5.1), whose swscale gives the
+    # same bytes. H.264, VP8 and FFmpeg's JPEG decoding agree bit for bit between the two versions, so the frames are
+    # equal. MPEG-4 part 2 allows IDCTs within IEEE 1180's accuracy, and the two versions' decoders differ at a few
+    # pixels: at most 2 levels there, at under 1 % of the pixels.
     assert ours.shape == (10, height, width, 3) and ours.dtype == np.uint8
-    if codec == "libx264":
+    if codec != "mpeg4":
         np.testing.assert_array_equal(ours, ref)
     else:
         d = np.abs(ours.astype(np.int32) - ref)
