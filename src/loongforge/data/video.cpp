@@ -374,7 +374,7 @@ std::string encode_video(const std::string& path, const at::Tensor& frames_in, d
   if ((err = avcodec_parameters_from_context(st->codecpar, cc.p)) < 0) fail(path, "cannot set up the stream", err);
   st->time_base = cc.p->time_base;
   st->avg_frame_rate = rate;
-  if ((err = avio_open(&oc.p->pb, tmp.c_str(), AVIO_FLAG_WRITE)) < 0) fail(tmp, "cannot write", err);
+  if ((err = avio_open(&oc.p->pb, tmp.c_str(), AVIO_FLAG_WRITE)) < 0) fail(path, "cannot write", err);
   if ((err = avformat_write_header(oc.p, nullptr)) < 0) fail(path, "cannot write the MP4 header", err);
 
   Frame yuv;
