@@ -1,5 +1,8 @@
 // loongforge data tokenize: text / JSON-lines corpora -> a token shard (PREFIX.bin + PREFIX.idx, docs/data_format.md).
 // loongforge data synth: synthetic tasks. loongforge data preprocess: a model's image processor on image files.
+// loongforge data frames / write-video / clips: video decoding, encoding and video folders (data/video*.h).
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -22,6 +25,8 @@
 #include "loongforge/data/image/processor.h"
 #include "loongforge/data/synthetic.h"
 #include "loongforge/data/token_shards.h"
+#include "loongforge/data/video.h"
+#include "loongforge/data/video_folder.h"
 #include "loongforge/data/tokenizer/tokenizer.h"
 #include "loongforge/io/safetensors.h"
 
@@ -242,6 +247,57 @@ void preprocess(const PreprocessOptions& o) {
               proc.config().class_name.c_str(), o.backend.c_str(), o.images.size());
 }
 
+struct FramesOptions {
+  std::string video, out;
+  int64_t num_frames = 0, stride = 1, start = 0;
+};
+
+void frames(const FramesOptions& o) {
+  data::DecodeOptions d;
+  d.num_frames = o.num_frames, d.stride = o.stride, d.start = o.start;
+  const data::DecodedVideo v = data::decode_video(o.video, d);
+  io::save_file(o.out, {{"frames", v.frames}, {"fps", at::tensor({v.fps}, at::kDouble)},
+                        {"num_frames", at::tensor({v.num_frames}, at::kLong)}});
+  std::printf("data frames: wrote %s: frames %s (uint8) of %lld, %.6g fps\n", o.out.c_str(), shape(v.frames).c_str(),
+              static_cast<long long>(v.num_frames), v.fps);
+}
+
+struct WriteVideoOptions {
+  std::string frames, out;
+  double fps = 8;
+};
+
+void write_video(const WriteVideoOptions& o) {
+  const auto file = io::SafetensorsFile::open(o.frames);
+  const at::Tensor f = file->tensor("frames");
+  const std::string encoder = data::encode_video(o.out, f, o.fps);
+  std::printf("data write-video: wrote %s: %s frames, %g fps (%s)\n", o.out.c_str(), shape(f).c_str(), o.fps,
+              encoder.c_str());
+}
+
+struct ClipsOptions {
+  data::VideoFolderOptions folder;
+  int64_t count = 0, resolution = 0;
+  std::string out;
+};
+
+void clips(ClipsOptions o) {
+  if (o.resolution > 0) o.folder.height = o.folder.width = o.resolution;
+  const data::VideoFolderDataset ds(o.folder);
+  const int64_t n = o.count > 0 ? o.count : ds.size();
+  io::NamedTensors out;
+  nlohmann::json captions = nlohmann::json::array(), items = nlohmann::json::array();
+  for (int64_t k = 0; k < n; ++k) {
+    data::VideoSample s = ds.get(k);
+    out.emplace_back("pixels." + std::to_string(k), s.pixels);
+    captions.push_back(s.caption);
+    items.push_back(ds.items()[static_cast<size_t>(s.item)].path);
+  }
+  io::save_file(o.out, out, {{"captions", captions.dump()}, {"items", items.dump()}});
+  std::printf("data clips: wrote %s: %lld clip(s) of %lld item(s)\n", o.out.c_str(), static_cast<long long>(n),
+              static_cast<long long>(ds.size()));
+}
+
 }  // namespace
 
 void add_data(CLI::App& app) {
@@ -318,6 +374,42 @@ void add_data(CLI::App& app) {
       "Example:\n"
       "  loongforge data preprocess --model path/to/Qwen2.5-VL-3B --image a.jpg --image b.png --out px.safetensors");
   pre->callback([po] { preprocess(*po); });
+
+  auto fo = std::make_shared<FramesOptions>();
+  auto* fr = data->add_subcommand("frames", "Decode a video's frames (RGB) into a .safetensors file");
+  fr->add_option("--video", fo->video, "Video file (anything FFmpeg reads: MP4, MKV, WebM, ...)")->required();
+  fr->add_option("--out", fo->out, "Output .safetensors")->required();
+  fr->add_option("--num-frames", fo->num_frames, "Frames to take (0: all)")->capture_default_str();
+  fr->add_option("--stride", fo->stride, "Take every STRIDE-th frame")->capture_default_str();
+  fr->add_option("--start", fo->start, "The first frame taken")->capture_default_str();
+  fr->footer("Writes frames (uint8 [F, H, W, 3]), fps (float64 [1]) and num_frames (int64 [1]: the clip's count).");
+  fr->callback([fo] { frames(*fo); });
+
+  auto wo = std::make_shared<WriteVideoOptions>();
+  auto* wv = data->add_subcommand("write-video", "Write frames (uint8 [F, H, W, 3] from a .safetensors) as an MP4");
+  wv->add_option("--frames", wo->frames, ".safetensors with a tensor `frames` (as `data frames` writes)")->required();
+  wv->add_option("--fps", wo->fps, "Frames per second")->capture_default_str();
+  wv->add_option("--out", wo->out, "Output .mp4 (H.264 when FFmpeg has libx264, else MPEG-4 part 2)")->required();
+  wv->callback([wo] { write_video(*wo); });
+
+  auto co = std::make_shared<ClipsOptions>();
+  auto* cl = data->add_subcommand("clips", "Read a captioned video folder as training does (a check and preview)");
+  cl->add_option("--folder", co->folder.roots, "Folder of videos (and images) with metadata.jsonl; repeatable")
+      ->required();
+  cl->add_option("--out", co->out, "Output .safetensors")->required();
+  cl->add_option("--num-frames", co->folder.num_frames, "Frames per clip")->capture_default_str();
+  cl->add_option("--stride", co->folder.stride, "Take every STRIDE-th frame")->capture_default_str();
+  cl->add_option("--resolution", co->resolution, "Square size (sets --height and --width)");
+  cl->add_option("--height", co->folder.height, "Frame height")->capture_default_str();
+  cl->add_option("--width", co->folder.width, "Frame width")->capture_default_str();
+  cl->add_flag("--random-start", co->folder.random_start, "Start each clip at a drawn frame");
+  cl->add_flag("--random-flip", co->folder.random_flip, "Flip clips left-right when drawn so");
+  cl->add_flag("!--no-images", co->folder.images, "Leave the folder's images out");
+  cl->add_option("--seed", co->folder.seed, "Seed of the order, starts and flips")->capture_default_str();
+  cl->add_option("--count", co->count, "Stream samples to write (default: one epoch)");
+  cl->footer("Writes pixels.K (float32 [3, F, H, W] in [-1, 1]) for stream index K, and the metadata captions and\n"
+             "items (JSON lists: caption and file of each K).");
+  cl->callback([co] { clips(*co); });
 }
 
 }  // namespace lf::cli
