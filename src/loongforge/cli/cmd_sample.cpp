@@ -22,7 +22,7 @@ namespace {
 struct SampleArgs {
   std::string model, batch, out, images, vae, scheduler = "flow_match_euler";
   int64_t steps = 50;
-  double shift = -1, guidance = 1.0;
+  double shift = -1, guidance = 1.0, fps = 16.0;
 };
 
 void run_sample(const SampleArgs& a) {
@@ -71,7 +71,7 @@ void run_sample(const SampleArgs& a) {
   if (!a.images.empty()) {
     at::NoGradGuard no_grad;
     const at::Tensor last = r.samples[r.samples.size(0) - 1];
-    io::write_sample_images(models::latents_to_pixels(codec, last), a.images);
+    io::write_sample_images(models::latents_to_pixels(codec, last), a.images, a.fps);
   }
 }
 
@@ -85,7 +85,8 @@ void add_sample(CLI::App& app) {
                                           "argument names (class_labels / encoder_hidden_states)")->required();
   sub->add_option("--out", args->out, "output safetensors: samples [steps + 1, ...] (0: the noise), sigmas, timesteps");
   sub->add_option("--images", args->images, "folder for the final samples as PNGs (sample_NN.png, grid.png; clips: "
-                                            "sample_NN/frame_MMM.png): decoded with --vae, or RGB pixel-space models");
+                                            "sample_NN/frame_MMM.png and sample_NN.mp4): decoded with --vae, or RGB pixel-space models");
+  sub->add_option("--fps", args->fps, "frame rate of the clips' mp4s (--images, video models)")->capture_default_str();
   sub->add_option("--vae", args->vae, "the autoencoder folder (AutoencoderKL, AutoencoderKLWan) that decodes the "
                                       "latents for --images (its scaling undone first)");
   sub->add_option("--steps", args->steps, "denoising steps")->check(CLI::PositiveNumber)->capture_default_str();

@@ -8,6 +8,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/data/image/decode.h"
+#include "loongforge/data/video.h"
 
 namespace lf::io {
 namespace fs = std::filesystem;
@@ -44,7 +45,7 @@ at::Tensor sample_grid(const at::Tensor& px, int64_t max_frames) {
   return grid;
 }
 
-std::string write_sample_images(const at::Tensor& x, const std::string& dir) {
+std::string write_sample_images(const at::Tensor& x, const std::string& dir, double fps) {
   const at::Tensor px = to_uint8_pixels(x);
   fs::create_directories(dir);
   char name[48];
@@ -60,6 +61,10 @@ std::string write_sample_images(const at::Tensor& x, const std::string& dir) {
     for (int64_t f = 0; f < px.size(1); ++f) {
       std::snprintf(name, sizeof name, "frame_%03lld.png", static_cast<long long>(f));
       data::image::write_png((sub / name).string(), px[i][f]);
+    }
+    if (data::video_available() && px.size(2) % 2 == 0 && px.size(3) % 2 == 0) {
+      std::snprintf(name, sizeof name, "sample_%02lld.mp4", static_cast<long long>(i));
+      data::encode_video((fs::path(dir) / name).string(), px[i], fps);
     }
   }
   const std::string grid = (fs::path(dir) / "grid.png").string();

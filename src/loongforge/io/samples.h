@@ -12,8 +12,8 @@ at::Tensor to_uint8_pixels(const at::Tensor& x);
 // A grid of uint8 HWC images with 2-pixel black gaps: images [B, H, W, 3] in ceil(sqrt(B)) columns; clips
 // [B, F, H, W, 3] one row per clip, at most `max_frames` evenly spaced frames per row.
 at::Tensor sample_grid(const at::Tensor& pixels_u8, int64_t max_frames = 8);
-// Writes DIR/sample_NN.png for images (DIR/sample_NN/frame_MMM.png for clips) and DIR/grid.png; returns the grid's
-// path.
-std::string write_sample_images(const at::Tensor& x, const std::string& dir);
+// Writes DIR/sample_NN.png for images (for clips DIR/sample_NN/frame_MMM.png and DIR/sample_NN.mp4 at `fps`, even
+// sizes, when the build has FFmpeg) and DIR/grid.png; returns the grid's path.
+std::string write_sample_images(const at::Tensor& x, const std::string& dir, double fps = 16.0);
 
 }  // namespace lf::io
