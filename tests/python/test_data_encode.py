@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from conftest import run_lf
 from test_diffusion_objective import SEED, row_seed
 from test_dit_parity import make_dit
-from test_image_folder import center_crop_arr, flipped, make_folders, stream_order
+from test_image_folder import center_crop_arr, crop_offsets, flipped, make_folders, stream_order
 from test_vae_parity import make_vae
 
 RES = 16
@@ -87,12 +87,13 @@ def test_encode_matches_diffusers_and_resumes(tmp_path):
     assert (tmp_path / "other" / "keep.txt").read_text() == "mine"
 
 
-def write_recipe(tmp_path, flip=False):
+def write_recipe(tmp_path, flip=False, crop=False):
     (tmp_path / "r.yaml").write_text(f"""
 output_dir: {tmp_path / 'run'}
 seed: {SEED}
 model: {{path: {tmp_path / 'm'}}}
-data: {{format: latents, train: [{{path: {tmp_path / 'lat'}}}], random_flip: {str(flip).lower()}}}
+data: {{format: latents, train: [{{path: {tmp_path / 'lat'}}}], random_flip: {str(flip).lower()},
+       random_crop: {str(crop).lower()}, resolution: 8}}
 train: {{steps: 1, micro_batch_size: 7, threads: 1}}
 optim: {{lr: 0.0}}
 diffusion: {{objective: flow_matching, shift: 2.0}}
@@ -105,9 +106,9 @@ def test_training_on_shards_matches_diffusers(tmp_path):
     vae, files = make_parts(tmp_path)
     encode(tmp_path, "--flip")
     model = make_dit(tmp_path / "m", num_embeds_ada_norm=3, sample_size=8)
-    for flip in (False, True):
-        run_lf("train", write_recipe(tmp_path, flip), "--set", f"output_dir={tmp_path / f'run{flip}'}")
-        ours = json.loads((tmp_path / f"run{flip}" / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+    for flip, crop in ((False, False), (True, False), (True, True)):
+        run_lf("train", write_recipe(tmp_path, flip, crop), "--set", f"output_dir={tmp_path / f'run{flip}{crop}'}")
+        ours = json.loads((tmp_path / f"run{flip}{crop}" / "metrics.jsonl").read_text().splitlines()[0])["loss"]
         _, t = read_all(tmp_path / "lat")
         order = stream_order(7, SEED, 0)
         sched = FlowMatchEulerDiscreteScheduler(shift=2.0)
@@ -116,6 +117,11 @@ def test_training_on_shards_matches_diffusers(tmp_path):
             for k in range(7):
                 r = order[k]
                 x = (t["latents_flip"] if flip and flipped(SEED, k) else t["latents"])[r:r + 1]
+                if crop:  # 8-pixel windows of the 16-pixel encoding: 4 x 4 of the 8 x 8 latents
+                    off = crop_offsets(SEED, k)
+                    y0 = off(4)
+                    x0 = off(4)
+                    x = x[:, :, y0:y0 + 4, x0:x0 + 4]
                 g = torch.Generator().manual_seed(row_seed(SEED, k))
                 u = torch.rand(1, generator=g)
                 noise = torch.randn(x.shape, generator=g)
@@ -124,7 +130,7 @@ def test_training_on_shards_matches_diffusers(tmp_path):
                 pred = model((1 - sigma) * x + sigma * noise, timestep=ts, class_labels=t["class_labels"][r:r + 1]).sample
                 losses.append(((pred[:, :4] - (noise - x)) ** 2).mean().item())
         ref = sum(losses) / 7
-        assert abs(ours - ref) <= 1e-5 * abs(ref), (flip, ours, ref)
+        assert abs(ours - ref) <= 1e-5 * abs(ref), (flip, crop, ours, ref)
 
 
 def test_latents_of_another_vae_are_one_line(tmp_path):

@@ -83,6 +83,15 @@ LatentShardDataset::LatentShardDataset(LatentShardOptions o) : o_(std::move(o)) 
     else rows_.resize(static_cast<size_t>(n - held));
   }
   if (rows_.empty()) throw Error(o_.dirs[0] + ": no latent rows");
+  if (o_.crop_pixels > 0) {
+    const std::string idx = (fs::path(o_.dirs[0]) / kLatentIndex).string();
+    JsonReader r(indexes_[0], idx);
+    const int64_t f = r.integer("spatial_factor"), res = r.integer("resolution");
+    if (o_.crop_pixels % f != 0 || o_.crop_pixels > res)
+      throw file_error(idx, "resolution", "crops of " + std::to_string(o_.crop_pixels) + " pixels need a multiple of " +
+                                              std::to_string(f) + " up to the encoded " + std::to_string(res));
+    crop_ = o_.crop_pixels / f;
+  }
 }
 
 std::shared_ptr<std::map<std::string, at::Tensor>> LatentShardDataset::shard(int32_t dir, int32_t s) const {
@@ -121,15 +130,23 @@ std::map<std::string, at::Tensor> LatentShardDataset::get(int64_t k) const {
     flip = (splitmix64(state) & 1) != 0;
   }
   std::map<std::string, at::Tensor> out;
+  auto cropped = [&](at::Tensor z) {
+    if (crop_ <= 0) return z;
+    const int64_t h = z.size(-2), w = z.size(-1);
+    uint64_t state = mix(o_.seed ^ 0x3c3c3c3c3c3c3c3cULL, static_cast<uint64_t>(k));
+    const int64_t y = static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(h - crop_ + 1));
+    const int64_t x = static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(w - crop_ + 1));
+    return z.narrow(-2, y, crop_).narrow(-1, x, crop_).contiguous();
+  };
   for (const auto& [name, t] : *sh) {
     if (name == "latents_flip") continue;
     if (name == "latents" && flip) {
       auto it = sh->find("latents_flip");
       if (it == sh->end()) throw file_error(last_file_, "latents_flip", "missing (data.random_flip)");
-      out[name] = it->second[row.row];
+      out[name] = cropped(it->second[row.row]);
       continue;
     }
-    out[name] = t[row.row];
+    out[name] = name == "latents" ? cropped(t[row.row]) : t[row.row];
   }
   return out;
 }

@@ -11,8 +11,11 @@
 //                        positions past the caption's tokens are zeros, as the Wan pipeline pads them).
 //   DIR/null_conditions.safetensors   (captions) the conditions of the empty prompt, one row each: what condition
 //                        dropout and guided sampling use for "no caption".
-// Reading: the rows as an endless stream, epoch e in an order shuffled by (seed, e) (as data/image_folder.h), and
-// with random_flip each row's flip drawn from (seed, k).
+// Reading: the rows as an endless stream, epoch e in an order shuffled by (seed, e) (as data/image_folder.h), with
+// random_flip each row's flip drawn from (seed, k) (the low bit of SplitMix64's next() from mix(seed ^
+// 0x5f1f5f1f5f1f5f1f, k)), and with crop_pixels a window of crop_pixels / spatial_factor latent pixels per side,
+// at row then column offsets next() mod (room + 1) from mix(seed ^ 0x3c3c3c3c3c3c3c3c, k) (as the image folders'
+// random crops).
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
@@ -33,6 +36,7 @@ std::string latent_shard_name(int64_t i);  // "shard_00003.safetensors"
 struct LatentShardOptions {
   std::vector<std::string> dirs;  // each made by `data encode`; their latents must have the same shape
   bool random_flip = false;       // needs shards encoded with flips (latents_flip)
+  int64_t crop_pixels = 0;        // random square crops of this many pixels per side (0: the whole latents)
   uint64_t seed = 0;
   double valid_fraction = 0;      // the last rows of the sorted rows are held out
   bool valid = false;             // this split: the held-out rows
@@ -64,7 +68,7 @@ class LatentShardDataset {
   std::vector<nlohmann::json> indexes_;
   std::vector<std::vector<std::string>> files_;  // per folder, its shard paths
   std::vector<Row> rows_;
-  int64_t channels_ = 0;
+  int64_t channels_ = 0, crop_ = 0;  // crop_: the latent window's side (0: none)
   std::map<std::string, at::Tensor> null_;
   mutable std::mutex mutex_;
   mutable std::vector<int64_t> order_;

@@ -235,8 +235,7 @@ std::unique_ptr<BatchSource> base_data(const json& r, data::Split split, const s
     if (o.dirs.empty() || o.dirs[0].empty())
       throw Error("recipe: field 'data.train': no folders (a list of {path: DIR} made by `loongforge data encode`)");
     o.random_flip = d["random_flip"];
-    if (d["random_crop"].get<bool>())
-      throw Error("recipe: field 'data.random_crop': latent shards are cropped when encoded (data encode --resolution)");
+    if (d["random_crop"].get<bool>()) o.crop_pixels = d["resolution"];  // windows of data.resolution pixels
     o.seed = static_cast<uint64_t>(r["seed"].get<int64_t>());
     o.valid_fraction = d["valid_fraction"];
     o.valid = split == data::Split::Valid;
