@@ -180,7 +180,8 @@ at::Tensor DiTImpl::patchify(const at::Tensor& x) const {
   return h + pos.to(h.device(), h.scalar_type()).unsqueeze(0);
 }
 
-at::Tensor DiTImpl::embed(const Batch& b) { return patchify(b.at("hidden_states")); }
+// context parallelism: this rank's tokens (models/model.h: sequence_inside)
+at::Tensor DiTImpl::embed(const Batch& b) { return cut_sequence(patchify(b.at("hidden_states")), 1); }
 
 Batch DiTImpl::block_inputs(const Batch& b, at::ScalarType) const {
   return Batch{{"timestep", b.at("timestep")}, {"class_labels", b.at("class_labels")}};
@@ -200,11 +201,17 @@ at::Tensor DiTImpl::final_layer(const at::Tensor& h, const at::Tensor& t, const 
 }
 
 at::Tensor DiTImpl::head_loss_sum(const at::Tensor& h, const Batch& b) {
-  const at::Tensor& x = b.at("hidden_states");
-  at::Tensor out = final_layer(h, b.at("timestep"), b.at("class_labels"), x.size(2) / c_.patch_size,
-                               x.size(3) / c_.patch_size);
-  at::Tensor pred = out.narrow(1, 0, c_.in_channels);
-  at::Tensor err = (pred.to(at::kFloat) - b.at("target").to(at::kFloat)).pow(2);
+  // final_layer's projection in patch space (its unpatchify undone on the target instead), so that under context
+  // parallelism each rank sums the error of its own tokens: the prediction's first in_channels of each patch pixel
+  auto* first = transformer_blocks[0]->as<DiTBlockImpl>();
+  const at::Tensor &t = b.at("timestep"), &y = b.at("class_labels");
+  auto ss = proj_out_1(at::silu(first->emb(t, y).to(h.scalar_type()))).chunk(2, 1);  // shift, scale
+  const int64_t p = c_.patch_size, n = h.size(0), ci = c_.in_channels;
+  at::Tensor pred = proj_out_2(modulate(h, ss[0], ss[1], 1e-6)).view({n, h.size(1), p, p, c_.out_channels}).narrow(4, 0, ci);
+  const at::Tensor& target = b.at("target");  // [B, C, H, W] -> [B, gh * gw, p, p, C]
+  const int64_t gh = target.size(2) / p, gw = target.size(3) / p;
+  at::Tensor tokens = cut_sequence(target.reshape({n, ci, gh, p, gw, p}).permute({0, 2, 4, 3, 5, 1}).reshape({n, gh * gw, p, p, ci}), 1);
+  at::Tensor err = (pred.to(at::kFloat) - tokens.to(at::kFloat)).pow(2);
   if (const at::Tensor w = b.get("loss_weight"); w.defined())  // per-row weights (the objective's loss weighting)
     return (err.flatten(1).sum(1) * w.to(at::kFloat)).sum();
   return err.sum();
@@ -268,6 +275,7 @@ Split DiTImpl::split() const {
   s.pre = {"pos_embed"};
   s.blocks = "transformer_blocks";
   s.post = {"proj_out_1", "proj_out_2"};
+  s.shared = {"transformer_blocks.0.norm1.emb"};  // the output layer's conditioning (head_loss_sum)
   return s;
 }
 
@@ -275,6 +283,11 @@ std::vector<nn::AttentionHook*> DiTImpl::attention_modules() {
   std::vector<nn::AttentionHook*> out;
   for (const auto& m : transformer_blocks->children()) out.push_back(m->as<DiTBlockImpl>()->attn1.get());
   return out;
+}
+
+std::string DiTImpl::pipeline_blocker() const {
+  return "DiTTransformer2DModel: the output layer is conditioned through block 0's embedder "
+         "(transformer_blocks.0.norm1.emb); it is not split into pipeline stages";
 }
 
 std::shared_ptr<Model> build_dit(const nlohmann::json& j, const std::string& file) {

@@ -106,6 +106,10 @@ class DiTImpl : public Model {
   Split split() const override;
   TensorParallelSpec tensor_parallel_spec() const override { return {}; }
   std::vector<nn::AttentionHook*> attention_modules() override;
+  // The patches' sequence is made in embed(): context parallelism cuts it there and the target's patches in
+  // head_loss_sum() through cut_sequence_fn.
+  bool sequence_inside() const override { return true; }
+  std::string pipeline_blocker() const override;
   std::string weights_file_stem() const override { return "diffusion_pytorch_model"; }
   bool config_records_dtype() const override { return false; }
 
