@@ -1,11 +1,11 @@
 """The diffusion transformers under the parallel layouts: a tiny class-conditional DiT and a tiny text-conditioned Wan
 2.1 (video latents [B, C, F, H, W]) trained 10 steps with the diffusion objective (flow matching, per-row seeds: a
-row draws the same timestep and noise wherever it runs) give the per-step losses and gradient norms and the final
-weights of one process (fp32, CPU, <= 1e-5 relative) under DDP (dp2), ZeRO-1 (dp2), FSDP (dp2), HSDP (dp_shard 2 x
-dp_replicate 2) and context parallelism over the token sequence the model makes in embed() (cp2, Ulysses all-to-all
-and ring attention, bidirectional; also dp2 x cp2 and cp4). DiT's output layer is conditioned through block 0's
-embedder: FSDP keeps that module in its root unit (Split::shared). Layouts the family cannot take (tensor / pipeline parallel) and
-a token sequence cp does not divide are one-line errors naming the recipe key.
+row draws the same timestep and noise wherever it runs) give the per-step losses, gradient norms and validation
+losses and the final weights of one process (fp32, CPU, <= 1e-5 relative) under DDP (dp2), ZeRO-1 (dp2), FSDP (dp2),
+HSDP (dp_shard 2 x dp_replicate 2) and context parallelism over the token sequence the model makes in embed() (cp2,
+Ulysses all-to-all and ring attention, bidirectional; also dp2 x cp2 and cp4). DiT's output layer is conditioned
+through block 0's embedder: FSDP keeps that module in its root unit (Split::shared). Layouts the family cannot take
+(tensor / pipeline parallel) and a token sequence cp does not divide are one-line errors naming the recipe key.
 
 Tests marked slow run with LF_SLOW=1; the CI set covers each layout at least once."""
 import json
@@ -62,11 +62,12 @@ def recipe(d, objective, out, steps=STEPS):
 output_dir: {out / 'run'}
 seed: 11
 model: {{path: {d / 'm'}}}
-data: {{format: batch, train: [{{path: {d / 'b.safetensors'}}}], seq_len: 16}}
+data: {{format: batch, train: [{{path: {d / 'b.safetensors'}}}], seq_len: 16, valid_fraction: 0.5}}
 train: {{steps: {steps}, micro_batch_size: {ROWS}, threads: 1}}
 optim: {{lr: 2.0e-3, weight_decay: 0.01, clip: 0.5}}
 schedule: {{warmup_steps: 2}}
 checkpoint: {{every: {steps}}}
+eval: {{every: 5, batches: 2}}
 diffusion: {{{objective}}}
 log: {{progress: off, plot: false, tensorboard: false}}
 """)
@@ -129,6 +130,9 @@ def test_layout_matches_one_process(setups, reference, tmp_path, model, layout):
     for a, b in zip(got, ref):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (layout, a["step"], a["loss"], b["loss"])
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * abs(b["grad_norm"]), (layout, a["step"])
+        assert ("valid_loss" in a) == ("valid_loss" in b) == (a["step"] % 5 == 0)
+        if "valid_loss" in b:  # validation (its own noise stream) through the layout's forward
+            assert abs(a["valid_loss"] - b["valid_loss"]) <= 1e-5 * abs(b["valid_loss"]), (layout, a["step"])
     # the training moved the weights (lr > 0), and every one ends where one process's does
     w = final_weights(tmp_path / "run")
     assert set(w) == set(ref_w)

@@ -243,7 +243,9 @@ class Model : public torch::nn::Module {
   virtual bool sequence_inside() const { return false; }
   std::function<at::Tensor(const at::Tensor& x, int64_t dim)> cut_sequence_fn;
   // Applies cut_sequence_fn when set (x unchanged otherwise).
-  at::Tensor cut_sequence(const at::Tensor& x, int64_t dim) const { return cut_sequence_fn ? cut_sequence_fn(x, dim) : x; }
+  at::Tensor cut_sequence(const at::Tensor& x, int64_t dim) const {
+    return cut_sequence_fn ? cut_sequence_fn(x, dim) : x;
+  }
   // An empty string when pipeline parallelism can split the model into stages; else why not (one line).
   virtual std::string pipeline_blocker() const { return ""; }
 

@@ -106,7 +106,8 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
           const int64_t Bc = chunk_of(src, b, n);
           if (causal && A < Bc) continue;  // hidden by the causal mask
           at::Tensor kb = kv[0].narrow(2, b * c, c).unsqueeze(2), vb = kv[1].narrow(2, b * c, c).unsqueeze(2);
-          at::Tensor sc = block_scores(qa, kb, scale, causal && A == Bc, has_seg ? seg_local.narrow(1, a * c, c) : at::Tensor(),
+          at::Tensor sc = block_scores(qa, kb, scale, causal && A == Bc,
+                                       has_seg ? seg_local.narrow(1, a * c, c) : at::Tensor(),
                                        has_seg ? seg.narrow(1, b * c, c) : at::Tensor());
           at::Tensor blse = at::logsumexp(sc, {-1});
           at::Tensor ob = at::matmul(at::exp(sc - blse.unsqueeze(-1)), vb);
@@ -169,7 +170,8 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
           const int64_t Bc = chunk_of(src, b, n);
           if (causal && A < Bc) continue;
           at::Tensor kb = kv[0].narrow(2, b * c, c).unsqueeze(2), vb = kv[1].narrow(2, b * c, c).unsqueeze(2);
-          at::Tensor sc = block_scores(qa, kb, scale, causal && A == Bc, has_seg ? seg_local.narrow(1, a * c, c) : at::Tensor(),
+          at::Tensor sc = block_scores(qa, kb, scale, causal && A == Bc,
+                                       has_seg ? seg_local.narrow(1, a * c, c) : at::Tensor(),
                                        has_seg ? seg.narrow(1, b * c, c) : at::Tensor());
           at::Tensor p = at::exp(sc - la);  // [B,G,g,c,c]
           dkv[1].narrow(2, b * c, c).add_(at::matmul(p.transpose(-1, -2), doa).sum(2));
@@ -294,8 +296,9 @@ void apply_context_parallel(models::Model& model, const Group& cp, const std::st
   if (inside) model.cut_sequence_fn = [g](const at::Tensor& x, int64_t dim) { return cp_cut(x, *g, dim); };
   for (auto* attn : attns) {  // installed only once every layer passed the checks
     const bool causal = attn->causal;
-    attn->attention_fn = [g, ring, causal](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t q_offset,
-                                   int64_t window, double scale, const at::Tensor& segment_ids) {
+    attn->attention_fn = [g, ring, causal](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           int64_t q_offset, int64_t window, double scale,
+                                           const at::Tensor& segment_ids) {
       if (q_offset != 0 || q.size(2) != k.size(2))
         throw Error("context parallel: a key/value cache (generation) is not supported");
       if (window > 0) throw cp_error("sliding-window attention is not supported with context parallelism");

@@ -61,9 +61,10 @@ at::Tensor a2a_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // backward puts the part's gradient in place, zeros elsewhere). OptionError (parallel.cp) unless n divides S.
 at::Tensor cp_cut(const at::Tensor& x, const Group& cp, int64_t dim);
 
-// Installs ring or a2a attention (mode "ring" | "a2a") as every attention module's attention_fn (Model::attention_modules),
-// causal or bidirectional as each module is; for a model whose sequence is made inside (Model::sequence_inside) also
-// its cut_sequence_fn (cp_cut; its modules must be bidirectional). `cp` must outlive the model's use. Throws lf::Error (naming parallel.cp / parallel.cp_mode) for an unknown mode, sliding
+// Installs ring or a2a attention (mode "ring" | "a2a") as every attention module's attention_fn
+// (Model::attention_modules), causal or bidirectional as each module is; for a model whose sequence is made inside
+// (Model::sequence_inside) also its cut_sequence_fn (cp_cut; its modules must be bidirectional). `cp` must outlive
+// the model's use. Throws lf::Error (naming parallel.cp / parallel.cp_mode) for an unknown mode, sliding
 // windows, or (a2a) heads not divisible by cp. The installed function rejects a key/value cache (generation).
 void apply_context_parallel(models::Model& model, const Group& cp, const std::string& mode);
 

@@ -207,10 +207,13 @@ at::Tensor DiTImpl::head_loss_sum(const at::Tensor& h, const Batch& b) {
   const at::Tensor &t = b.at("timestep"), &y = b.at("class_labels");
   auto ss = proj_out_1(at::silu(first->emb(t, y).to(h.scalar_type()))).chunk(2, 1);  // shift, scale
   const int64_t p = c_.patch_size, n = h.size(0), ci = c_.in_channels;
-  at::Tensor pred = proj_out_2(modulate(h, ss[0], ss[1], 1e-6)).view({n, h.size(1), p, p, c_.out_channels}).narrow(4, 0, ci);
+  at::Tensor pred = proj_out_2(modulate(h, ss[0], ss[1], 1e-6))
+                        .view({n, h.size(1), p, p, c_.out_channels})
+                        .narrow(4, 0, ci);
   const at::Tensor& target = b.at("target");  // [B, C, H, W] -> [B, gh * gw, p, p, C]
   const int64_t gh = target.size(2) / p, gw = target.size(3) / p;
-  at::Tensor tokens = cut_sequence(target.reshape({n, ci, gh, p, gw, p}).permute({0, 2, 4, 3, 5, 1}).reshape({n, gh * gw, p, p, ci}), 1);
+  at::Tensor tokens = cut_sequence(
+      target.reshape({n, ci, gh, p, gw, p}).permute({0, 2, 4, 3, 5, 1}).reshape({n, gh * gw, p, p, ci}), 1);
   at::Tensor err = (pred.to(at::kFloat) - tokens.to(at::kFloat)).pow(2);
   if (const at::Tensor w = b.get("loss_weight"); w.defined())  // per-row weights (the objective's loss weighting)
     return (err.flatten(1).sum(1) * w.to(at::kFloat)).sum();
