@@ -70,27 +70,32 @@ AttnCase attn_case(int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t D, bool
 }
 
 // Compares `fn` (ring or a2a attention over g) on this rank's shard with nn::causal_attention on the full
-// sequence: output and the gradients of q, k, v (float64).
-void check_attention(const AttnCase& c, const Group& g,
-                     const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                                                    const at::Tensor&, const Group&)>& fn,
-                     const std::string& what) {
+// sequence: output and the gradients of q, k, v (float64). causal = false: bidirectional, against
+// nn::full_attention, on the contiguous parts par::cp_cut gives (the layout of models that cut their own sequence).
+using AttnFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                        const at::Tensor&, const Group&, bool)>;
+void check_attention(const AttnCase& c, const Group& g, const AttnFn& fn, const std::string& what, bool causal = true) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.q.size(3)));
   at::Tensor q = c.q.clone().requires_grad_(), k = c.k.clone().requires_grad_(), v = c.v.clone().requires_grad_();
-  at::Tensor ref = lf::nn::causal_attention(q, k, v, 0, 0, scale, c.seg);
+  at::Tensor ref = causal ? lf::nn::causal_attention(q, k, v, 0, 0, scale, c.seg)
+                          : lf::nn::full_attention(q, k, v, scale, c.seg);
   (ref * c.w).sum().backward();
 
-  at::Tensor lq = par::cp_shard(c.q, g, 2).requires_grad_(), lk = par::cp_shard(c.k, g, 2).requires_grad_(),
-             lv = par::cp_shard(c.v, g, 2).requires_grad_();
-  at::Tensor lseg = c.seg.defined() ? par::cp_shard(c.seg, g, 1) : at::Tensor();
-  at::Tensor out = fn(lq, lk, lv, scale, lseg, g);
-  (out * par::cp_shard(c.w, g, 2)).sum().backward();
-  EXPECT_LT(rel_diff(out, par::cp_shard(ref, g, 2)), 1e-12) << what << " output";
-  EXPECT_LT(rel_diff(lq.grad(), par::cp_shard(q.grad(), g, 2)), 1e-12) << what << " dq";
-  EXPECT_LT(rel_diff(lk.grad(), par::cp_shard(k.grad(), g, 2)), 1e-12) << what << " dk";
-  EXPECT_LT(rel_diff(lv.grad(), par::cp_shard(v.grad(), g, 2)), 1e-12) << what << " dv";
+  auto part = [&](const at::Tensor& x, int64_t dim) {
+    return causal ? par::cp_shard(x, g, dim) : par::cp_cut(x, g, dim).contiguous();
+  };
+  at::Tensor lq = part(c.q, 2).requires_grad_(), lk = part(c.k, 2).requires_grad_(), lv = part(c.v, 2).requires_grad_();
+  at::Tensor lseg = c.seg.defined() ? part(c.seg, 1) : at::Tensor();
+  at::Tensor out = fn(lq, lk, lv, scale, lseg, g, causal);
+  (out * part(c.w, 2)).sum().backward();
+  EXPECT_LT(rel_diff(out, part(ref, 2)), 1e-12) << what << " output";
+  EXPECT_LT(rel_diff(lq.grad(), part(q.grad(), 2)), 1e-12) << what << " dq";
+  EXPECT_LT(rel_diff(lk.grad(), part(k.grad(), 2)), 1e-12) << what << " dk";
+  EXPECT_LT(rel_diff(lv.grad(), part(v.grad(), 2)), 1e-12) << what << " dv";
   // the context-parallel output gathered back is the full output
-  EXPECT_LT(rel_diff(par::cp_unshard(out.detach(), g, 2), ref), 1e-12) << what << " unshard";
+  at::Tensor whole = causal ? par::cp_unshard(out.detach(), g, 2)
+                            : (g.size() == 1 ? out.detach() : g.all_gather(out.detach().contiguous(), 2));
+  EXPECT_LT(rel_diff(whole, ref), 1e-12) << what << " unshard";
 }
 
 nlohmann::json tiny_json() {
@@ -133,6 +138,8 @@ TEST(CP, RingAttentionOneRankMatchesReference) {
   for (bool seg : {false, true}) {
     check_attention(attn_case(2, 4, 2, 32, 8, seg), one, par::ring_attention, seg ? "ring seg" : "ring");
     check_attention(attn_case(2, 4, 2, 32, 8, seg), one, par::a2a_attention, seg ? "a2a seg" : "a2a");
+    check_attention(attn_case(2, 4, 2, 32, 8, seg), one, par::ring_attention, seg ? "full ring seg" : "full ring",
+                    false);
   }
   // float32 inputs come back as float32
   AttnCase c = attn_case(1, 2, 1, 8, 4, false);
@@ -192,6 +199,9 @@ TEST(CPHook, Attention) {
     // 8 heads / 4 kv heads: GQA, and divisible by cp = 2 or 4 for the all-to-all
     check_attention(attn_case(2, 8, 4, 32, 8, seg), g, par::ring_attention, seg ? "ring seg" : "ring");
     check_attention(attn_case(2, 8, 4, 32, 8, seg), g, par::a2a_attention, seg ? "a2a seg" : "a2a");
+    // bidirectional (diffusion transformers), contiguous parts of 8 / cp tokens
+    check_attention(attn_case(2, 8, 4, 32, 8, seg), g, par::ring_attention, seg ? "full ring seg" : "full ring", false);
+    check_attention(attn_case(2, 8, 4, 32, 8, seg), g, par::a2a_attention, seg ? "full a2a seg" : "full a2a", false);
   }
   // a2a with kv heads not divisible by cp
   if (g.size() > 2) {

@@ -34,6 +34,20 @@ def run_gtest_hook(test, env):
     return proc
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a longer test (more layouts of the same kind); runs with LF_SLOW=1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow are skipped unless LF_SLOW=1 (the CI set stays small)."""
+    if os.environ.get("LF_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow (set LF_SLOW=1 to run)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir():
     return FIXTURES

@@ -46,6 +46,9 @@ struct Split {
   std::vector<std::string> post;  // after the blocks (last stage): final norm, output head
   // Parameters the pre and post pieces share (tied embeddings): the last stage keeps a copy, gradients are summed.
   std::vector<std::string> tied;
+  // Modules inside a block that pieces outside it use too (DiT's output layer is conditioned through block 0's
+  // embedder): FSDP keeps them in its root unit (gathered throughout) rather than in their block's.
+  std::vector<std::string> shared;
 };
 
 // Tensor parallelism as data: each module whose name matches a rule's pattern (std::regex_match, first rule wins)
@@ -230,6 +233,21 @@ class Model : public torch::nn::Module {
   // and install scatter_sequence_fn, which embed() applies to its result last.
   virtual bool merges_embeddings() const { return false; }
   std::function<at::Tensor(const at::Tensor& h)> scatter_sequence_fn;
+  // Models whose token sequence exists only inside the model (diffusion transformers patchify latents in embed(); the
+  // batch has no sequence field) say so here: context parallelism then installs cut_sequence_fn, and the model
+  // applies it to every per-token tensor along its sequence dim `dim`: embed()'s result, per-token block inputs
+  // (rotary tables) and the head's targets as tokens, so head_loss_sum sums over this rank's tokens only while
+  // loss_terms still counts the whole batch (the engine sums losses and gradients over the cp ranks). The cut is
+  // differentiable (backward: the part's gradient in place, zeros elsewhere; per-row conditions stay whole on every
+  // rank, their gradients partial). Every attention module of such a model is bidirectional.
+  virtual bool sequence_inside() const { return false; }
+  std::function<at::Tensor(const at::Tensor& x, int64_t dim)> cut_sequence_fn;
+  // Applies cut_sequence_fn when set (x unchanged otherwise).
+  at::Tensor cut_sequence(const at::Tensor& x, int64_t dim) const {
+    return cut_sequence_fn ? cut_sequence_fn(x, dim) : x;
+  }
+  // An empty string when pipeline parallelism can split the model into stages; else why not (one line).
+  virtual std::string pipeline_blocker() const { return ""; }
 
   // ---- activation recomputation ----
   // Every n-th block (0: none; 1: all). Recomputed MoE blocks make their router statistics in the graph-free forward

@@ -69,15 +69,17 @@ struct RingHop {
 
 struct RingAttention : torch::autograd::Function<RingAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            int64_t gptr, double scale, const at::Tensor& seg_in) {
+                            int64_t gptr, double scale, const at::Tensor& seg_in, bool causal) {
     const Group& g = *reinterpret_cast<const Group*>(gptr);
     const int n = g.size(), me = g.rank();
     const auto cdt = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     const int64_t B = q.size(0), H = q.size(1), Tl = q.size(2), D = q.size(3), Hkv = k.size(1);
     TORCH_CHECK(H % Hkv == 0, "ring_attention: ", Hkv, " key/value heads do not divide ", H, " heads");
     TORCH_CHECK(k.size(2) == Tl && v.size(2) == Tl, "ring_attention: q, k, v must hold the same local tokens");
-    TORCH_CHECK(Tl % 2 == 0, "ring_attention: the local sequence (", Tl, ") must hold two equal chunks");
-    const int64_t gg = H / Hkv, c = Tl / 2;
+    // causal: two load-balanced chunks per rank; bidirectional: the local tokens as one chunk
+    const int nc = causal ? 2 : 1;
+    TORCH_CHECK(Tl % nc == 0, "ring_attention: the local sequence (", Tl, ") must hold two equal chunks");
+    const int64_t gg = H / Hkv, c = Tl / nc;
     at::Tensor qf = q.to(cdt).contiguous().view({B, Hkv, gg, Tl, D});
     at::Tensor kv = at::stack({k.to(cdt), v.to(cdt)}).contiguous();  // [2,B,Hkv,Tl,D]
     const bool has_seg = seg_in.numel() > 0;  // an empty tensor stands for "no segment ids"
@@ -85,7 +87,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     at::Tensor seg = seg_local;
 
     std::array<at::Tensor, 2> out, lse;
-    for (int a = 0; a < 2; ++a) {
+    for (int a = 0; a < nc; ++a) {
       out[a] = at::zeros({B, Hkv, gg, c, D}, qf.options());
       lse[a] = at::full({B, Hkv, gg, c}, -std::numeric_limits<double>::infinity(), qf.options());
     }
@@ -97,14 +99,15 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         hkv.start(g, kv, kv_next, 0);
         if (has_seg) hseg.start(g, seg, seg_next, 1);
       }
-      for (int a = 0; a < 2; ++a) {
+      for (int a = 0; a < nc; ++a) {
         const int64_t A = chunk_of(me, a, n);
         at::Tensor qa = qf.narrow(3, a * c, c);
-        for (int b = 0; b < 2; ++b) {
+        for (int b = 0; b < nc; ++b) {
           const int64_t Bc = chunk_of(src, b, n);
-          if (A < Bc) continue;  // hidden by the causal mask
+          if (causal && A < Bc) continue;  // hidden by the causal mask
           at::Tensor kb = kv[0].narrow(2, b * c, c).unsqueeze(2), vb = kv[1].narrow(2, b * c, c).unsqueeze(2);
-          at::Tensor sc = block_scores(qa, kb, scale, A == Bc, has_seg ? seg_local.narrow(1, a * c, c) : at::Tensor(),
+          at::Tensor sc = block_scores(qa, kb, scale, causal && A == Bc,
+                                       has_seg ? seg_local.narrow(1, a * c, c) : at::Tensor(),
                                        has_seg ? seg.narrow(1, b * c, c) : at::Tensor());
           at::Tensor blse = at::logsumexp(sc, {-1});
           at::Tensor ob = at::matmul(at::exp(sc - blse.unsqueeze(-1)), vb);
@@ -122,9 +125,10 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         }
       }
     }
-    at::Tensor o = at::cat({out[0], out[1]}, 3);  // [B,Hkv,g,Tl,D]
-    at::Tensor l = at::cat({lse[0], lse[1]}, 3);  // [B,Hkv,g,Tl]
+    at::Tensor o = causal ? at::cat({out[0], out[1]}, 3) : out[0];  // [B,Hkv,g,Tl,D]
+    at::Tensor l = causal ? at::cat({lse[0], lse[1]}, 3) : lse[0];  // [B,Hkv,g,Tl]
     ctx->saved_data["group"] = gptr;
+    ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["has_seg"] = has_seg;
     ctx->save_for_backward({q, k, v, o, l, has_seg ? seg_local : at::zeros({0}, at::kLong)});
@@ -135,12 +139,14 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const Group& g = group_of(ctx);
     const double scale = ctx->saved_data["scale"].toDouble();
     const bool has_seg = ctx->saved_data["has_seg"].toBool();
+    const bool causal = ctx->saved_data["causal"].toBool();
     auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &l = saved[4];
     at::Tensor seg_local = has_seg ? saved[5] : at::Tensor(), seg = seg_local;
     const int n = g.size(), me = g.rank();
     const int64_t B = q.size(0), H = q.size(1), Tl = q.size(2), D = q.size(3), Hkv = k.size(1);
-    const int64_t gg = H / Hkv, c = Tl / 2;
+    const int nc = causal ? 2 : 1;
+    const int64_t gg = H / Hkv, c = Tl / nc;
     const auto cdt = o.scalar_type();
     at::Tensor qf = q.to(cdt).contiguous().view({B, Hkv, gg, Tl, D});
     at::Tensor dout = grads[0].to(cdt).contiguous().view({B, Hkv, gg, Tl, D});
@@ -156,15 +162,16 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         hkv.start(g, kv, kv_next, 2);
         if (has_seg) hseg.start(g, seg, seg_next, 3);
       }
-      for (int a = 0; a < 2; ++a) {
+      for (int a = 0; a < nc; ++a) {
         const int64_t A = chunk_of(me, a, n);
         at::Tensor qa = qf.narrow(3, a * c, c), doa = dout.narrow(3, a * c, c);
         at::Tensor la = l.narrow(3, a * c, c).unsqueeze(-1), dla = delta.narrow(3, a * c, c).unsqueeze(-1);
-        for (int b = 0; b < 2; ++b) {
+        for (int b = 0; b < nc; ++b) {
           const int64_t Bc = chunk_of(src, b, n);
-          if (A < Bc) continue;
+          if (causal && A < Bc) continue;
           at::Tensor kb = kv[0].narrow(2, b * c, c).unsqueeze(2), vb = kv[1].narrow(2, b * c, c).unsqueeze(2);
-          at::Tensor sc = block_scores(qa, kb, scale, A == Bc, has_seg ? seg_local.narrow(1, a * c, c) : at::Tensor(),
+          at::Tensor sc = block_scores(qa, kb, scale, causal && A == Bc,
+                                       has_seg ? seg_local.narrow(1, a * c, c) : at::Tensor(),
                                        has_seg ? seg.narrow(1, b * c, c) : at::Tensor());
           at::Tensor p = at::exp(sc - la);  // [B,G,g,c,c]
           dkv[1].narrow(2, b * c, c).add_(at::matmul(p.transpose(-1, -2), doa).sum(2));
@@ -188,7 +195,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       }
     }
     return {dq.view({B, H, Tl, D}).to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -222,14 +229,14 @@ at::Tensor cp_unshard(const at::Tensor& local, const Group& cp, int64_t dim) {
 }
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                          const at::Tensor& segment_ids, const Group& cp) {
+                          const at::Tensor& segment_ids, const Group& cp, bool causal) {
   // Function::apply does not take undefined tensors: an empty one stands for "no segment ids".
   at::Tensor seg = segment_ids.defined() ? segment_ids : at::zeros({0}, q.options().dtype(at::kLong));
-  return RingAttention::apply(q, k, v, reinterpret_cast<int64_t>(&cp), scale, seg);
+  return RingAttention::apply(q, k, v, reinterpret_cast<int64_t>(&cp), scale, seg, causal);
 }
 
 at::Tensor a2a_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                         const at::Tensor& segment_ids, const Group& cp) {
+                         const at::Tensor& segment_ids, const Group& cp, bool causal) {
   const int n = cp.size();
   const int64_t H = q.size(1), Hkv = k.size(1), Tl = q.size(2);
   if (H % n != 0)
@@ -238,6 +245,12 @@ at::Tensor a2a_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   if (Hkv % n != 0)
     throw cp_error(std::to_string(n) + " does not divide num_key_value_heads " + std::to_string(Hkv) +
                 " (cp_mode a2a)");
+  if (!causal) {  // any token order will do: the gathered order, segment ids gathered alike
+    auto to_heads = [&](const at::Tensor& x) { return all_to_all(x, cp, 1, 2); };
+    at::Tensor seg;
+    if (segment_ids.defined()) seg = n == 1 ? segment_ids : cp.all_gather(segment_ids.contiguous(), 1);
+    return all_to_all(nn::full_attention(to_heads(q), to_heads(k), to_heads(v), scale, seg), cp, 2, 1);
+  }
   at::Tensor order = cp_layout_positions(Tl * n, n).to(q.device());  // global position of each gathered token
   at::Tensor inv = at::argsort(order);
   auto to_heads = [&](const at::Tensor& x) { return all_to_all(x, cp, 1, 2).index_select(2, inv); };
@@ -248,14 +261,27 @@ at::Tensor a2a_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return all_to_all(o.index_select(2, order), cp, 2, 1);
 }
 
+at::Tensor cp_cut(const at::Tensor& x, const Group& cp, int64_t dim) {
+  if (dim < 0) dim += x.dim();
+  const int64_t S = x.size(dim), n = cp.size();
+  if (S % n != 0)
+    throw cp_error(std::to_string(n) + " does not divide the model's token sequence of " + std::to_string(S) +
+                   " tokens (made inside the model, e.g. latent patches: frames x height x width / patch_size)");
+  return x.narrow(dim, cp.rank() * (S / n), S / n);
+}
+
 void apply_context_parallel(models::Model& model, const Group& cp, const std::string& mode) {
   if (mode != "ring" && mode != "a2a")
     throw OptionError("cp_mode", "unknown value '" + mode + "' (ring|a2a)");
   const bool ring = mode == "ring";
   const int n = cp.size();
+  const bool inside = model.sequence_inside();
   std::vector<nn::AttentionHook*> attns = model.attention_modules();
   for (size_t i = 0; i < attns.size(); ++i) {
     nn::AttentionHook* attn = attns[i];
+    if (inside && attn->causal)
+      throw cp_error("the model cuts its token sequence itself (contiguous parts); its causal attention (layer " +
+                     std::to_string(i) + ") needs the load-balanced layout");
     if (attn->window > 0)
       throw cp_error("sliding-window attention (layer " + std::to_string(i) + ", window " +
                   std::to_string(attn->window) + ") is not supported with context parallelism");
@@ -267,20 +293,23 @@ void apply_context_parallel(models::Model& model, const Group& cp, const std::st
                   std::to_string(attn->kv_heads) + " (cp_mode a2a)");
   }
   const Group* g = &cp;
+  if (inside) model.cut_sequence_fn = [g](const at::Tensor& x, int64_t dim) { return cp_cut(x, *g, dim); };
   for (auto* attn : attns) {  // installed only once every layer passed the checks
-    attn->attention_fn = [g, ring](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t q_offset,
-                                   int64_t window, double scale, const at::Tensor& segment_ids) {
+    const bool causal = attn->causal;
+    attn->attention_fn = [g, ring, causal](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           int64_t q_offset, int64_t window, double scale,
+                                           const at::Tensor& segment_ids) {
       if (q_offset != 0 || q.size(2) != k.size(2))
         throw Error("context parallel: a key/value cache (generation) is not supported");
       if (window > 0) throw cp_error("sliding-window attention is not supported with context parallelism");
-      if (!ring) return a2a_attention(q, k, v, scale, segment_ids, *g);
+      if (!ring) return a2a_attention(q, k, v, scale, segment_ids, *g, causal);
       // Ring attention moves keys and values as one tensor: values narrower than the keys (MLA's v_head_dim) travel
       // zero-padded to the key width; the padded output columns are zero and cut off.
       const int64_t dv = v.size(3), dk = k.size(3);
-      if (dv == dk) return ring_attention(q, k, v, scale, segment_ids, *g);
+      if (dv == dk) return ring_attention(q, k, v, scale, segment_ids, *g, causal);
       if (dv > dk) throw Error("context parallel: values wider than keys are not supported (ring)");
       at::Tensor vp = at::constant_pad_nd(v, {0, dk - dv});
-      return ring_attention(q, k, vp, scale, segment_ids, *g).narrow(3, 0, dv);
+      return ring_attention(q, k, vp, scale, segment_ids, *g, causal).narrow(3, 0, dv);
     };
   }
 }

@@ -48,14 +48,23 @@ at::Tensor cp_unshard(const at::Tensor& local, const Group& cp, int64_t dim = 1)
 // Ring attention over the cp group. q [B,H,Tl,D], k/v [B,Hkv,Tl,D] (GQA: Hkv divides H) hold this rank's tokens in
 // the load-balanced layout; segment_ids [B,Tl] (optional) their documents. Causal; returns [B,H,Tl,D].
 // Differentiable (custom blockwise backward). Computes in float64 for double inputs, float32 otherwise.
+// causal = false: bidirectional attention (every query sees every key of its segment); the tokens may then be in any
+// layout (the contiguous one of cp_cut), and nothing is skipped.
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                          const at::Tensor& segment_ids, const Group& cp);
+                          const at::Tensor& segment_ids, const Group& cp, bool causal = true);
 // Ulysses attention over the cp group; same arguments and result. Throws lf::Error unless cp divides H and Hkv.
 at::Tensor a2a_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                         const at::Tensor& segment_ids, const Group& cp);
+                         const at::Tensor& segment_ids, const Group& cp, bool causal = true);
 
-// Installs ring or a2a attention (mode "ring" | "a2a") as every attention module's attention_fn (Model::attention_modules). `cp` must
-// outlive the model's use. Throws lf::Error (naming parallel.cp / parallel.cp_mode) for an unknown mode, sliding
+// Models whose token sequence is made inside the model (models::Model::sequence_inside: diffusion transformers):
+// this rank's contiguous part of x along dim (rank i of n holds tokens [i S/n, (i+1) S/n)); differentiable (the
+// backward puts the part's gradient in place, zeros elsewhere). OptionError (parallel.cp) unless n divides S.
+at::Tensor cp_cut(const at::Tensor& x, const Group& cp, int64_t dim);
+
+// Installs ring or a2a attention (mode "ring" | "a2a") as every attention module's attention_fn
+// (Model::attention_modules), causal or bidirectional as each module is; for a model whose sequence is made inside
+// (Model::sequence_inside) also its cut_sequence_fn (cp_cut; its modules must be bidirectional). `cp` must outlive
+// the model's use. Throws lf::Error (naming parallel.cp / parallel.cp_mode) for an unknown mode, sliding
 // windows, or (a2a) heads not divisible by cp. The installed function rejects a key/value cache (generation).
 void apply_context_parallel(models::Model& model, const Group& cp, const std::string& mode);
 

@@ -21,6 +21,7 @@ struct LayerNode : torch::autograd::Node {
   size_t unit = 0;
   models::Model* model = nullptr;
   std::vector<at::Tensor> params;  // the unit's trainable parameters (module tensors; gathered in apply)
+  std::vector<at::Tensor> shared;  // root-unit parameters the block uses (gathered throughout): grads into .grad
   models::Batch inputs;            // the blocks' other inputs (Model::block_inputs), detached
   std::vector<std::string> side;   // those with gradients of their own (edges 1.. of this node)
   at::Tensor input;
@@ -45,6 +46,7 @@ struct LayerNode : torch::autograd::Node {
     if (input_requires_grad) wrt.push_back(x);
     for (const auto& t : side_in) wrt.push_back(t);
     for (const auto& p : params) wrt.push_back(p);
+    for (const auto& p : shared) wrt.push_back(p);
     at::Tensor extra;
     if (fsdp->layer_loss_fn) {
       at::AutoGradMode enable(true);
@@ -62,7 +64,17 @@ struct LayerNode : torch::autograd::Node {
     const size_t first = input_requires_grad ? 1 : 0;
     torch::autograd::variable_list out = {input_requires_grad ? g[0] : at::Tensor()};
     for (size_t k = 0; k < side.size(); ++k) out.push_back(g[first + k]);
-    fsdp->unit_grads(unit, std::vector<at::Tensor>(g.begin() + static_cast<std::ptrdiff_t>(first + side.size()), g.end()));
+    const auto own = g.begin() + static_cast<std::ptrdiff_t>(first + side.size());
+    fsdp->unit_grads(unit, std::vector<at::Tensor>(own, own + static_cast<std::ptrdiff_t>(params.size())));
+    {
+      at::NoGradGuard no_grad;  // the root unit's parameters accumulate as the head's gradients do
+      for (size_t k = 0; k < shared.size(); ++k) {
+        const at::Tensor& gk = g[first + side.size() + params.size() + k];
+        if (!gk.defined()) continue;
+        if (shared[k].grad().defined()) shared[k].mutable_grad().add_(gk);
+        else shared[k].mutable_grad() = gk.clone();
+      }
+    }
     input = at::Tensor();
     return out;
   }
@@ -84,7 +96,8 @@ FullyShardedModel::FullyShardedModel(models::Model& model, const Group& shard, c
   shard_ = &shard;
   replicate_ = &replicate;
   const int64_t L = model.num_blocks();
-  const std::string blocks = model.split().blocks + ".";
+  const models::Split split = model.split();
+  const std::string blocks = split.blocks + ".";
   units_.resize(static_cast<size_t>(L) + 1);
   // Embedding tables are looked up, not multiplied: they keep fp32 under mixed precision.
   std::set<std::string> tables;
@@ -96,6 +109,12 @@ FullyShardedModel::FullyShardedModel(models::Model& model, const Group& shard, c
     int64_t li = -1;
     size_t u = block_index(item.key(), blocks, &li) ? static_cast<size_t>(li) : static_cast<size_t>(L);
     if (u > static_cast<size_t>(L)) throw Error("fsdp: parameter '" + item.key() + "' names a layer past the last");
+    for (const auto& m : split.shared)
+      if (u < static_cast<size_t>(L) && item.key().rfind(m + ".", 0) == 0) {  // in the root unit, used by block u
+        units_[u].shared.push_back(names_.size());
+        u = static_cast<size_t>(L);
+        break;
+      }
     units_[u].members.push_back(names_.size());
     names_.push_back(item.key());
     shapes_.push_back(item.value().sizes().vec());
@@ -238,7 +257,9 @@ at::Tensor FullyShardedModel::forward_hidden(const models::Batch& b) {
     if (opts_.prefetch && i + 1 < L) prefetch(i + 1);
     std::vector<at::Tensor> ps;
     for (size_t m : units_[i].members) ps.push_back(params_[m]);
-    bool needs_node = at::GradMode::is_enabled() && (h.requires_grad() || !ps.empty());
+    std::vector<at::Tensor> shared;
+    for (size_t m : units_[i].shared) shared.push_back(params_[m]);
+    bool needs_node = at::GradMode::is_enabled() && (h.requires_grad() || !ps.empty() || !shared.empty());
     at::Tensor y;
     {
       at::NoGradGuard no_grad;
@@ -251,6 +272,7 @@ at::Tensor FullyShardedModel::forward_hidden(const models::Batch& b) {
       node->unit = i;
       node->model = model_;
       node->params = std::move(ps);
+      node->shared = std::move(shared);
       node->input = h.detach();
       std::vector<at::Tensor> edges = {h};
       for (const auto& [name, t] : inputs.tensors()) {

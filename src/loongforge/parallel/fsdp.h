@@ -82,6 +82,7 @@ class FullyShardedModel : public GradSync, public std::enable_shared_from_this<F
  private:
   struct Unit {
     std::vector<size_t> members;  // indices into names()
+    std::vector<size_t> shared;   // root-unit parameters inside this block (Split::shared): gradients to the root
     std::vector<bool> low;        // per member: a matmul weight (a compute_dtype copy under mixed precision)
     at::Tensor full;              // gathered flat parameters (undefined when freed)
     Pending gathering;

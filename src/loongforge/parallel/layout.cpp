@@ -41,11 +41,16 @@ void validate(const Layout& l, models::Model& m, int64_t seq_len, int64_t micro_
     if (l.zero > 1) bad("ep", s(l.ep) + ": expert parallelism runs with parallel.zero 0 (DDP) or 1 (ZeRO-1), got zero " + s(l.zero));
   }
   if (l.timeout_s < 1) bad("timeout_s", s(l.timeout_s) + " is not a positive number of seconds");
+  if (l.tp > 1 && m.tensor_parallel_spec().rules.empty())
+    bad("tp", s(l.tp) + ": " + m.model_type() + " has no tensor-parallel plan (use data or context parallelism)");
+  if (l.pp > 1)
+    if (const std::string why = m.pipeline_blocker(); !why.empty()) bad("pp", s(l.pp) + ": " + why);
   if (l.tp > 1)
     for (const auto& [field, n] : m.tensor_parallel_spec().divisible)
       if (n % l.tp) bad("tp", s(l.tp) + " does not divide " + field + " " + s(n));
   if (l.sp && l.tp == 1) bad("sp", "sequence parallel splits over tensor-parallel ranks; it needs tp > 1");
-  const int64_t seq_div = (l.cp > 1 ? 2 * l.cp : 1) * (l.sp ? l.tp : 1);
+  // A model that makes its token sequence inside (Model::sequence_inside) checks the length when it cuts it.
+  const int64_t seq_div = (l.cp > 1 && !m.sequence_inside() ? 2 * l.cp : 1) * (l.sp ? l.tp : 1);
   if (seq_len % seq_div)
     bad(l.cp > 1 ? "cp" : "sp", "data.seq_len " + s(seq_len) + " is not a multiple of " + s(seq_div) +
                                     (l.cp > 1 ? " (2 x cp chunks" + std::string(l.sp ? " x tp" : "") + ")" : " (tp)"));

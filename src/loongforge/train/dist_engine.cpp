@@ -7,7 +7,9 @@
 // [dp index x micro_batch_size, +micro_batch_size): BatchSource::next_rows, which advances the data position as the
 // whole draw would) and takes its part of the sequence (context parallel); the step's counted tokens are summed over
 // the data-parallel ranks. Losses are summed over all counted tokens and divided by the global count, so gradients
-// are sums over data/context-parallel ranks.
+// are sums over data/context-parallel ranks. A model that makes its token sequence inside (Model::sequence_inside:
+// diffusion transformers patchify latents in embed()) gets whole rows and cuts the sequence itself through the
+// cut_sequence_fn context parallelism installs; its loss_terms count the whole rows on every cp rank.
 //
 // LoRA runs (trainable.lora): the adapters train under data parallel (DDP, ZeRO-1), tensor (+sequence) parallel
 // (parallel/tensor_parallel.h splits lora_B of column-parallel layers and lora_A of row-parallel ones; the other
@@ -299,7 +301,7 @@ class DistEngine : public Engine {
     if (b.num_rows() != mb_)
       throw Error("distributed engine: a micro-batch of " + std::to_string(b.num_rows()) + " rows; this rank reads " +
                   std::to_string(mb_) + " (local_rows)");
-    if (layout_.cp > 1) {
+    if (layout_.cp > 1 && !b_.model->sequence_inside()) {  // else the model cuts its own sequence (cut_sequence_fn)
       const int64_t T = seq_of(b);
       for (const auto& f : schema_)
         if (f.positions && !b.has(f.name))
@@ -436,9 +438,12 @@ class DistEngine : public Engine {
     }
     if (fsdp_) fsdp_->set_compute_dtype(compute);
     if (was_training) model.train();
-    at::Tensor t = at::tensor({l, static_cast<double>(model.loss_terms(b))}, at::kDouble);
-    dp_cp_->all_reduce(t);
-    return {t[0].item<double>(), static_cast<int64_t>(t[1].item<double>())};
+    // A model that cuts its sequence itself counts the whole batch's terms on every cp rank: summed over dp only.
+    at::Tensor loss = at::full({1}, l, at::kDouble);
+    at::Tensor terms = at::full({1}, static_cast<double>(model.loss_terms(b)), at::kDouble);
+    dp_cp_->all_reduce(loss);
+    (model.sequence_inside() ? dp_ : dp_cp_)->all_reduce(terms);
+    return {loss.item<double>(), static_cast<int64_t>(terms.item<double>())};
   }
 
   // Whole tensors of this pipeline stage: model weights (saved_names_) and the optimizer moments.

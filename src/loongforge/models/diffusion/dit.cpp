@@ -185,13 +185,14 @@ at::Tensor DiTImpl::patchify(const at::Tensor& x) const {
   return h + pos.to(h.device(), h.scalar_type()).unsqueeze(0);
 }
 
+// context parallelism: this rank's tokens (models/model.h: sequence_inside)
 at::Tensor DiTImpl::embed(const Batch& b) {
   const at::Tensor& x = b.at("hidden_states");
   if (x.dim() != 4 || x.size(1) != c_.in_channels)  // e.g. latents of another VAE
     throw Error("batch: hidden_states: " + std::to_string(x.dim() > 1 ? x.size(1) : 0) + " channels in " +
                 std::to_string(x.dim()) + " dimensions, the model takes [B, " + std::to_string(c_.in_channels) +
                 ", H, W] (in_channels)");
-  return patchify(x);
+  return cut_sequence(patchify(x), 1);
 }
 
 Batch DiTImpl::block_inputs(const Batch& b, at::ScalarType) const {
@@ -212,11 +213,20 @@ at::Tensor DiTImpl::final_layer(const at::Tensor& h, const at::Tensor& t, const 
 }
 
 at::Tensor DiTImpl::head_loss_sum(const at::Tensor& h, const Batch& b) {
-  const at::Tensor& x = b.at("hidden_states");
-  at::Tensor out = final_layer(h, b.at("timestep"), b.at("class_labels"), x.size(2) / c_.patch_size,
-                               x.size(3) / c_.patch_size);
-  at::Tensor pred = out.narrow(1, 0, c_.in_channels);
-  at::Tensor err = (pred.to(at::kFloat) - b.at("target").to(at::kFloat)).pow(2);
+  // final_layer's projection in patch space (its unpatchify undone on the target instead), so that under context
+  // parallelism each rank sums the error of its own tokens: the prediction's first in_channels of each patch pixel
+  auto* first = transformer_blocks[0]->as<DiTBlockImpl>();
+  const at::Tensor &t = b.at("timestep"), &y = b.at("class_labels");
+  auto ss = proj_out_1(at::silu(first->emb(t, y).to(h.scalar_type()))).chunk(2, 1);  // shift, scale
+  const int64_t p = c_.patch_size, n = h.size(0), ci = c_.in_channels;
+  const at::Tensor out = proj_out_2(modulate(h, ss[0], ss[1], 1e-6)).view({n, h.size(1), p, p, c_.out_channels});
+  at::Tensor pred = out.narrow(4, 0, ci);
+  const at::Tensor& target = b.at("target");  // [B, C, H, W] -> [B, gh * gw, p, p, C]
+  const int64_t gh = target.size(2) / p, gw = target.size(3) / p;
+  auto tokens = [&](const at::Tensor& z) {
+    return cut_sequence(z.reshape({n, ci, gh, p, gw, p}).permute({0, 2, 4, 3, 5, 1}).reshape({n, gh * gw, p, p, ci}), 1);
+  };
+  at::Tensor err = (pred.to(at::kFloat) - tokens(target).to(at::kFloat)).pow(2);
   at::Tensor sum;
   if (const at::Tensor w = b.get("loss_weight"); w.defined())  // per-row weights (the objective's loss weighting)
     sum = (err.flatten(1).sum(1) * w.to(at::kFloat)).sum();
@@ -225,10 +235,12 @@ at::Tensor DiTImpl::head_loss_sum(const at::Tensor& h, const Batch& b) {
   if (const at::Tensor vt = b.get("vlb_terms"); vt.defined()) {
     if (!c_.learned_sigma())
       throw Error("batch: vlb_terms: the model does not predict its variance (out_channels != 2 * in_channels)");
-    // Each row's bound counts once per element of its mean squared error: the loss stays a mean over elements.
-    const at::Tensor vb = learned_variance_vlb(out.to(at::kFloat), x.to(at::kFloat), b.at("x_start").to(at::kFloat),
-                                               vt.to(at::kFloat));
-    sum = sum + vb.sum() * static_cast<double>(err[0].numel());
+    // Each row's bound (the mean of its elements' bits) counts once per element of its mean squared error: the sum
+    // of its elements' bits (this rank's tokens' under context parallelism).
+    const at::Tensor o = out.to(at::kFloat);
+    sum = sum + learned_variance_vlb(o.narrow(4, 0, ci), o.narrow(4, ci, ci), tokens(b.at("hidden_states")).to(at::kFloat),
+                                     tokens(b.at("x_start")).to(at::kFloat), vt.to(at::kFloat))
+                    .sum();
   }
   return sum;
 }
@@ -240,15 +252,14 @@ at::Tensor approx_normal_cdf(const at::Tensor& x) {
 }
 }  // namespace
 
-at::Tensor learned_variance_vlb(const at::Tensor& out, const at::Tensor& x_t, const at::Tensor& x0,
-                                const at::Tensor& terms) {
-  const int64_t c = x_t.size(1);
+at::Tensor learned_variance_vlb(const at::Tensor& eps_in, const at::Tensor& v, const at::Tensor& x_t,
+                                const at::Tensor& x0, const at::Tensor& terms) {
   std::vector<int64_t> shape(static_cast<size_t>(x_t.dim()), 1);
   shape[0] = x_t.size(0);
   auto col = [&](int64_t j) { return terms.select(1, j).reshape(shape); };
   const at::Tensor coef1 = col(0), coef2 = col(1), post_logvar = col(2), log_beta = col(3), recip = col(4),
-                   recipm1 = col(5), first = terms.select(1, 6) > 0.5, weight = terms.select(1, 7);
-  const at::Tensor eps = out.narrow(1, 0, c).detach(), v = out.narrow(1, c, c);
+                   recipm1 = col(5), first = col(6) > 0.5, weight = col(7);
+  const at::Tensor eps = eps_in.detach();
   const at::Tensor frac = (v + 1) / 2;
   const at::Tensor model_logvar = frac * log_beta + (1 - frac) * post_logvar;
   const at::Tensor model_mean = coef1 * (recip * x_t - recipm1 * eps) + coef2 * x_t;
@@ -264,8 +275,8 @@ at::Tensor learned_variance_vlb(const at::Tensor& out, const at::Tensor& x_t, co
                    log_delta = at::log((cdf_plus - cdf_min).clamp_min(1e-12));
   const at::Tensor log_probs =
       at::where(x0 < -0.999, log_cdf_plus, at::where(x0 > 0.999, log_one_minus_cdf_min, log_delta));
-  const at::Tensor kl_bits = kl.flatten(1).mean(1) / std::log(2.0), nll_bits = -log_probs.flatten(1).mean(1) / std::log(2.0);
-  return at::where(first, nll_bits, kl_bits) * weight;
+  // per element, in bits (the row's bound is their mean over all its elements)
+  return at::where(first, -log_probs, kl) * weight / std::log(2.0);
 }
 
 at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
@@ -326,6 +337,7 @@ Split DiTImpl::split() const {
   s.pre = {"pos_embed"};
   s.blocks = "transformer_blocks";
   s.post = {"proj_out_1", "proj_out_2"};
+  s.shared = {"transformer_blocks.0.norm1.emb"};  // the output layer's conditioning (head_loss_sum)
   return s;
 }
 
@@ -333,6 +345,11 @@ std::vector<nn::AttentionHook*> DiTImpl::attention_modules() {
   std::vector<nn::AttentionHook*> out;
   for (const auto& m : transformer_blocks->children()) out.push_back(m->as<DiTBlockImpl>()->attn1.get());
   return out;
+}
+
+std::string DiTImpl::pipeline_blocker() const {
+  return "DiTTransformer2DModel: the output layer is conditioned through block 0's embedder "
+         "(transformer_blocks.0.norm1.emb); it is not split into pipeline stages";
 }
 
 std::shared_ptr<Model> build_dit(const nlohmann::json& j, const std::string& file) {

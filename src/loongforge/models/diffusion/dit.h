@@ -106,6 +106,10 @@ class DiTImpl : public Model {
   Split split() const override;
   TensorParallelSpec tensor_parallel_spec() const override { return {}; }
   std::vector<nn::AttentionHook*> attention_modules() override;
+  // The patches' sequence is made in embed(): context parallelism cuts it there and the target's patches in
+  // head_loss_sum() through cut_sequence_fn.
+  bool sequence_inside() const override { return true; }
+  std::string pipeline_blocker() const override;
   std::string weights_file_stem() const override { return "diffusion_pytorch_model"; }
   bool config_records_dtype() const override { return false; }
 
@@ -129,13 +133,13 @@ std::shared_ptr<Model> build_dit(const nlohmann::json& config, const std::string
 nlohmann::json describe_dit(const nlohmann::json& config, const std::string& file);
 
 // DiT's variational-bound term for learned-sigma models (guided diffusion's _vb_terms_bpd with the prediction's mean
-// frozen), per row in bits: the KL between the true posterior q(x_{t-1} | x_t, x0) and the model's Gaussian (mean
-// from the detached epsilon, log-variance interpolated between the clipped posterior's and log beta_t by
-// (v + 1) / 2 of the variance channels v), or at t = 0 the decoder's discretized log-likelihood of x0; times the
-// row's weight. out [B, 2C, ...] the model's output, x_t the noised input, x0 the clean latents, terms [B, 8]: the
-// posterior mean coefficients (x0, x_t), the clipped posterior log-variance, log beta_t, sqrt(1 / abar_t),
-// sqrt(1 / abar_t - 1), t == 0 (1 or 0), the weight.
-at::Tensor learned_variance_vlb(const at::Tensor& out, const at::Tensor& x_t, const at::Tensor& x0,
+// frozen), element by element in bits (a row's bound is the mean over its elements): the KL between the true posterior
+// q(x_{t-1} | x_t, x0) and the model's Gaussian (mean from the detached epsilon `eps`, log-variance interpolated
+// between the clipped posterior's and log beta_t by (v + 1) / 2 of the variance channels v), or at t = 0 the
+// decoder's discretized log-likelihood of x0; times the row's weight. eps, v, x_t, x0 share one layout, rows first;
+// terms [B, 8]: the posterior mean coefficients (x0, x_t), the clipped posterior log-variance, log beta_t,
+// sqrt(1 / abar_t), sqrt(1 / abar_t - 1), t == 0 (1 or 0), the weight.
+at::Tensor learned_variance_vlb(const at::Tensor& eps, const at::Tensor& v, const at::Tensor& x_t, const at::Tensor& x0,
                                 const at::Tensor& terms);
 
 }  // namespace lf::models::diffusion

@@ -138,7 +138,9 @@ at::Tensor WanLayerNormImpl::forward(const at::Tensor& x) {
   return at::layer_norm(xf, {dim_}, w, b, eps_).to(x.scalar_type());
 }
 
-WanAttentionImpl::WanAttentionImpl(int64_t dim, int64_t heads, double eps) : heads_(heads) {
+WanAttentionImpl::WanAttentionImpl(int64_t dim, int64_t heads, double eps)
+    : nn::AttentionHook(heads, heads, 0), heads_(heads) {
+  causal = false;
   to_q = register_module("to_q", nn::Linear(dim, dim, true));
   to_k = register_module("to_k", nn::Linear(dim, dim, true));
   to_v = register_module("to_v", nn::Linear(dim, dim, true));
@@ -160,7 +162,11 @@ at::Tensor WanAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cont
     q = rotate(q, cos, sin);
     k = rotate(k, cos, sin);
   }
-  at::Tensor o = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2));
+  q = q.transpose(1, 2), k = k.transpose(1, 2), v = v.transpose(1, 2);  // [B, H, S, Dh]
+  // self-attention through the hook when a layout installed one (context parallelism); else SDPA as diffusers
+  at::Tensor o = !context.defined() && attention_fn
+                     ? attention_fn(q, k, v, 0, 0, 1.0 / std::sqrt(static_cast<double>(q.size(-1))), at::Tensor())
+                     : at::scaled_dot_product_attention(q, k, v);
   return out(o.transpose(1, 2).flatten(2, 3).to(q.scalar_type()));
 }
 
@@ -340,7 +346,8 @@ at::Tensor WanTransformer3DImpl::embed(const Batch& b) {
   const at::Tensor patches = x.reshape({B, C, f, p[0], h, p[1], w, p[2]})
                                  .permute({0, 2, 4, 6, 1, 3, 5, 7})
                                  .reshape({B, f * h * w, C * config_.patch_volume()});
-  return at::linear(patches, patch_weight.reshape({patch_weight.size(0), -1}), patch_bias);
+  // context parallelism: this rank's tokens (models/model.h: sequence_inside)
+  return cut_sequence(at::linear(patches, patch_weight.reshape({patch_weight.size(0), -1}), patch_bias), 1);
 }
 
 Batch WanTransformer3DImpl::conditions(const Inputs& in, at::ScalarType dtype) const {
@@ -361,8 +368,8 @@ Batch WanTransformer3DImpl::conditions(const Inputs& in, at::ScalarType dtype) c
   const at::Tensor angles = at::cat(parts, -1).reshape({n[0] * n[1] * n[2], -1});
   const auto rope_dtype = dtype == at::kDouble ? at::kDouble : at::kFloat;
   auto emb = condition_embedder.ptr()->forward(in.timestep, in.text.to(dtype));
-  return Batch{{"cos", at::cos(angles).to(rope_dtype)},
-               {"sin", at::sin(angles).to(rope_dtype)},
+  return Batch{{"cos", cut_sequence(at::cos(angles).to(rope_dtype), 0)},  // the tokens' rows, as embed() cuts them
+               {"sin", cut_sequence(at::sin(angles).to(rope_dtype), 0)},
                {"temb", emb.temb},
                {"timestep_proj", emb.timestep_proj},
                {"text", emb.text}};
@@ -396,9 +403,22 @@ at::Tensor WanTransformer3DImpl::output(const at::Tensor& normed, const at::Tens
 at::Tensor WanTransformer3DImpl::head_loss_sum(const at::Tensor& h, const Batch& b) {
   const Inputs in = check(b, "batch", true);
   // The time embedding again (a [B, freq_dim] MLP): post_blocks' output carries none, and the batch has the timestep.
-  const at::Tensor temb = condition_embedder->time_embedding(in.timestep).to(proj_out->weight.scalar_type());
-  const at::Tensor out = output(h, temb, in.latents.sizes());
-  return (up(out) - up(in.target.to(out.device()))).pow(2).sum();
+  const auto dt = proj_out->weight.scalar_type();
+  const at::Tensor temb = condition_embedder->time_embedding(in.timestep).to(dt);
+  const std::vector<at::Tensor> m = (scale_shift_table + temb.unsqueeze(1)).chunk(2, 1);  // shift, scale [B, 1, D]
+  const at::Tensor x = proj_out((h * (1 + m[1]) + m[0]).to(dt));  // [B, S (this rank's), pt * ph * pw * C_out]
+  // The squared error in patch space (the output's unpatchify undone on the target instead): the target's patches
+  // [B, f, h, w, pt, ph, pw, C] as rows of tokens, cut like the sequence under context parallelism.
+  const auto& p = config_.patch_size;
+  const at::Tensor& t = in.target;
+  const int64_t B = t.size(0), C = t.size(1), f = t.size(2) / p[0], hh = t.size(3) / p[1], w = t.size(4) / p[2];
+  const at::Tensor tokens = t.reshape({B, C, f, p[0], hh, p[1], w, p[2]})
+                                .permute({0, 2, 4, 6, 3, 5, 7, 1})
+                                .reshape({B, f * hh * w, -1});
+  const at::Tensor err = (up(x) - up(cut_sequence(tokens.to(x.device()), 1))).pow(2);
+  if (const at::Tensor lw = b.get("loss_weight"); lw.defined())  // per-row weights (the objective's loss weighting)
+    return (err.flatten(1).sum(1) * lw.to(err.scalar_type())).sum();
+  return err.sum();
 }
 
 Model::ReferenceOutput WanTransformer3DImpl::reference_forward(const std::map<std::string, at::Tensor>& batch,
@@ -427,6 +447,17 @@ Split WanTransformer3DImpl::split() const {
   s.post = {"norm_out", "proj_out"};
   // condition_embedder and scale_shift_table belong to no piece: every stage keeps them
   return s;
+}
+
+std::vector<nn::AttentionHook*> WanTransformer3DImpl::attention_modules() {
+  std::vector<nn::AttentionHook*> out;
+  for (const auto& m : blocks->children()) out.push_back(m->as<WanBlockImpl>()->attn1.get());
+  return out;
+}
+
+std::string WanTransformer3DImpl::pipeline_blocker() const {
+  return "WanTransformer3DModel: every block and the output head read condition_embedder's conditions (one module "
+         "of no stage); it is not split into pipeline stages";
 }
 
 // ---- registry pieces ----

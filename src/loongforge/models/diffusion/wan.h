@@ -9,7 +9,11 @@
 // On the model contract (models/model.h): embed() is the patch embedding; block_inputs() holds the rotary tables and
 // the conditions (time embedding, its 6 x dim projection, the projected text) made by condition_embedder from the
 // batch, with gradients; post_blocks() is norm_out; head_loss_sum() modulates, projects (proj_out) and sums the
-// squared error against the batch's target (diffusers' training loss is its mean: loss_terms = target elements).
+// squared error against the batch's target in patch space (the target patchified rather than the output
+// unpatchified; diffusers' training loss is its mean: loss_terms = target elements). Context parallelism cuts the
+// token sequence inside (sequence_inside: the patches after embed(), the rotary tables' rows, the target's patches)
+// and runs the self-attentions (attn1, the hooks) as ring or all-to-all attention; cross-attention to the text
+// attends each rank's queries to every text token.
 // Parameter names are diffusers' (`blocks.N.attn1.to_q`, `condition_embedder.time_embedder.linear_1`, ...).
 #pragma once
 #include <nlohmann/json.hpp>
@@ -22,6 +26,7 @@
 #include <vector>
 
 #include "loongforge/models/model.h"
+#include "loongforge/nn/attention.h"
 #include "loongforge/nn/linear.h"
 
 namespace lf::models::diffusion {
@@ -72,8 +77,10 @@ class WanLayerNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(WanLayerNorm);
 
-// diffusers' WanAttention (no added image key/values): to_q / to_k / to_v, norm_q / norm_k, to_out.0.
-class WanAttentionImpl : public torch::nn::Module {
+// diffusers' WanAttention (no added image key/values): to_q / to_k / to_v, norm_q / norm_k, to_out.0. The hook
+// (bidirectional) serves self-attention only: context parallelism installs attention_fn there; cross-attention to
+// the text always attends to every text key.
+class WanAttentionImpl : public torch::nn::Module, public nn::AttentionHook {
  public:
   WanAttentionImpl(int64_t dim, int64_t heads, double eps);
   // x [B, S, D]; context [B, L, D] (undefined: self-attention); cos / sin [S, head_dim / 2] (undefined: none).
@@ -160,7 +167,12 @@ class WanTransformer3DImpl : public Model {
   Split split() const override;
   // None yet: the q / k norms span every head (a split would need their statistics summed over tp).
   TensorParallelSpec tensor_parallel_spec() const override { return {}; }
-  std::vector<nn::AttentionHook*> attention_modules() override { return {}; }
+  // The blocks' self-attentions (attn1; cross-attention is not a sequence-parallel attention).
+  std::vector<nn::AttentionHook*> attention_modules() override;
+  // The token sequence (the latents' patches) is made in embed(): context parallelism cuts it there, the rotary
+  // tables in block_inputs() and the target's patches in head_loss_sum() through cut_sequence_fn.
+  bool sequence_inside() const override { return true; }
+  std::string pipeline_blocker() const override;
 
   std::string weights_file_stem() const override { return "diffusion_pytorch_model"; }
   bool config_records_dtype() const override { return false; }
