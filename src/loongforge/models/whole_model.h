@@ -3,6 +3,8 @@
 // encoders). embed() is the whole forward; head_loss_sum() reads its output. They train and evaluate with the
 // data-parallel layouts (one FSDP unit, replicated under tp).
 #pragma once
+#include <ATen/ATen.h>
+
 #include <string>
 #include <vector>
 
@@ -31,5 +33,16 @@ class WholeModel : public Model {
   // The whole forward on a training batch: what head_loss_sum reads.
   virtual at::Tensor forward_whole(const Batch& b) = 0;
 };
+
+// What `dump` compares for an autoencoder: the posterior of x (latent_mean, latent_logvar), the decode of its mean
+// (decoded) and their mean squared error to x as the loss.
+inline Model::ReferenceOutput autoencoder_reference(LatentCodec& codec, const at::Tensor& x) {
+  auto [mean, logvar] = codec.encode_latents(x);
+  at::Tensor decoded = codec.decode_latents(mean);
+  Model::ReferenceOutput r;
+  r.outputs = {{"latent_mean", mean}, {"latent_logvar", logvar}, {"decoded", decoded}};
+  r.loss = at::mse_loss(decoded, x);
+  return r;
+}
 
 }  // namespace lf::models

@@ -60,4 +60,21 @@ class BatchSource {
   Batch drawn_;  // the default draw's rows
 };
 
+// A source whose row k is a function of k alone (image folders, latent shards): next / next_rows make only the rows
+// asked for, from rows(first, n); the state is the stream position.
+class IndexedSource : public BatchSource {
+ public:
+  Batch next(int64_t micro_batch_size) override;
+  Batch next_rows(int64_t global_rows, int64_t first, int64_t n) override;
+  nlohmann::json state() const override { return {{"rows", rows_}}; }
+  void restore(const nlohmann::json& state) override { rows_ = state.at("rows").get<int64_t>(); }
+
+ protected:
+  // The rows with stream indices [first, first + n).
+  virtual Batch rows(int64_t first, int64_t n) const = 0;
+
+ private:
+  int64_t rows_ = 0;
+};
+
 }  // namespace lf::train

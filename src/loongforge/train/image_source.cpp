@@ -17,19 +17,4 @@ Batch ImageFolderSource::rows(int64_t first, int64_t n) const {
   return Batch{{"latents", at::stack(imgs)}, {"class_labels", at::tensor(labels, at::kLong)}};
 }
 
-Batch ImageFolderSource::next(int64_t b) {
-  Batch out = rows(rows_, b);
-  rows_ += b;
-  return out;
-}
-
-Batch ImageFolderSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {
-  if (first < 0 || n < 1 || first + n > global_rows)
-    throw Error("batch rows [" + std::to_string(first) + ", " + std::to_string(first + n) + ") outside a batch of " +
-                std::to_string(global_rows) + " rows");
-  Batch out = rows(rows_ + first, n);
-  rows_ += global_rows;
-  return out;
-}
-
 }  // namespace lf::train

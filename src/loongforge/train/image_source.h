@@ -6,19 +6,16 @@
 
 namespace lf::train {
 
-class ImageFolderSource : public BatchSource {
+class ImageFolderSource : public IndexedSource {
  public:
   explicit ImageFolderSource(data::ImageFolderOptions o) : ds_(std::move(o)) {}
-  Batch next(int64_t micro_batch_size) override;
-  Batch next_rows(int64_t global_rows, int64_t first, int64_t n) override;  // decodes only rows [first, first + n)
-  nlohmann::json state() const override { return {{"rows", rows_}}; }
-  void restore(const nlohmann::json& state) override { rows_ = state.at("rows").get<int64_t>(); }
   const data::ImageFolderDataset& dataset() const { return ds_; }
 
+ protected:
+  Batch rows(int64_t first, int64_t n) const override;  // decodes only these rows
+
  private:
-  Batch rows(int64_t first, int64_t n) const;
   data::ImageFolderDataset ds_;
-  int64_t rows_ = 0;
 };
 
 }  // namespace lf::train

@@ -19,19 +19,4 @@ Batch LatentShardSource::rows(int64_t first, int64_t n) const {
   return out;
 }
 
-Batch LatentShardSource::next(int64_t b) {
-  Batch out = rows(rows_, b);
-  rows_ += b;
-  return out;
-}
-
-Batch LatentShardSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {
-  if (first < 0 || n < 1 || first + n > global_rows)
-    throw Error("batch rows [" + std::to_string(first) + ", " + std::to_string(first + n) + ") outside a batch of " +
-                std::to_string(global_rows) + " rows");
-  Batch out = rows(rows_ + first, n);
-  rows_ += global_rows;
-  return out;
-}
-
 }  // namespace lf::train

@@ -19,6 +19,21 @@ void check_rows(int64_t global_rows, int64_t first, int64_t n) {
 }
 }  // namespace
 
+Batch IndexedSource::next(int64_t b) {
+  Batch out = rows(rows_, b);
+  rows_ += b;
+  return out;
+}
+
+Batch IndexedSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {
+  if (first < 0 || n < 1 || first + n > global_rows)
+    throw Error("batch rows [" + std::to_string(first) + ", " + std::to_string(first + n) + ") outside a batch of " +
+                std::to_string(global_rows) + " rows");
+  Batch out = rows(rows_ + first, n);
+  rows_ += global_rows;
+  return out;
+}
+
 Batch BatchSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {
   check_rows(global_rows, first, n);
   return next(global_rows).rows(first, n);

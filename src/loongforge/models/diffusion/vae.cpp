@@ -292,13 +292,7 @@ Model::ReferenceOutput AutoencoderKLImpl::reference_forward(const std::map<std::
   auto it = batch.find("sample");
   if (it == batch.end()) throw file_error(file, "sample", "missing (images [B, C, H, W])");
   check_sample(it->second, file);
-  const at::Tensor x = it->second.to(encoder->conv_in->weight.scalar_type());
-  auto [mean, logvar] = encode(x);
-  at::Tensor decoded = decode(mean);
-  ReferenceOutput r;
-  r.outputs = {{"latent_mean", mean}, {"latent_logvar", logvar}, {"decoded", decoded}};
-  r.loss = at::mse_loss(decoded, x);
-  return r;
+  return autoencoder_reference(*this, it->second.to(encoder->conv_in->weight.scalar_type()));
 }
 
 std::string AutoencoderKLImpl::canonical_checkpoint_name(const std::string& n) const {

@@ -548,13 +548,7 @@ Model::ReferenceOutput AutoencoderKLWanImpl::reference_forward(const std::map<st
   auto it = batch.find("sample");
   if (it == batch.end()) throw file_error(file, "sample", "missing (videos [B, C, F, H, W])");
   check_sample(it->second, file);
-  const at::Tensor x = it->second.to(encoder->conv_in->weight.scalar_type());
-  auto [mean, logvar] = encode_latents(x);
-  at::Tensor decoded = decode_latents(mean);
-  ReferenceOutput r;
-  r.outputs = {{"latent_mean", mean}, {"latent_logvar", logvar}, {"decoded", decoded}};
-  r.loss = at::mse_loss(decoded, x);
-  return r;
+  return autoencoder_reference(*this, it->second.to(encoder->conv_in->weight.scalar_type()));
 }
 
 std::shared_ptr<Model> build_autoencoder_kl_wan(const nlohmann::json& j, const std::string& file) {
