@@ -43,7 +43,8 @@ TEST(Parquet, ApiOnPyarrowFile) {
   EXPECT_EQ(f.row_shape("stats"), (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(f.column("observation.image").kind, ParquetColumnKind::image);
   EXPECT_EQ(f.column("note").kind, ParquetColumnKind::bytes);
-  EXPECT_EQ(f.column("tags").kind, ParquetColumnKind::other);
+  EXPECT_EQ(f.column("tags").kind, ParquetColumnKind::byte_lists);
+  EXPECT_EQ(f.column("other").kind, ParquetColumnKind::other);
   EXPECT_EQ(f.metadata("fps").value_or(""), "30");
   EXPECT_FALSE(f.metadata("nope").has_value());
   EXPECT_TRUE(f.metadata().count("ARROW:schema"));
@@ -88,14 +89,21 @@ TEST(Parquet, ApiOnPyarrowFile) {
   ASSERT_EQ(notes.size(), 30u);
   EXPECT_EQ(notes[0], "");
   EXPECT_EQ(notes[4], "row 4 \xc3\xa9");
+  const auto tags = f.read_byte_lists("tags", 1, 4);  // rows i hold the first i % 4 of a, bé, c
+  ASSERT_EQ(tags.size(), 3u);
+  EXPECT_EQ(tags[0], std::vector<std::string>{"a"});
+  EXPECT_EQ(tags[2], (std::vector<std::string>{"a", "b\xc3\xa9", "c"}));
 
   const std::string p(path);
   EXPECT_EQ(test::error_of([&] { f.column("observation.velocity"); }).rfind(
                 p + ": column 'observation.velocity': no such column (the file has: episode_index, ", 0),
             0u);
-  EXPECT_EQ(test::error_of([&] { f.read_tensor("note"); }).rfind(p + ": column 'note': is a bytes column", 0), 0u);
-  EXPECT_EQ(test::error_of([&] { f.read_bytes("action"); }).rfind(p + ": column 'action': is a numeric column", 0),
+  EXPECT_EQ(test::error_of([&] { f.read_tensor("note"); }),
+            p + ": column 'note': holds bytes (string), not numbers or lists of numbers");
+  EXPECT_EQ(test::error_of([&] { f.read_bytes("action"); }).rfind(p + ": column 'action': holds numbers (list<", 0),
             0u);
+  EXPECT_EQ(test::error_of([&] { f.read_byte_lists("note"); }),
+            p + ": column 'note': holds bytes (string), not lists of strings");
   EXPECT_EQ(test::error_of([&] { f.read_tensor("action", 3, 31); }),
             p + ": rows [3, 31) are outside the file's 30 rows");
 }

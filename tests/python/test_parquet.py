@@ -43,7 +43,9 @@ def make_table(rows=ROWS, seed=0):
         "observation.image": pa.array(images, pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
         "note": pa.array([f"row {i} é" * (i % 3) for i in range(rows)], pa.string()),
         "blob": pa.array([bytes([i]) * (i % 5) for i in range(rows)], pa.large_binary()),
-        "tags": pa.array([["a", "b"][: i % 3] for i in range(rows)], pa.list_(pa.string())),
+        "tags": pa.array([["a", "bé", "c"][: i % 4] for i in range(rows)], pa.list_(pa.string())),
+        "other": pa.array([{"x": i, "y": 1.5} for i in range(rows)], pa.struct([("x", pa.int64()),
+                                                                                 ("y", pa.float64())])),
     }
     meta = {"huggingface": json.dumps({"info": {"features": {"action": "x"}}}), "fps": "30"}
     return pa.table(cols).replace_schema_metadata(meta)
@@ -99,7 +101,7 @@ def test_schema_row_groups_and_metadata(pfile):
     assert [c["type"] for c in desc["columns"]] == [str(f.type) for f in schema]
     kinds = {c["name"]: c["kind"] for c in desc["columns"]}
     assert kinds["observation.image"] == "image" and kinds["note"] == "bytes" and kinds["blob"] == "bytes"
-    assert kinds["tags"] == "other" and kinds["observation.state"] == "numeric"
+    assert kinds["tags"] == "byte_lists" and kinds["other"] == "other" and kinds["observation.state"] == "numeric"
     by = {c["name"]: c for c in desc["columns"]}
     assert by["observation.state"]["shape"] == [6] and by["observation.state"]["dtype"] == "float32"
     assert by["action"]["shape"] == [-1] and by["action"]["row_shape"] == [4]
@@ -112,6 +114,13 @@ def test_schema_row_groups_and_metadata(pfile):
 def check_rows(tensors, table, names, begin, end):
     for name in names:
         col = table.column(name)
+        if pa.types.is_list(col.type) and pa.types.is_string(col.type.value_type):
+            lists = col.slice(begin, end - begin).to_pylist()
+            strings = [x.encode() for row in lists for x in row]
+            np.testing.assert_array_equal(tensors[name + ".row_offsets"], np.cumsum([0] + [len(r) for r in lists]))
+            np.testing.assert_array_equal(tensors[name + ".offsets"], np.cumsum([0] + [len(x) for x in strings]))
+            assert tensors[name].tobytes() == b"".join(strings), name
+            continue
         if pa.types.is_struct(col.type) or pa.types.is_binary(col.type) or pa.types.is_string(col.type) \
                 or pa.types.is_large_binary(col.type):
             rows = col.slice(begin, end - begin).to_pylist()
@@ -130,8 +139,9 @@ def check_rows(tensors, table, names, begin, end):
 def test_whole_file_matches_pyarrow(tmp_path, pfile):
     tensors, meta = read(tmp_path, pfile)
     table = pq.read_table(pfile)
-    readable = [n for n in table.column_names if n != "tags"]
-    assert set(tensors) == set(readable) | {n + ".offsets" for n in ("observation.image", "note", "blob")}
+    readable = [n for n in table.column_names if n != "other"]
+    assert set(tensors) == set(readable) | {n + ".offsets" for n in ("observation.image", "note", "blob", "tags")} \
+        | {"tags.row_offsets"}
     check_rows(tensors, table, readable, 0, ROWS)
     assert meta["num_rows"] == ROWS
 
@@ -139,11 +149,12 @@ def test_whole_file_matches_pyarrow(tmp_path, pfile):
 @pytest.mark.parametrize("rows", ["0:3", "5:9", "6:7", "7:14", "3:29", "12:", ":30", "28:30", "10:10"])
 def test_row_ranges_match_pyarrow(tmp_path, pfile, rows):
     names = ["frame_index", "observation.state", "action", "stats", "next.done",
-             "observation.image", "note"]
+             "observation.image", "note", "tags"]
     tensors, _ = read(tmp_path, pfile, "--columns", ",".join(names), "--rows", rows)
     b, e = rows.split(":")
     begin, end = int(b or 0), int(e or ROWS)
-    assert set(tensors) == set(names) | {"observation.image.offsets", "note.offsets"}
+    assert set(tensors) == set(names) | {"observation.image.offsets", "note.offsets", "tags.offsets",
+                                         "tags.row_offsets"}
     check_rows(tensors, pq.read_table(pfile), names, begin, end)
 
 
@@ -192,8 +203,8 @@ def test_bad_requests_fail_in_one_line(tmp_path, pfile):
     out = tmp_path / "x.safetensors"
     err = one_line_error("data", "parquet", "--file", pfile, "--columns", "action,observation.velocity", "--out", out)
     assert f"{pfile}: column 'observation.velocity': no such column" in err
-    err = one_line_error("data", "parquet", "--file", pfile, "--columns", "tags", "--out", out)
-    assert f"{pfile}: column 'tags'" in err and "list<" in err
+    err = one_line_error("data", "parquet", "--file", pfile, "--columns", "other", "--out", out)
+    assert f"{pfile}: column 'other': holds values of a type this reader does not handle (struct<" in err
     for rows, what in [("25:31", "rows [25, 31)"), ("9:3", "rows [9, 3)")]:
         err = one_line_error("data", "parquet", "--file", pfile, "--rows", rows, "--out", out)
         assert f"{pfile}: {what} are outside the file's 30 rows" in err

@@ -323,7 +323,7 @@ const char* dtype_name(at::ScalarType t) {
 nlohmann::json parquet_description(const data::ParquetFile& f) {
   nlohmann::json cols = nlohmann::json::array();
   for (const auto& c : f.columns()) {
-    const char* kinds[] = {"numeric", "bytes", "image", "other"};
+    const char* kinds[] = {"numeric", "bytes", "image", "byte_lists", "other"};
     nlohmann::json j = {{"name", c.name}, {"type", c.type}, {"kind", kinds[static_cast<int>(c.kind)]},
                         {"nullable", c.nullable}};
     if (c.kind == data::ParquetColumnKind::numeric)
@@ -381,8 +381,20 @@ void parquet(const ParquetOptions& o) {
       out.emplace_back(n, tensors[k++]);
       continue;
     }
-    // Bytes / images (or an error for another kind): the rows' bytes end to end, and where each row starts.
-    const std::vector<std::string> rows = f.read_bytes(n, begin, end);
+    // Bytes / images (or an error for another kind): the rows' bytes end to end, and where each row starts; lists
+    // of strings: their strings so, and which strings each row holds.
+    std::vector<std::string> rows;
+    if (f.column(n).kind == data::ParquetColumnKind::byte_lists) {
+      const auto lists = f.read_byte_lists(n, begin, end);
+      at::Tensor row_offsets = at::zeros({static_cast<int64_t>(lists.size()) + 1}, at::kLong);
+      for (size_t i = 0; i < lists.size(); ++i) {
+        row_offsets[static_cast<int64_t>(i) + 1] = static_cast<int64_t>(rows.size() + lists[i].size());
+        rows.insert(rows.end(), lists[i].begin(), lists[i].end());
+      }
+      out.emplace_back(n + ".row_offsets", row_offsets);
+    } else {
+      rows = f.read_bytes(n, begin, end);
+    }
     at::Tensor offsets = at::empty({static_cast<int64_t>(rows.size()) + 1}, at::kLong);
     auto* off = offsets.data_ptr<int64_t>();
     off[0] = 0;
@@ -396,7 +408,7 @@ void parquet(const ParquetOptions& o) {
   io::save_file(o.out, out, {{"parquet", desc.dump()}});
   std::printf("data parquet: wrote %s: %zu column(s) of rows [%lld, %lld) of %lld%s%s\n", o.out.c_str(), names.size(),
               static_cast<long long>(begin), static_cast<long long>(end < 0 ? f.num_rows() : end),
-              static_cast<long long>(f.num_rows()), skipped.empty() ? "" : "; skipped (not numeric or bytes): ",
+              static_cast<long long>(f.num_rows()), skipped.empty() ? "" : "; skipped (not readable): ",
               [&] {
                 std::string s;
                 for (const auto& n : skipped) s += (s.empty() ? "" : ", ") + n;
@@ -525,7 +537,8 @@ void add_data(CLI::App& app) {
   pqc->add_option("--out", pq->out, "Output .safetensors (without it: print the schema as JSON)");
   pqc->footer(
       "Numeric columns (and lists of numbers) go under their names as [rows, list sizes...]; binary / string /\n"
-      "image {bytes, path} columns as NAME (uint8: the rows' bytes end to end) and NAME.offsets (int64 [rows + 1]).\n"
+      "image {bytes, path} columns as NAME (uint8: the rows' bytes end to end) and NAME.offsets (int64 [rows + 1]);\n"
+      "lists of strings as NAME / NAME.offsets over their strings and NAME.row_offsets (int64 [rows + 1]).\n"
       "The metadata key \"parquet\" holds the schema, row groups and the file's key-value metadata (JSON).");
   pqc->callback([pq] { parquet(*pq); });
 }

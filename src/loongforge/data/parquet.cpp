@@ -84,7 +84,9 @@ ParquetColumn describe(const arrow::Field& f) {
     c.kind = ParquetColumnKind::numeric, c.dtype = *dt;
     return c;
   }
+  const bool one_list = t != f.type().get() && t == f.type()->field(0)->type().get();
   c.shape.clear();
+  if (one_list && bytes_type(t->id())) c.kind = ParquetColumnKind::byte_lists;
   if (t != f.type().get()) return c;  // a list of something else
   if (bytes_type(t->id())) {
     c.kind = ParquetColumnKind::bytes;
@@ -97,13 +99,17 @@ ParquetColumn describe(const arrow::Field& f) {
   return c;
 }
 
-const char* kind_name(ParquetColumnKind k) {
-  switch (k) {
-    case ParquetColumnKind::numeric: return "numeric";
-    case ParquetColumnKind::bytes: return "bytes";
-    case ParquetColumnKind::image: return "image";
-    default: return "other";
+// What a column holds, for errors: "holds bytes (string)".
+std::string holds(const ParquetColumn& c) {
+  const char* what = "values of a type this reader does not handle";
+  switch (c.kind) {
+    case ParquetColumnKind::numeric: what = "numbers"; break;
+    case ParquetColumnKind::bytes: what = "bytes"; break;
+    case ParquetColumnKind::image: what = "images"; break;
+    case ParquetColumnKind::byte_lists: what = "lists of strings"; break;
+    default: break;
   }
+  return std::string("holds ") + what + " (" + c.type + ")";
 }
 
 void collect_leaves(const parquet::arrow::SchemaField& f, std::vector<int>& out) {
@@ -124,6 +130,13 @@ struct LeafRange {
   const arrow::Array* leaf;
   int64_t begin, end;
 };
+
+std::string_view bytes_at(const arrow::Array& a, int64_t i) {
+  const arrow::Type::type id = a.type_id();
+  return id == arrow::Type::LARGE_BINARY || id == arrow::Type::LARGE_STRING
+             ? static_cast<const arrow::LargeBinaryArray&>(a).GetView(i)
+             : static_cast<const arrow::BinaryArray&>(a).GetView(i);
+}
 
 }  // namespace
 
@@ -332,7 +345,7 @@ std::optional<std::string> ParquetFile::metadata(const std::string& key) const {
 std::vector<int64_t> ParquetFile::row_shape(const std::string& name) const {
   const ParquetColumn& c = column(name);
   if (c.kind != ParquetColumnKind::numeric)
-    impl_->fail(name, std::string("is a ") + kind_name(c.kind) + " column (" + c.type + "), not numeric");
+    impl_->fail(name, holds(c) + ", not numbers");
   if (num_rows() == 0 || std::none_of(c.shape.begin(), c.shape.end(), [](int64_t s) { return s < 0; }))
     return c.shape;
   const at::Tensor first = read_tensor(name, 0, 1);
@@ -348,8 +361,7 @@ std::vector<at::Tensor> ParquetFile::read_tensors(const std::vector<std::string>
     cols.push_back(m.index(n));
     const ParquetColumn& c = m.columns[cols.back()];
     if (c.kind != ParquetColumnKind::numeric)
-      m.fail(n, std::string("is a ") + kind_name(c.kind) + " column (" + c.type +
-                    "), not numeric or a list of numbers");
+      m.fail(n, holds(c) + ", not numbers or lists of numbers");
   }
   std::vector<at::Tensor> out;
   if (names.empty()) return out;
@@ -376,8 +388,7 @@ std::vector<std::string> ParquetFile::read_bytes(const std::string& name, int64_
   const size_t ci = m.index(name);
   const ParquetColumn& c = m.columns[ci];
   if (c.kind != ParquetColumnKind::bytes && c.kind != ParquetColumnKind::image)
-    m.fail(name, std::string("is a ") + kind_name(c.kind) + " column (" + c.type +
-                     "), not binary, string or an image struct {bytes, path}");
+    m.fail(name, holds(c) + ", not binary, string or an image struct {bytes, path}");
   std::vector<std::string> out;
   if (begin == end) return out;
   out.reserve(static_cast<size_t>(end - begin));
@@ -392,12 +403,45 @@ std::vector<std::string> ParquetFile::read_bytes(const std::string& name, int64_
       if (int64_t i = first_null(*values, 0, values->length()); i >= 0)
         m.fail(name, "row " + std::to_string(row0 + i) + " has no image bytes (a null 'bytes' field)");
     }
-    const arrow::Type::type id = values->type_id();
-    for (int64_t i = 0; i < values->length(); ++i) {
-      std::string_view v = id == arrow::Type::LARGE_BINARY || id == arrow::Type::LARGE_STRING
-                               ? static_cast<const arrow::LargeBinaryArray&>(*values).GetView(i)
-                               : static_cast<const arrow::BinaryArray&>(*values).GetView(i);
-      out.emplace_back(v);
+    for (int64_t i = 0; i < values->length(); ++i) out.emplace_back(bytes_at(*values, i));
+    row0 += chunk->length();
+  }
+  return out;
+}
+
+std::vector<std::vector<std::string>> ParquetFile::read_byte_lists(const std::string& name, int64_t begin,
+                                                                   int64_t end) const {
+  const Impl& m = *impl_;
+  end = m.resolve_end(begin, end);
+  const size_t ci = m.index(name);
+  const ParquetColumn& c = m.columns[ci];
+  if (c.kind != ParquetColumnKind::byte_lists)
+    m.fail(name, holds(c) + ", not lists of strings");
+  std::vector<std::vector<std::string>> out;
+  if (begin == end) return out;
+  out.reserve(static_cast<size_t>(end - begin));
+  const auto table = m.read({ci}, begin, end);
+  int64_t row0 = begin;
+  for (const auto& chunk : m.chunks(*table, name)->chunks()) {
+    if (int64_t i = first_null(*chunk, 0, chunk->length()); i >= 0)
+      m.fail(name, "row " + std::to_string(row0 + i) + " is null (nulls are not supported)");
+    for (int64_t i = 0; i < chunk->length(); ++i) {
+      int64_t s = 0, e = 0;
+      const arrow::Array* values = nullptr;
+      if (chunk->type_id() == arrow::Type::LIST) {
+        const auto& l = static_cast<const arrow::ListArray&>(*chunk);
+        s = l.value_offset(i), e = l.value_offset(i + 1), values = l.values().get();
+      } else if (chunk->type_id() == arrow::Type::LARGE_LIST) {
+        const auto& l = static_cast<const arrow::LargeListArray&>(*chunk);
+        s = l.value_offset(i), e = l.value_offset(i + 1), values = l.values().get();
+      } else {
+        const auto& l = static_cast<const arrow::FixedSizeListArray&>(*chunk);
+        s = l.value_offset(i), e = l.value_offset(i + 1), values = l.values().get();
+      }
+      if (first_null(*values, s, e) >= 0)
+        m.fail(name, "row " + std::to_string(row0 + i) + " holds a null string (nulls are not supported)");
+      std::vector<std::string>& row = out.emplace_back();
+      for (int64_t k = s; k < e; ++k) row.emplace_back(bytes_at(*values, k));
     }
     row0 += chunk->length();
   }
@@ -440,6 +484,9 @@ std::vector<at::Tensor> ParquetFile::read_tensors(const std::vector<std::string>
 }
 at::Tensor ParquetFile::read_tensor(const std::string&, int64_t, int64_t) const { no_arrow(""); }
 std::vector<std::string> ParquetFile::read_bytes(const std::string&, int64_t, int64_t) const { no_arrow(""); }
+std::vector<std::vector<std::string>> ParquetFile::read_byte_lists(const std::string&, int64_t, int64_t) const {
+  no_arrow("");
+}
 
 }  // namespace lf::data
 

@@ -8,7 +8,7 @@
 // fixed_size_list, nested: a LeRobot stats column list<list<list<double>>>) read into one tensor [rows, ...] whose
 // trailing sizes are the lists' sizes (every row of a variable-size list must have the same length). Binary and
 // string columns, and image structs {bytes: binary, path: string} (how LeRobot / Hugging Face datasets store image
-// features), read as one byte string per row. Nulls are rejected: an error naming the file, column and row.
+// features), read as one byte string per row; lists of strings as one list of byte strings per row. Nulls are rejected: an error naming the file, column and row.
 // Errors are one-line lf::Error naming the file (and the column): a missing, truncated or non-Parquet file, an
 // absent column, a column of another kind, a row range outside the file.
 //
@@ -36,7 +36,8 @@ enum class ParquetColumnKind {
   numeric,  // read_tensor: numbers / bools, or lists of them
   bytes,    // read_bytes: binary, large_binary, string, large_string
   image,    // read_bytes: a struct with a binary field "bytes" (Hugging Face's Image feature: {bytes, path})
-  other,    // neither (e.g. list<string>, a struct of numbers): listed in the schema, not readable here
+  byte_lists,  // read_byte_lists: a list of binary / string (LeRobot's episodes "tasks": list<string>)
+  other,    // none of these (e.g. a struct of numbers): listed in the schema, not readable here
 };
 
 struct ParquetColumn {
@@ -90,6 +91,9 @@ class ParquetFile {
   at::Tensor read_tensor(const std::string& name, int64_t begin = 0, int64_t end = -1) const;
   // Rows [begin, end) of a bytes or image column: one byte string per row (an image's encoded PNG / JPEG bytes).
   std::vector<std::string> read_bytes(const std::string& name, int64_t begin = 0, int64_t end = -1) const;
+  // Rows [begin, end) of a byte_lists column: each row's list of byte strings.
+  std::vector<std::vector<std::string>> read_byte_lists(const std::string& name, int64_t begin = 0,
+                                                        int64_t end = -1) const;
 
  private:
   struct Impl;
