@@ -8,7 +8,8 @@
 // fixed_size_list, nested: a LeRobot stats column list<list<list<double>>>) read into one tensor [rows, ...] whose
 // trailing sizes are the lists' sizes (every row of a variable-size list must have the same length). Binary and
 // string columns, and image structs {bytes: binary, path: string} (how LeRobot / Hugging Face datasets store image
-// features), read as one byte string per row; lists of strings as one list of byte strings per row. Nulls are rejected: an error naming the file, column and row.
+// features), read as one byte string per row; lists of strings as one list of byte strings per row. Nulls are
+// rejected: an error naming the file, column and row.
 // Errors are one-line lf::Error naming the file (and the column): a missing, truncated or non-Parquet file, an
 // absent column, a column of another kind, a row range outside the file.
 //
