@@ -1,6 +1,7 @@
 // loongforge data tokenize: text / JSON-lines corpora -> a token shard (PREFIX.bin + PREFIX.idx, docs/data_format.md).
 // loongforge data synth: synthetic tasks. loongforge data preprocess: a model's image processor on image files.
 // loongforge data frames / write-video / clips: video decoding, encoding and video folders (data/video*.h).
+// loongforge data parquet: columns of a Parquet file (data/parquet.h) into a .safetensors file, or its schema.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
 #include "loongforge/data/image/processor.h"
+#include "loongforge/data/parquet.h"
 #include "loongforge/data/synthetic.h"
 #include "loongforge/data/token_shards.h"
 #include "loongforge/data/video.h"
@@ -298,6 +300,122 @@ void clips(ClipsOptions o) {
               static_cast<long long>(ds.size()));
 }
 
+struct ParquetOptions {
+  std::string file, columns, rows, out;
+};
+
+const char* dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kBool: return "bool";
+    case at::kChar: return "int8";
+    case at::kShort: return "int16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kByte: return "uint8";
+    case at::kHalf: return "float16";
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    default: return "";
+  }
+}
+
+// The file's schema, row groups and key-value metadata as JSON.
+nlohmann::json parquet_description(const data::ParquetFile& f) {
+  nlohmann::json cols = nlohmann::json::array();
+  for (const auto& c : f.columns()) {
+    const char* kinds[] = {"numeric", "bytes", "image", "byte_lists", "other"};
+    nlohmann::json j = {{"name", c.name}, {"type", c.type}, {"kind", kinds[static_cast<int>(c.kind)]},
+                        {"nullable", c.nullable}};
+    if (c.kind == data::ParquetColumnKind::numeric)
+      j["dtype"] = dtype_name(c.dtype), j["shape"] = c.shape, j["row_shape"] = f.row_shape(c.name);
+    cols.push_back(j);
+  }
+  return {{"file", f.path()}, {"num_rows", f.num_rows()}, {"row_group_starts", f.row_group_starts()},
+          {"columns", cols}, {"metadata", f.metadata()}};
+}
+
+void parquet(const ParquetOptions& o) {
+  const data::ParquetFile f(o.file);
+  const nlohmann::json desc = parquet_description(f);
+  if (o.out.empty()) {
+    std::printf("%s\n", desc.dump(2).c_str());
+    return;
+  }
+  int64_t begin = 0, end = -1;
+  if (!o.rows.empty()) {
+    const auto colon = o.rows.find(':');
+    auto number = [&](const std::string& s, int64_t dflt) -> int64_t {
+      if (s.empty()) return dflt;
+      size_t used = 0;
+      int64_t v = -1;
+      try {
+        v = std::stoll(s, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != s.size() || v < 0) throw Error("data parquet: --rows '" + o.rows + "': expected BEGIN:END");
+      return v;
+    };
+    if (colon == std::string::npos) throw Error("data parquet: --rows '" + o.rows + "': expected BEGIN:END");
+    begin = number(o.rows.substr(0, colon), 0), end = number(o.rows.substr(colon + 1), -1);
+  }
+  std::vector<std::string> names, skipped;
+  if (o.columns.empty()) {
+    for (const auto& c : f.columns())
+      (c.kind == data::ParquetColumnKind::other ? skipped : names).push_back(c.name);
+  } else {
+    for (size_t at = 0; at <= o.columns.size();) {
+      size_t comma = std::min(o.columns.find(',', at), o.columns.size());
+      if (comma > at) names.push_back(o.columns.substr(at, comma - at));
+      at = comma + 1;
+    }
+  }
+  std::vector<std::string> numeric;
+  for (const auto& n : names)
+    if (f.column(n).kind == data::ParquetColumnKind::numeric) numeric.push_back(n);
+  const std::vector<at::Tensor> tensors = f.read_tensors(numeric, begin, end);
+  io::NamedTensors out;
+  size_t k = 0;
+  for (const auto& n : names) {
+    if (f.column(n).kind == data::ParquetColumnKind::numeric) {
+      out.emplace_back(n, tensors[k++]);
+      continue;
+    }
+    // Bytes / images (or an error for another kind): the rows' bytes end to end, and where each row starts; lists
+    // of strings: their strings so, and which strings each row holds.
+    std::vector<std::string> rows;
+    if (f.column(n).kind == data::ParquetColumnKind::byte_lists) {
+      const auto lists = f.read_byte_lists(n, begin, end);
+      at::Tensor row_offsets = at::zeros({static_cast<int64_t>(lists.size()) + 1}, at::kLong);
+      for (size_t i = 0; i < lists.size(); ++i) {
+        row_offsets[static_cast<int64_t>(i) + 1] = static_cast<int64_t>(rows.size() + lists[i].size());
+        rows.insert(rows.end(), lists[i].begin(), lists[i].end());
+      }
+      out.emplace_back(n + ".row_offsets", row_offsets);
+    } else {
+      rows = f.read_bytes(n, begin, end);
+    }
+    at::Tensor offsets = at::empty({static_cast<int64_t>(rows.size()) + 1}, at::kLong);
+    auto* off = offsets.data_ptr<int64_t>();
+    off[0] = 0;
+    for (size_t i = 0; i < rows.size(); ++i) off[i + 1] = off[i] + static_cast<int64_t>(rows[i].size());
+    at::Tensor bytes = at::empty({off[rows.size()]}, at::kByte);
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::memcpy(bytes.data_ptr<uint8_t>() + off[i], rows[i].data(), rows[i].size());
+    out.emplace_back(n, bytes);
+    out.emplace_back(n + ".offsets", offsets);
+  }
+  io::save_file(o.out, out, {{"parquet", desc.dump()}});
+  std::printf("data parquet: wrote %s: %zu column(s) of rows [%lld, %lld) of %lld%s%s\n", o.out.c_str(), names.size(),
+              static_cast<long long>(begin), static_cast<long long>(end < 0 ? f.num_rows() : end),
+              static_cast<long long>(f.num_rows()), skipped.empty() ? "" : "; skipped (not readable): ",
+              [&] {
+                std::string s;
+                for (const auto& n : skipped) s += (s.empty() ? "" : ", ") + n;
+                return s;
+              }().c_str());
+}
+
 }  // namespace
 
 void add_data(CLI::App& app) {
@@ -410,6 +528,19 @@ void add_data(CLI::App& app) {
   cl->footer("Writes pixels.K (float32 [3, F, H, W] in [-1, 1]) for stream index K, and the metadata captions and\n"
              "items (JSON lists: caption and file of each K).");
   cl->callback([co] { clips(*co); });
+
+  auto pq = std::make_shared<ParquetOptions>();
+  auto* pqc = data->add_subcommand("parquet", "Read columns of a Parquet file (Apache Arrow) into a .safetensors file");
+  pqc->add_option("--file", pq->file, "Parquet file")->required();
+  pqc->add_option("--columns", pq->columns, "Comma-separated column names (default: every numeric / bytes column)");
+  pqc->add_option("--rows", pq->rows, "Row range BEGIN:END (either may be empty: 0 / the last row)");
+  pqc->add_option("--out", pq->out, "Output .safetensors (without it: print the schema as JSON)");
+  pqc->footer(
+      "Numeric columns (and lists of numbers) go under their names as [rows, list sizes...]; binary / string /\n"
+      "image {bytes, path} columns as NAME (uint8: the rows' bytes end to end) and NAME.offsets (int64 [rows + 1]);\n"
+      "lists of strings as NAME / NAME.offsets over their strings and NAME.row_offsets (int64 [rows + 1]).\n"
+      "The metadata key \"parquet\" holds the schema, row groups and the file's key-value metadata (JSON).");
+  pqc->callback([pq] { parquet(*pq); });
 }
 
 }  // namespace lf::cli

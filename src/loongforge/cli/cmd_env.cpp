@@ -1,6 +1,7 @@
 // loongforge env: what this build and this machine offer (for bug reports and before a first GPU run): LibTorch's
 // version, the CPU threads and vector units our kernels use (and the BLAS behind their float32 GEMMs), whether our CUDA kernels are compiled and which GPUs
-// are usable (or why none is), the collective backends, and the video library (FFmpeg) behind `data frames`.
+// are usable (or why none is), the collective backends, the video library (FFmpeg) behind `data frames`
+// and the Parquet reader (Apache Arrow).
 #include <ATen/Parallel.h>
 #include <torch/version.h>
 
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "loongforge/cli/commands.h"
+#include "loongforge/data/parquet.h"
 #include "loongforge/data/video.h"
 #include "loongforge/kernels/cpu/blas.h"
 #include "loongforge/kernels/cuda_ops.h"
@@ -38,6 +40,7 @@ void print_env() {
   for (const auto& b : parallel::available_backends()) backends += (backends.empty() ? "" : ", ") + b;
   std::printf("collectives: %s\n", backends.c_str());
   std::printf("video: %s\n", data::video_backend_description().c_str());
+  std::printf("parquet: %s\n", data::parquet_backend_description().c_str());
 }
 
 }  // namespace
