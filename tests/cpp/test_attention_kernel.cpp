@@ -141,6 +141,90 @@ TEST(AttentionKernel, ModelEntryAndFallbacks) {
   EXPECT_THROW(lf::kernels::causal_attention_forward_cpu(q, k.narrow(2, 0, 5), v, 0.3, 0, {}), c10::Error);
 }
 
+// ---- bidirectional (kernels::full_attention) ------------------------------------------------------------------
+
+std::vector<at::Tensor> full_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& dy, double scale, const at::Tensor& seg) {
+  at::Tensor q2 = q.detach().clone().requires_grad_(), k2 = k.detach().clone().requires_grad_();
+  at::Tensor v2 = v.detach().clone().requires_grad_();
+  at::Tensor o = lf::kernels::full_attention_reference(q2, k2, v2, scale, seg);
+  auto g = torch::autograd::grad({o}, {q2, k2, v2}, {dy});
+  return {o.detach(), g[0], g[1], g[2]};
+}
+
+// float64: gradients of the bidirectional Function against central differences of its own forward, and against the
+// composite (SDPA with a segment mask); no segments, contiguous segments, a segment id that comes back, GQA.
+TEST(FullAttentionKernel, GradientsMatchFiniteDifferencesFloat64) {
+  at::manual_seed(4);
+  const int64_t B = 2, H = 4, Hkv = 2, T = 6, D = 3;
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor seg_runs = at::tensor({0, 0, 1, 1, 1, 2, 0, 0, 0, 1, 1, 1}, at::kLong).view({B, T});
+  at::Tensor seg_back = at::tensor({0, 0, 1, 1, 0, 0, 3, 4, 3, 4, 3, 4}, at::kLong).view({B, T});
+  for (const at::Tensor& seg : {at::Tensor(), seg_runs, seg_back}) {
+    at::Tensor q = at::randn({B, H, T, D}, opts).requires_grad_(), k = at::randn({B, Hkv, T, D}, opts).requires_grad_();
+    at::Tensor v = at::randn({B, Hkv, T, D}, opts).requires_grad_();
+    at::Tensor dy = at::randn({B, H, T, D}, opts);
+    const double scale = 0.7;
+    at::Tensor o = lf::kernels::full_attention(q, k, v, scale, seg);
+    auto ref = full_reference(q, k, v, dy, scale, seg);
+    EXPECT_LT(max_abs(o - ref[0]), 1e-12);
+    auto g = torch::autograd::grad({o}, {q, k, v}, {dy});
+    for (int i = 0; i < 3; ++i) EXPECT_LT(max_abs(g[i] - ref[i + 1]), 1e-12) << "input " << i;
+    at::Tensor qd = q.detach().clone(), kd = k.detach().clone(), vd = v.detach().clone();
+    auto f = [&] { return lf::kernels::full_attention(qd, kd, vd, scale, seg); };
+    EXPECT_LT(max_abs(g[0] - lf::test::numeric_grad(f, qd, dy)), 1e-7);
+    EXPECT_LT(max_abs(g[1] - lf::test::numeric_grad(f, kd, dy)), 1e-7);
+    EXPECT_LT(max_abs(g[2] - lf::test::numeric_grad(f, vd, dy)), 1e-7);
+  }
+}
+
+// Row blocks of every size give the composite's values, float64, strided as the model passes q/k/v.
+TEST(FullAttentionKernel, RowBlocksMatchCompositeFloat64) {
+  at::manual_seed(5);
+  const int64_t B = 2, T = 37, D = 8, H = 6, Hkv = 3;
+  at::Tensor seg = (at::div(at::arange(T, at::kLong), 5, "floor") % 3).repeat({B, 1});
+  at::Tensor runs = at::div(at::arange(T, at::kLong), 9, "floor").repeat({B, 1});
+  for (const at::Tensor& s : {at::Tensor(), seg, runs}) {
+    at::Tensor q = bthd(B, T, H, D, at::kDouble), k = bthd(B, T, Hkv, D, at::kDouble);
+    at::Tensor v = bthd(B, T, Hkv, D, at::kDouble), dy = bthd(B, T, H, D, at::kDouble);
+    auto ref = full_reference(q, k, v, dy, 0.35, s);
+    for (int64_t rows : {1, 5, 16, 0}) {
+      auto [o, lse] = lf::kernels::causal_attention_forward_cpu(q, k, v, 0.35, 0, s, rows, false);
+      auto [dq, dk, dv] = lf::kernels::causal_attention_backward_cpu(dy, q, k, v, o, lse, 0.35, 0, s, rows, false);
+      const std::string what = "rows " + std::to_string(rows) + (s.defined() ? " segments" : "");
+      EXPECT_LT(max_abs(o - ref[0]), 1e-12) << what;
+      EXPECT_LT(max_abs(dq - ref[1]), 1e-12) << what;
+      EXPECT_LT(max_abs(dk - ref[2]), 1e-12) << what;
+      EXPECT_LT(max_abs(dv - ref[3]), 1e-12) << what;
+    }
+  }
+}
+
+// float32 against ATen's own attention (no mask) at DiT's and a ViT's head shapes, through nn::full_attention (the
+// model entry: our kernel on the CPU); bfloat16 still goes to ATen.
+TEST(FullAttentionKernel, ModelEntryMatchesAtenFloat32) {
+  at::manual_seed(6);
+  for (auto [B, T, H, D] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{8, 64, 4, 64}, {2, 197, 3, 32}}) {
+    at::Tensor q = (bthd(B, T, H, D, at::kFloat) * 2).requires_grad_();
+    at::Tensor k = bthd(B, T, H, D, at::kFloat).requires_grad_(), v = bthd(B, T, H, D, at::kFloat).requires_grad_();
+    at::Tensor dy = bthd(B, T, H, D, at::kFloat);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    at::Tensor q2 = q.detach().clone().requires_grad_(), k2 = k.detach().clone().requires_grad_();
+    at::Tensor v2 = v.detach().clone().requires_grad_();
+    at::Tensor ref = at::scaled_dot_product_attention(q2, k2, v2, {}, 0.0, false, scale);
+    auto gr = torch::autograd::grad({ref}, {q2, k2, v2}, {dy});
+    at::Tensor o = lf::nn::full_attention(q, k, v, scale);
+    auto g = torch::autograd::grad({o}, {q, k, v}, {dy});
+    EXPECT_LT(rel_err(o, ref), 1e-5);
+    for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(g[i], gr[i]), 1e-5) << "input " << i;
+    EXPECT_NE(o.grad_fn()->name().find("AttentionFunction"), std::string::npos) << o.grad_fn()->name();
+  }
+  at::Tensor qb = bthd(2, 9, 2, 8, at::kBFloat16), kb = bthd(2, 9, 2, 8, at::kBFloat16);
+  at::Tensor vb = bthd(2, 9, 2, 8, at::kBFloat16);
+  EXPECT_TRUE(
+      at::equal(lf::nn::full_attention(qb, kb, vb, 0.3), lf::kernels::full_attention_reference(qb, kb, vb, 0.3)));
+}
+
 }  // namespace
 
 // nn::document_ranges: the token ranges of the packed documents of a [B,T] batch, against a direct scan; and

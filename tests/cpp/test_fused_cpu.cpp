@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "loongforge/kernels/cpu/blas.h"
 #include "loongforge/kernels/linear.h"
 #include "loongforge/kernels/linear_ce.h"
 #include "loongforge/kernels/rope.h"
@@ -345,8 +346,35 @@ TEST(LinearSplit, MatchesAtLinearFloat32) {
     EXPECT_LT(rel_err(gw, g2[1]), 1e-6);
   }
   SplitMode off(0);
+  const lf::kernels::cpu::BlasBackend chosen = lf::kernels::cpu::blas_backend();
+  lf::kernels::cpu::set_blas_backend(lf::kernels::cpu::BlasBackend::kMkl);
   at::Tensor x = at::randn({9, 12}), w = at::randn({5, 12});
   EXPECT_TRUE(at::equal(lf::kernels::linear(x, w, at::Tensor()), at::linear(x, w)));
+  lf::kernels::cpu::set_blas_backend(chosen);
+}
+
+// With OpenBLAS as the float32 BLAS (AMD CPUs with AVX-512), every float32 product of kernels::linear runs through it
+// (our Function: at::linear would take MKL's AVX2 path), few rows or many, with bias, gradients as at::linear's.
+TEST(LinearSplit, OpenBlasBackendRunsEveryFloat32Product) {
+  SplitMode off(0);
+  const lf::kernels::cpu::BlasBackend chosen = lf::kernels::cpu::blas_backend();
+  lf::kernels::cpu::set_blas_backend(lf::kernels::cpu::BlasBackend::kOpenBlas);
+  at::manual_seed(32);
+  for (int64_t rows : {3, 64, 300}) {
+    at::Tensor x = at::randn({2, rows, 48}).requires_grad_(), w = at::randn({40, 48}).requires_grad_();
+    at::Tensor b = at::randn({40}).requires_grad_(), dy = at::randn({2, rows, 40});
+    at::Tensor y = lf::kernels::linear(x, w, b);
+    ASSERT_NE(y.grad_fn(), nullptr);
+    EXPECT_NE(y.grad_fn()->name().find("Linear"), std::string::npos) << y.grad_fn()->name();
+    auto g = torch::autograd::grad({y}, {x, w, b}, {dy});
+    at::Tensor x2 = x.detach().clone().requires_grad_(), w2 = w.detach().clone().requires_grad_();
+    at::Tensor b2 = b.detach().clone().requires_grad_();
+    at::Tensor y2 = at::linear(x2, w2, b2);
+    auto g2 = torch::autograd::grad({y2}, {x2, w2, b2}, {dy});
+    EXPECT_LT(rel_err(y, y2), 1e-6) << rows;
+    for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(g[i], g2[i]), 1e-6) << rows << " input " << i;
+  }
+  lf::kernels::cpu::set_blas_backend(chosen);
 }
 
 // The raw split GEMM: block counts that do not divide the rows, transposed operands, more blocks than rows allow.

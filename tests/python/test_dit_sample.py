@@ -57,8 +57,12 @@ def test_samples_match_diffusers_loop(tmp_path, kind, shift, guidance):
     if kind == "flow":
         assert torch.equal(got["sigmas"], sched.sigmas)
     assert got["samples"].shape == ref.shape
+    # DDIM's x0 estimate divides by sqrt(alpha_bar) (small at the first steps): float32 rounding of the model (e.g.
+    # OpenBLAS's products on AMD CPUs against PyTorch's MKL ones) grows along the loop, measured up to 1.03e-5 after 6
+    # steps with guidance 2.5 (8.5e-6 on MKL); the model's own outputs stay within 1e-5 (test_dit_parity).
+    tol = 1e-5 if kind == "flow" else 2e-5
     for i in range(steps + 1):
-        assert rel_err(got["samples"][i], ref[i]) <= 1e-5, i
+        assert rel_err(got["samples"][i], ref[i]) <= tol, i
 
 
 @pytest.mark.parametrize("config", [dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012),

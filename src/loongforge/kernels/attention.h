@@ -1,5 +1,6 @@
 // Causal self-attention for training on the CPU: the whole sequence attends to itself (query i sees keys j <= i),
-// optionally within a sliding window and within packed-document segments, with GQA.
+// optionally within a sliding window and within packed-document segments, with GQA; and the same kernel for
+// bidirectional attention (full_attention: every query sees every key of its segment; vision towers, DiT).
 //
 // Why our own: ATen's CPU flash attention (what scaled_dot_product_attention runs on the CPU) works in 64-row query
 // blocks against the full key range and issues many small GEMMs; at the bench shapes it took ~15 % of a PyTorch
@@ -29,14 +30,25 @@ bool causal_attention_kernel_supported(const at::Tensor& q, const at::Tensor& k,
 at::Tensor causal_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                       int64_t window = 0, const at::Tensor& segment_ids = {});
 
-// Raw CPU kernels (no autograd), for tests and benchmarks; block_rows 0 picks the default. Forward returns
+// Bidirectional: every query sees every key (with segment_ids only those of its own segment). Same shapes, dtypes
+// and kernel as causal_attention; anything the kernel does not take goes to full_attention_reference.
+at::Tensor full_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                          const at::Tensor& segment_ids = {});
+// The composite ATen version: at::scaled_dot_product_attention (with a [B,1,T,T] mask for segment_ids).
+at::Tensor full_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                    const at::Tensor& segment_ids = {});
+
+// Raw CPU kernels (no autograd), for tests and benchmarks; block_rows 0 picks the default; causal false: the
+// bidirectional form (window ignored). Forward returns
 // {out [B,H,T,D] as above, lse [B,H,T] in q's dtype (log-sum-exp of each query's scaled scores)}; backward returns
 // {dq, dk, dv} in the layouts of q, k, v's shapes (contiguous [B,T,H,D] / [B,T,Hkv,D] memory).
 std::tuple<at::Tensor, at::Tensor> causal_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k,
                                                                 const at::Tensor& v, double scale, int64_t window,
-                                                                const at::Tensor& segment_ids, int64_t block_rows = 0);
+                                                                const at::Tensor& segment_ids, int64_t block_rows = 0,
+                                                                bool causal = true);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_attention_backward_cpu(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& lse, double scale, int64_t window, const at::Tensor& segment_ids, int64_t block_rows = 0);
+    const at::Tensor& lse, double scale, int64_t window, const at::Tensor& segment_ids, int64_t block_rows = 0,
+    bool causal = true);
 
 }  // namespace lf::kernels

@@ -19,8 +19,8 @@
 namespace lf::kernels {
 
 // Autograd-aware. CPU f32/f64 tensors (x [..., in], weight [out, in], bias [out] or undefined) go to the split
-// GEMMs when splitting pays (linear_split_mode()), float32 ones with enough rows to the packed weight, anything else
-// to at::linear.
+// GEMMs when splitting pays (linear_split_mode()), float32 ones with enough rows to the packed weight or, when the
+// float32 BLAS is OpenBLAS (cpu::blas_backend()), every float32 one to it; anything else to at::linear.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 // The raw split GEMM (no autograd), for tests and benchmarks: a [M,K] b [K,N] (any strides) into a fresh contiguous

@@ -49,6 +49,9 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 at::Tensor full_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                           const at::Tensor& segment_ids) {
+  // Whole sequences on the CPU: our kernel (kernels/attention.h), bidirectional.
+  if (q.size(2) == k.size(2) && kernels::causal_attention_kernel_supported(q, k, v, segment_ids))
+    return kernels::full_attention(q, k, v, scale, segment_ids);
   const bool gqa = q.size(1) != k.size(1);
   if (!segment_ids.defined()) return at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, scale, gqa);
   TORCH_CHECK(q.size(2) == k.size(2), "full_attention: segment_ids need queries and keys of one sequence");

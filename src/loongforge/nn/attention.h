@@ -26,7 +26,8 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
                             int64_t window, double scale, const at::Tensor& segment_ids = {});
 
 // Bidirectional attention (vision encoders, diffusion transformers): every query sees every key, or with
-// segment_ids [B,T] only the keys of its own segment (several images packed in one sequence). Shapes as above.
+// segment_ids [B,T] only the keys of its own segment (several images packed in one sequence). Shapes as above. CPU
+// float32/float64 run our kernel (kernels::full_attention), everything else ATen's scaled_dot_product_attention.
 at::Tensor full_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                           const at::Tensor& segment_ids = {});
 

@@ -165,29 +165,38 @@ T row_dot(const T* x, const T* y, int64_t n) {
 }
 
 // ---- visibility ----------------------------------------------------------------------------------------------
-// Per batch row: first[t] = the first key query t may see; seg = the row's segment ids where a segment's positions
-// are not one contiguous run (then visibility inside [first[t], t] is checked key by key), else null.
+// Per batch row: query t sees keys of [first[t], end[t]) (end = t + 1 when causal, else the end of its segment or
+// T); seg = the row's segment ids where a segment's positions are not one contiguous run (then visibility inside
+// that range is checked key by key), else null.
 struct Visibility {
-  std::vector<int64_t> first;
+  std::vector<int64_t> first, end;
   std::vector<const int64_t*> seg;  // per batch row
   int64_t T = 0;
 
-  Visibility(const at::Tensor& segment_ids, int64_t B, int64_t T_, int64_t window) : first(B * T_), seg(B), T(T_) {
+  Visibility(const at::Tensor& segment_ids, int64_t B, int64_t T_, int64_t window, bool causal)
+      : first(B * T_), end(B * T_), seg(B), T(T_) {
     const int64_t* sp = segment_ids.defined() ? segment_ids.const_data_ptr<int64_t>() : nullptr;
     for (int64_t b = 0; b < B; ++b) {
       int64_t* f = first.data() + b * T;
+      int64_t* e = end.data() + b * T;
       bool runs = true;
       if (sp) {
         const int64_t* s = sp + b * T;
-        std::unordered_map<int64_t, int64_t> start;
+        std::unordered_map<int64_t, std::pair<int64_t, int64_t>> range;  // segment -> first, last position + 1
         for (int64_t t = 0; t < T; ++t) {
-          auto [it, fresh] = start.emplace(s[t], t);
+          auto [it, fresh] = range.emplace(s[t], std::pair<int64_t, int64_t>{t, t + 1});
           if (!fresh && t > 0 && s[t - 1] != s[t]) runs = false;  // a segment that comes back after another
-          f[t] = it->second;
+          it->second.second = t + 1;
+        }
+        for (int64_t t = 0; t < T; ++t) {
+          const auto& r = range[s[t]];
+          f[t] = r.first;
+          e[t] = causal ? t + 1 : r.second;
         }
         if (!runs) seg[b] = s;
       } else {
         std::fill(f, f + T, 0);
+        for (int64_t t = 0; t < T; ++t) e[t] = causal ? t + 1 : T;
       }
       if (window > 0)
         for (int64_t t = 0; t < T; ++t) f[t] = std::max(f[t], t - window + 1);
@@ -200,9 +209,16 @@ struct Visibility {
     for (int64_t t = r0 + 1; t < r1; ++t) lo = std::min(lo, f[t]);
     return lo;
   }
+  // One past the last key any row of [r0, r1) needs.
+  int64_t block_hi(int64_t b, int64_t r0, int64_t r1) const {
+    const int64_t* e = end.data() + b * T;
+    int64_t hi = e[r0];
+    for (int64_t t = r0 + 1; t < r1; ++t) hi = std::max(hi, e[t]);
+    return hi;
+  }
 };
 
-// Keys of [lo, lo + n) that query t may not see inside its range [first, t] are set to -inf (segments that are not
+// Keys of [lo, lo + n) that query t may not see inside its range [first, end) are set to -inf (segments that are not
 // contiguous runs only).
 template <typename T>
 void mask_foreign(T* s, const int64_t* seg, int64_t lo, int64_t a, int64_t b, int64_t t) {
@@ -238,16 +254,17 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       T* O = op + b * sh.T * ldo + h * sh.D;
       T* L = lp + (b * sh.H + h) * sh.T;
       const int64_t* f = vis.first.data() + b * sh.T;
+      const int64_t* e = vis.end.data() + b * sh.T;
       for (int64_t r0 = 0; r0 < sh.T; r0 += R) {
         const int64_t r1 = std::min(sh.T, r0 + R), rows = r1 - r0;
-        const int64_t lo = vis.block_lo(b, r0, r1), n = r1 - lo;
+        const int64_t lo = vis.block_lo(b, r0, r1), n = vis.block_hi(b, r0, r1) - lo;
         T* S = sbuf.data();
         gemm<T>(false, true, rows, n, sh.D, scale, Q + r0 * ldq, ldq, K + lo * ldk, ldk, T(0), S, n);
         for (int64_t i = 0; i < rows; ++i) {
           const int64_t t = r0 + i;
           T* s = S + i * n;
-          if (vis.seg[b]) mask_foreign(s, vis.seg[b], lo, f[t] - lo, t + 1 - lo, t);
-          L[t] = softmax_row(s, n, f[t] - lo, t + 1 - lo);
+          if (vis.seg[b]) mask_foreign(s, vis.seg[b], lo, f[t] - lo, e[t] - lo, t);
+          L[t] = softmax_row(s, n, f[t] - lo, e[t] - lo);
         }
         gemm<T>(false, false, rows, sh.D, n, T(1), S, n, V + lo * ldv, ldv, T(0), O + r0 * ldo, ldo);
       }
@@ -282,6 +299,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
       T* dK = dkp + b * sh.T * lddk + kh * sh.D;
       T* dV = dvp + b * sh.T * lddk + kh * sh.D;
       const int64_t* f = vis.first.data() + b * sh.T;
+      const int64_t* e = vis.end.data() + b * sh.T;
       for (int64_t h = kh * sh.G; h < (kh + 1) * sh.G; ++h) {
         const T* Q = qp + b * q.stride(0) + h * q.stride(1);
         const T* O = op + b * out.stride(0) + h * out.stride(1);
@@ -290,7 +308,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
         T* dQ = dqp + b * sh.T * lddq + h * sh.D;
         for (int64_t r0 = 0; r0 < sh.T; r0 += R) {
           const int64_t r1 = std::min(sh.T, r0 + R), rows = r1 - r0;
-          const int64_t lo = vis.block_lo(b, r0, r1), n = r1 - lo;
+          const int64_t lo = vis.block_lo(b, r0, r1), n = vis.block_hi(b, r0, r1) - lo;
           T* S = sbuf.data();
           T* P = pbuf.data();
           gemm<T>(false, true, rows, n, sh.D, scale, Q + r0 * ldq, ldq, K + lo * ldk, ldk, T(0), S, n);
@@ -298,9 +316,9 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
           for (int64_t i = 0; i < rows; ++i) {
             const int64_t t = r0 + i;
             T* s = S + i * n;
-            if (vis.seg[b]) mask_foreign(s, vis.seg[b], lo, f[t] - lo, t + 1 - lo, t);
+            if (vis.seg[b]) mask_foreign(s, vis.seg[b], lo, f[t] - lo, e[t] - lo, t);
             const T di = row_dot(dO + t * ldg, O + t * ldo, sh.D);
-            grad_row(s, P + i * n, n, f[t] - lo, t + 1 - lo, L[t], di);
+            grad_row(s, P + i * n, n, f[t] - lo, e[t] - lo, L[t], di);
           }
           gemm<T>(true, false, n, sh.D, rows, T(1), S, n, dO + r0 * ldg, ldg, T(1), dV + lo * lddk, lddk);
           gemm<T>(false, false, rows, sh.D, n, scale, P, n, K + lo * ldk, ldk, T(0), dQ + r0 * lddq, lddq);
@@ -330,12 +348,14 @@ at::Tensor last_dim_dense(const at::Tensor& x) { return x.stride(-1) == 1 || x.s
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, double scale, int64_t window, const std::optional<at::Tensor>& seg) {
+                            const at::Tensor& v, double scale, int64_t window, const std::optional<at::Tensor>& seg,
+                            bool causal) {
     at::Tensor s = seg.has_value() ? *seg : at::Tensor();
-    auto [out, lse] = causal_attention_forward_cpu(q, k, v, scale, window, s);
+    auto [out, lse] = causal_attention_forward_cpu(q, k, v, scale, window, s, 0, causal);
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["window"] = window;
+    ctx->saved_data["causal"] = causal;
     if (s.defined()) ctx->saved_data["seg"] = s;
     return out;
   }
@@ -346,8 +366,9 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     at::Tensor seg = ctx->saved_data.count("seg") ? ctx->saved_data["seg"].toTensor() : at::Tensor();
     auto [dq, dk, dv] = causal_attention_backward_cpu(grads[0], sv[0], sv[1], sv[2], sv[3], sv[4],
                                                       ctx->saved_data["scale"].toDouble(),
-                                                      ctx->saved_data["window"].toInt(), seg);
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+                                                      ctx->saved_data["window"].toInt(), seg, 0,
+                                                      ctx->saved_data["causal"].toBool());
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -355,7 +376,8 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
 
 std::tuple<at::Tensor, at::Tensor> causal_attention_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in,
                                                                 const at::Tensor& v_in, double scale, int64_t window,
-                                                                const at::Tensor& segment_ids, int64_t block_rows) {
+                                                                const at::Tensor& segment_ids, int64_t block_rows,
+                                                                bool causal) {
   TORCH_CHECK(kernel_supported(q_in, k_in, v_in, segment_ids),
               "causal_attention_forward_cpu: q [B,H,T,D], k/v [B,Hkv,T,D] (H a multiple of Hkv), one dtype "
               "(float32/float64) on the CPU, segment_ids integer [B,T]");
@@ -366,7 +388,7 @@ std::tuple<at::Tensor, at::Tensor> causal_attention_forward_cpu(const at::Tensor
   at::Tensor lse = at::empty({B, H, T}, q.options());
   if (q.numel() > 0) {
     at::Tensor seg = segment_ids.defined() ? segment_ids.to(at::kLong).contiguous() : at::Tensor();
-    const Visibility vis(seg, B, T, window);
+    const Visibility vis(seg, B, T, causal ? window : 0, causal);
     const int64_t R = block_rows > 0 ? block_rows : kDefaultBlockRows;
     if (q.scalar_type() == at::kFloat) forward_impl<float>(q, k, v, scale, vis, R, out, lse);
     else forward_impl<double>(q, k, v, scale, vis, R, out, lse);
@@ -377,7 +399,7 @@ std::tuple<at::Tensor, at::Tensor> causal_attention_forward_cpu(const at::Tensor
 std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_attention_backward_cpu(
     const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse, double scale, int64_t window, const at::Tensor& segment_ids,
-    int64_t block_rows) {
+    int64_t block_rows, bool causal) {
   TORCH_CHECK(kernel_supported(q_in, k_in, v_in, segment_ids) && dout_in.sizes() == q_in.sizes() &&
                   out_in.sizes() == q_in.sizes() && lse.is_contiguous() && lse.scalar_type() == q_in.scalar_type(),
               "causal_attention_backward_cpu: dout/out shaped as q, lse [B,H,T] contiguous, as the forward gives");
@@ -389,7 +411,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_attention_backward_cpu(
   at::Tensor dk = at::zeros({B, T, Hkv, D}, q.options()), dv = at::zeros({B, T, Hkv, D}, q.options());
   if (q.numel() > 0) {
     at::Tensor seg = segment_ids.defined() ? segment_ids.to(at::kLong).contiguous() : at::Tensor();
-    const Visibility vis(seg, B, T, window);
+    const Visibility vis(seg, B, T, causal ? window : 0, causal);
     const int64_t R = block_rows > 0 ? block_rows : kDefaultBlockRows;
     if (q.scalar_type() == at::kFloat) backward_impl<float>(dout, q, k, v, out, lse, scale, vis, R, dq, dk, dv);
     else backward_impl<double>(dout, q, k, v, out, lse, scale, vis, R, dq, dk, dv);
@@ -419,7 +441,22 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   if (!kernel_supported(q, k, v, segment_ids)) return causal_attention_reference(q, k, v, scale, window, segment_ids);
   std::optional<at::Tensor> seg;
   if (segment_ids.defined()) seg = segment_ids;
-  return AttentionFunction::apply(q, k, v, scale, window, seg);
+  return AttentionFunction::apply(q, k, v, scale, window, seg, true);
+}
+
+at::Tensor full_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                    const at::Tensor& segment_ids) {
+  std::optional<at::Tensor> allowed;
+  if (segment_ids.defined()) allowed = (segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1)).unsqueeze(1);
+  return at::scaled_dot_product_attention(q, k, v, allowed, 0.0, false, scale, q.size(1) != k.size(1));
+}
+
+at::Tensor full_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                          const at::Tensor& segment_ids) {
+  if (!kernel_supported(q, k, v, segment_ids)) return full_attention_reference(q, k, v, scale, segment_ids);
+  std::optional<at::Tensor> seg;
+  if (segment_ids.defined()) seg = segment_ids;
+  return AttentionFunction::apply(q, k, v, scale, int64_t{0}, seg, false);
 }
 
 }  // namespace lf::kernels

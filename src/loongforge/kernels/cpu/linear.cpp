@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <atomic>
@@ -178,9 +179,15 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
                   (!bias.defined() || (bias.scalar_type() == x.scalar_type() && bias.device().is_cpu() &&
                                        bias.dim() == 1 && bias.size(0) == weight.size(0)));
   const int64_t m = ok && weight.size(1) > 0 ? x.numel() / weight.size(1) : 0;
-  // Our Function where it differs from at::linear: split GEMMs, or float32 products with rows enough for a packed W.
-  const bool packed = ok && x.scalar_type() == at::kFloat && cpu::use_packed(m, weight.size(0), weight.size(1));
-  if (!ok || (!packed && cpu::split_parts(m, weight.size(1), weight.size(0)) <= 1))
+  // Our Function where it differs from at::linear: split GEMMs, float32 products with rows enough for a packed W, or
+  // any float32 product when the chosen BLAS is OpenBLAS (at::linear would run MKL's AVX2 path on those CPUs:
+  // kernels/cpu/blas.h).
+  // Under CPU autocast at::linear runs in bfloat16: our Function would bypass the cast.
+  const bool f32 = ok && x.scalar_type() == at::kFloat && m > 0 && weight.size(0) > 0 && weight.size(1) > 0 &&
+                   !at::autocast::is_autocast_enabled(at::kCPU);
+  const bool direct = f32 && (cpu::use_packed(m, weight.size(0), weight.size(1)) ||
+                              cpu::blas_backend() == cpu::BlasBackend::kOpenBlas);
+  if (!ok || (!direct && cpu::split_parts(m, weight.size(1), weight.size(0)) <= 1))
     return at::linear(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
   if (bias.defined()) return LinearFunction<true>::apply(x, weight, bias);
   return LinearFunction<false>::apply(x, weight);

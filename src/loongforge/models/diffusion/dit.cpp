@@ -8,6 +8,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/kernels/layer_norm_modulate.h"
 #include "loongforge/models/diffusion/embeddings.h"
 
 namespace lf::models::diffusion {
@@ -17,9 +18,10 @@ constexpr int64_t kTimestepChannels = 256;  // CombinedTimestepLabelEmbeddings' 
 
 at::Tensor gelu(const at::Tensor& x, bool tanh) { return at::gelu(x, tanh ? "tanh" : "none"); }
 
-// Adaptive LayerNorm: LayerNorm without affine parameters, then x * (1 + scale) + shift per sample.
+// Adaptive LayerNorm: LayerNorm without affine parameters, then x * (1 + scale) + shift per sample (one fused kernel
+// on the CPU).
 at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps) {
-  return at::layer_norm(x, {x.size(-1)}, {}, {}, eps) * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
+  return kernels::layer_norm_modulate(x, shift, scale, eps);
 }
 }  // namespace
 
@@ -106,7 +108,8 @@ at::Tensor DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& timestep
   auto m = ada(at::silu(emb(timestep, class_labels).to(x.scalar_type()))).chunk(6, 1);
   // adaLN-Zero's first norm has no affine parameters and eps 1e-6 (diffusers' AdaLayerNormZero)
   at::Tensor h = x + m[2].unsqueeze(1) * attn1(modulate(x, m[0], m[1], 1e-6));
-  at::Tensor n = norm3(h) * (1 + m[4].unsqueeze(1)) + m[3].unsqueeze(1);
+  at::Tensor n = norm3->options.elementwise_affine() ? norm3(h) * (1 + m[4].unsqueeze(1)) + m[3].unsqueeze(1)
+                                                    : modulate(h, m[3], m[4], eps_);
   return h + m[5].unsqueeze(1) * ff_out(gelu(ff_in(n), tanh_gelu_));
 }
 
