@@ -118,7 +118,9 @@ TEST_P(ThreadSplitGrads, EqualOneBatch) {
   for (size_t k = 0; k < params.size(); ++k) {
     const double scale = ref[k].abs().max().item<double>();
     ASSERT_GT(scale, 0.0) << k;
-    EXPECT_LE((params[k].grad() - 2 * ref[k]).abs().max().item<double>(), 1e-6 * scale) << k;
+    // float32 sums of differently split rows (the BLAS blocks each product by its own shape): a few ulps of the
+    // largest gradient
+    EXPECT_LE((params[k].grad() - 2 * ref[k]).abs().max().item<double>(), 4e-6 * scale) << k;
   }
 }
 
