@@ -249,13 +249,10 @@ at::Tensor AutoencoderKLImpl::denormalize_latents(const at::Tensor& z) const {
 void AutoencoderKLImpl::init_weights(double std) { init_vae_weights(*this, std); }
 
 BatchSchema AutoencoderKLImpl::batch_schema() const {
-  BatchField f;
-  f.name = "sample";
-  f.dtype = at::kFloat;
-  f.dims = 4;
-  f.doc = "images [B, " + std::to_string(config_.in_channels) + ", H, W] (H, W multiples of " +
-          std::to_string(config_.downsample_factor()) + "), the VAE's input and reconstruction target";
-  return {f};
+  return {required_field("sample", at::kFloat, 4,
+                         "images [B, " + std::to_string(config_.in_channels) + ", H, W] (H, W multiples of " +
+                             std::to_string(config_.downsample_factor()) +
+                             "), the VAE's input and reconstruction target")};
 }
 
 double AutoencoderKLImpl::train_flops_per_sample(int64_t) const {

@@ -504,13 +504,10 @@ void AutoencoderKLWanImpl::init_weights(double std) {
 }
 
 BatchSchema AutoencoderKLWanImpl::batch_schema() const {
-  BatchField f;
-  f.name = "sample";
-  f.dtype = at::kFloat;
-  f.dims = 5;
-  f.doc = "videos [B, " + std::to_string(config_.in_channels) + ", 1 + 4k, H, W] (H, W multiples of " +
-          std::to_string(config_.spatial_factor()) + "; images as 1 frame), the VAE's input and reconstruction target";
-  return {f};
+  return {required_field("sample", at::kFloat, 5,
+                         "videos [B, " + std::to_string(config_.in_channels) + ", 1 + 4k, H, W] (H, W multiples of " +
+                             std::to_string(config_.spatial_factor()) +
+                             "; images as 1 frame), the VAE's input and reconstruction target")};
 }
 
 double AutoencoderKLWanImpl::train_flops_per_sample(int64_t) const {
