@@ -43,5 +43,32 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
 fi
 if [ "$(readlink -f .venv 2>/dev/null)" != "$(readlink -f "$VENV")" ]; then rm -rf .venv; ln -s "$VENV" .venv; fi
 
+# The LeRobot oracle environment (requirements-lerobot.txt says why it is separate): a venv that sees the main one's
+# packages through a .pth file, keyed by both requirement files and the rewrite script; .venv-lerobot links to it.
+lkey=$(cat requirements.txt requirements-lerobot.txt scripts/lerobot_py311.py | sha256sum | cut -c1-12)
+LVENV=${LOONGFORGE_LEROBOT_VENV:-$HOME/.cache/loongforge/lerobot-$lkey}
+if [ ! -x "$LVENV/bin/python" ] || [ ! -f "$LVENV/.complete" ]; then
+  echo "setup: creating $LVENV (the lerobot test oracle)"
+  rm -rf "$LVENV"; mkdir -p "$(dirname "$LVENV")"
+  "$PY" -m venv "$LVENV"
+  main_site=$("$VENV/bin/python" -c "import site; print(site.getsitepackages()[0])")
+  lsite=$("$LVENV/bin/python" -c "import site; print(site.getsitepackages()[0])")
+  echo "$main_site" > "$lsite/loongforge-main.pth"
+  "$LVENV/bin/pip" install -q --upgrade pip
+  "$LVENV/bin/pip" install -q --no-deps --ignore-requires-python lerobot==0.6.1 torchvision==0.26.0
+  "$LVENV/bin/pip" install -q -r requirements-lerobot.txt 2>&1 | grep -v -i "lerobot.*requires\|dependency resolver\|dependency conflicts" || true
+  "$LVENV/bin/python" scripts/lerobot_py311.py "$lsite"
+  "$LVENV/bin/python" -c "import lerobot.datasets.lerobot_dataset, h5py, av; assert av.__version__.startswith('15.')"
+  touch "$LVENV/.complete"
+  if [ -z "${LOONGFORGE_LEROBOT_VENV:-}" ]; then
+    for old in "$(dirname "$LVENV")"/lerobot-*; do
+      if [ "$old" != "$LVENV" ]; then rm -rf "$old"; fi
+    done
+  fi
+fi
+if [ "$(readlink -f .venv-lerobot 2>/dev/null)" != "$(readlink -f "$LVENV")" ]; then
+  rm -rf .venv-lerobot; ln -s "$LVENV" .venv-lerobot
+fi
+
 flock -u 9
 bash scripts/build.sh

@@ -34,6 +34,23 @@ def run_gtest_hook(test, env):
     return proc
 
 
+# The lerobot oracle environment (scripts/setup.sh makes it; requirements-lerobot.txt says why it is separate).
+LEROBOT_PY = pathlib.Path(os.environ.get("LOONGFORGE_LEROBOT_PYTHON", ROOT / ".venv-lerobot" / "bin" / "python"))
+
+
+def run_lerobot(script, *args, timeout=600):
+    """Runs SCRIPT (Python source text) in the lerobot oracle environment with ARGS as sys.argv[1:]; fails the test
+    with its stderr when it fails. Returns stdout."""
+    if not LEROBOT_PY.exists():
+        pytest.fail(f"{LEROBOT_PY} does not exist (scripts/setup.sh makes it)")
+    proc = subprocess.run([str(LEROBOT_PY), "-c", script, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1",
+                                                "HF_DATASETS_OFFLINE": "1"})
+    if proc.returncode != 0:
+        raise AssertionError(f"lerobot oracle script failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a longer test (more layouts of the same kind); runs with LF_SLOW=1")
 
