@@ -167,6 +167,55 @@ TEST(ChatTemplate, Errors) {
   EXPECT_THROW(ChatTemplate("{{ x }}").render(nlohmann::json::array()), lf::Error);
 }
 
+// Templates are untrusted programs (a model folder's chat_template.jinja, a recipe's data.chat_template): whatever
+// they do ends in a one-line error naming the template and the line, never a crash, a hang or exhausted memory.
+TEST(ChatTemplate, HostileTemplates) {
+  auto fails_with = [](const std::string& src, const std::string& what) {
+    std::string e = error_of(src);
+    EXPECT_EQ(e.rfind("tmpl.jinja:", 0), 0u) << src << " -> " << e;
+    EXPECT_NE(e.find(what), std::string::npos) << src << " -> " << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  };
+  // unbounded recursion (this crashed the trainer with a segmentation fault)
+  fails_with("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "recursed deeper than");
+  fails_with("{% macro f(n) %}{{ n }}{{ f(n + 1) if n < 100000 }}{% endmacro %}{{ f(1) }}", "recursed deeper than");
+  // a loop doubling a namespace string (this ran until memory was exhausted)
+  fails_with("{% set ns = namespace(s='ab') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+             "bytes (the limit is");
+  fails_with("{{ 'abc' * 1000000000000 }}", "bytes (the limit is");
+  fails_with("{{ [1, 2] * 1000000000000 }}", "items (the limit is");
+  fails_with("{{ 'x'|indent(1000000000000) }}", "bytes (the limit is");
+  // runaway loops: 10^10 iterations stop at the step budget (or the time budget on a very slow machine)
+  fails_with("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "the template ran ");
+  // values nested ever deeper, and a namespace stored inside itself (a cycle)
+  fails_with("{% set ns = namespace(l=[]) %}{% for i in range(10000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}",
+             "levels deep");
+  fails_with("{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}", "cannot store a namespace");
+  fails_with("{% set ns = namespace(x=1) %}{% set ns.x = [{'a': ns}] %}{{ ns }}", "cannot store a namespace");
+  // deep nesting in the source: brackets, unary operators, blocks
+  fails_with("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}", "nested more than");
+  fails_with("{{ " + std::string(5000, '[') + std::string(5000, ']') + " }}", "nested more than");
+  {
+    std::string neg;
+    for (int k = 0; k < 20000; ++k) neg += "- ";
+    fails_with("{{ " + neg + "1 }}", "nested more than");
+    std::string nots;
+    for (int k = 0; k < 20000; ++k) nots += "not ";
+    fails_with("{{ " + nots + "true }}", "nested more than");
+  }
+  {
+    std::string ifs;
+    for (int k = 0; k < 5000; ++k) ifs += "{% if true %}";
+    fails_with(ifs, "nested more than");
+  }
+  // numbers out of range in a format field
+  fails_with("{{ '{99999999999999999999999}'.format(1) }}", "out of range");
+  // ordinary nesting and loops still render
+  EXPECT_EQ(R("{% macro f(n) %}{{ n }}{% if n > 0 %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(50)|length }}"), "92");
+  EXPECT_EQ(R("{{ " + std::string(30, '(') + "1" + std::string(30, ')') + " }}"), "1");
+  EXPECT_EQ(R("{% set ns = namespace(n=0) %}{% for i in range(1000) %}{% for j in range(100) %}{% set ns.n = ns.n + 1 %}{% endfor %}{% endfor %}{{ ns.n }}"), "100000");
+}
+
 TEST(ChatTemplate, Builtins) {
   ojson ctx = {{"messages", ojson::parse(R"([{"role":"system","content":"S"},{"role":"user","content":" U "},
                                             {"role":"assistant","content":"A"}])")},

@@ -285,6 +285,36 @@ log: {{progress: off, plot: false, tensorboard: false}}
         assert (v - dump["after_step." + k]).abs().max().item() <= 1e-6, k
 
 
+@pytest.mark.parametrize("template,what", [
+    ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "recursed deeper than"),
+    ("{% set ns = namespace(s='ab') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+     "bytes (the limit is"),
+])
+def test_sft_hostile_chat_template(tmp_path, template, what):
+    """A chat template is an untrusted program: a recursive macro (once a segmentation fault) or a loop doubling a
+    string (once memory exhaustion) as a recipe's data.chat_template ends the run with one line naming the file."""
+    import shutil
+    from conftest import FIXTURES
+    tok = tmp_path / "tok"
+    shutil.copytree(FIXTURES / "tok_bytelevel_gpt2", tok)
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                                                  {"role": "assistant", "content": "hello"}]}) + "\n")
+    (tmp_path / "evil.jinja").write_text(template)
+    (tmp_path / "model.json").write_text(json.dumps(dict(MODEL, vocab_size=2000)))
+    r = tmp_path / "sft.yaml"
+    r.write_text(f"""
+output_dir: {tmp_path / 'run'}
+model: {{config: {tmp_path / 'model.json'}, tokenizer: {tok}}}
+data: {{format: sft, train: [{{path: {tmp_path / 'chat.jsonl'}}}], seq_len: 64, chat_template: {tmp_path / 'evil.jinja'}}}
+train: {{steps: 2, micro_batch_size: 1, threads: 1}}
+log: {{progress: off, plot: false, tensorboard: false}}
+""")
+    p = run_lf("train", r, check=False)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    err = p.stderr.strip().splitlines()[-1]
+    assert "evil.jinja:1:" in err and what in err, p.stderr
+
+
 def test_sft_trains_on_chat_data(tmp_path):
     """SFT from alpaca / sharegpt / OpenAI-messages lines with a ChatML template, loss on assistant tokens only."""
     import shutil

@@ -400,7 +400,10 @@ Value Interp::filter(const std::string& n, const Value& v, Args& a) {
   }
   if (n == "indent") {
     const Value* w = arg(0, "width");
-    std::string ind = w && w->t == T::Str ? w->s : std::string(size_t(need_int(w, 4, "width")), ' ');
+    int64_t width = w && w->t == T::Str ? 0 : need_int(w, 4, "width");
+    if (width < 0) width = 0;
+    check_string_size(size_t(width));
+    std::string ind = w && w->t == T::Str ? w->s : std::string(size_t(width), ' ');
     std::vector<std::string> lines = split_lines(to_str(v) + "\n");
     std::string o;
     for (size_t k = 0; k < lines.size(); ++k) {

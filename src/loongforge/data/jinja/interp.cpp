@@ -165,6 +165,8 @@ Value Interp::binop(const std::string& op, const Value& a, const Value& b) const
   if (op == "*" && (a.is_int() || b.is_int()) && (a.t == T::Str || b.t == T::Str || a.t == T::List || b.t == T::List)) {
     const Value& seq = a.is_int() ? b : a;
     int64_t n = a.is_int() ? a.as_int() : b.as_int();
+    if (n > 0 && seq.t == T::Str) check_string_size(seq.s.size() * size_t(std::min<int64_t>(n, int64_t(kMaxStringBytes) + 1)));
+    if (n > 0 && seq.t == T::List) check_list_size(seq.l->size() * size_t(std::min<int64_t>(n, int64_t(kMaxListItems) + 1)));
     if (seq.t == T::Str) {
       std::string s;
       for (int64_t k = 0; k < n; ++k) s += seq.s;
@@ -206,6 +208,8 @@ Args Interp::args(const Expr& e, Frame& f, size_t from) {
 }
 
 Value Interp::eval(const Expr& e, Frame& f) {
+  Nest nest(*this);
+  step();
   line = e.line;
   switch (e.k) {
     case Expr::Lit: return e.lit;
@@ -325,6 +329,13 @@ void Interp::bind(Frame& f, const std::vector<std::string>& names, const Value& 
 Value Interp::macro(const Stmt& s, Frame* defining) {
   return Value::func([&s, defining](Interp& in, Args& a) -> Value {
     if (a.pos.size() > s.names.size()) in.fail("macro '" + s.text + "' takes " + std::to_string(s.names.size()) + " arguments");
+    if (in.macro_depth >= kMaxMacroDepth)
+      in.fail("macro '" + s.text + "' recursed deeper than " + std::to_string(kMaxMacroDepth) + " calls");
+    struct Depth {
+      int& d;
+      explicit Depth(int& x) : d(++x) {}
+      ~Depth() { --d; }
+    } depth(in.macro_depth);
     Frame f;
     f.parent = defining;
     for (size_t k = 0; k < s.names.size(); ++k) {
@@ -337,13 +348,38 @@ Value Interp::macro(const Stmt& s, Frame* defining) {
   });
 }
 
+// Whether V holds the namespace whose attributes are NS (walking lists, dicts and namespaces once each).
+static bool holds_namespace(const Value& v, std::vector<const void*>& seen) {
+  const void* id = v.t == T::List ? static_cast<const void*>(v.l.get())
+                   : (v.t == T::Dict || v.t == T::NS) ? static_cast<const void*>(v.d.get()) : nullptr;
+  if (!id) return false;
+  if (v.t == T::NS) return true;
+  if (std::find(seen.begin(), seen.end(), id) != seen.end()) return false;
+  seen.push_back(id);
+  if (v.t == T::List) {
+    for (const auto& e : *v.l)
+      if (holds_namespace(e, seen)) return true;
+  } else {
+    for (const auto& kv : *v.d)
+      if (holds_namespace(kv.second, seen)) return true;
+  }
+  return false;
+}
+
+static void append_output(std::string& out, const std::string& more) {
+  check_string_size(out.size() + more.size());
+  out += more;
+}
+
 Flow Interp::exec(const Body& body, Frame& f, std::string& out) {
+  Nest nest(*this);
   for (const auto& sp : body) {
     const Stmt& s = *sp;
     line = s.line;
+    step();
     switch (s.k) {
-      case Stmt::Text: out += s.text; break;
-      case Stmt::Out: out += to_str(eval(*s.e[0], f)); break;
+      case Stmt::Text: append_output(out, s.text); break;
+      case Stmt::Out: append_output(out, to_str(eval(*s.e[0], f))); break;
       case Stmt::If: {
         size_t k = 0;
         while (k < s.e.size() && !eval(*s.e[k], f).truthy()) ++k;
@@ -372,6 +408,7 @@ Flow Interp::exec(const Body& body, Frame& f, std::string& out) {
         }
         int64_t n = int64_t(items.size());
         for (int64_t k = 0; k < n; ++k) {
+          step();
           Frame it;
           it.parent = &f;
           bind(it, s.names, items[size_t(k)]);
@@ -401,6 +438,10 @@ Flow Interp::exec(const Body& body, Frame& f, std::string& out) {
         if (!s.text.empty()) {
           const Value* ns = f.find(s.names[0]);
           if (!ns || ns->t != T::NS) fail("cannot assign attribute on non-namespace object '" + s.names[0] + "'");
+          // Namespaces are the one mutable value: keeping them out of each other keeps values acyclic and their
+          // depth bounded.
+          std::vector<const void*> seen;
+          if (holds_namespace(v, seen)) fail("cannot store a namespace in a namespace attribute ('" + s.names[0] + "." + s.text + "')");
           Dict& d = *ns->d;
           auto it = std::find_if(d.begin(), d.end(), [&](const auto& kv) { return kv.first == s.text; });
           if (it != d.end()) it->second = std::move(v);
@@ -432,7 +473,15 @@ std::string render(const Program& prog, const Dict& context) {
   Frame root;
   root.parent = &base;
   std::string out;
-  in.exec(prog.body, root, out);
+  try {
+    in.exec(prog.body, root, out);
+  } catch (const LimitError& e) {
+    in.fail(e.what());
+  } catch (const std::bad_alloc&) {
+    in.fail("out of memory while rendering the template");
+  } catch (const std::out_of_range& e) {
+    in.fail(std::string("a number out of range (") + e.what() + ")");
+  }
   return out;
 }
 

@@ -1,6 +1,7 @@
 // Internal to data/jinja: the evaluator of a parsed Program, shared by interp.cpp (access, operators, expressions,
 // statements, render) and builtins.cpp (filters, tests, methods of str/dict/list, the global functions).
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,9 +30,41 @@ struct Frame {
 
 enum class Flow { Normal, Break, Continue };
 
+// Limits of one render (templates are untrusted programs; value sizes are bounded in value.h). jinja2's sandbox
+// bounds only range(); these also stop deep recursion (a macro calling itself), runaway loops and slow renders.
+inline constexpr int kMaxMacroDepth = 128;     // macro calls inside macro calls
+inline constexpr int kMaxEvalDepth = 1500;     // nested expression evaluations and statements (the C++ stack)
+inline constexpr uint64_t kMaxSteps = 5'000'000;  // expressions evaluated + loop iterations
+inline constexpr double kMaxSeconds = 10.0;    // wall time of one render
+
 struct Interp {
   const Program& prog;
   int line = 0;
+  int depth = 0, macro_depth = 0;
+  uint64_t steps = 0;
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(kMaxSeconds));
+
+  // One more evaluation step: fails past the step or time budget (the clock is read every 4096 steps).
+  void step() {
+    if (++steps > kMaxSteps)
+      fail("the template ran more than " + std::to_string(kMaxSteps) + " steps (the limit of one render)");
+    if ((steps & 4095) == 0 && std::chrono::steady_clock::now() > deadline)
+      fail("the template ran longer than " + std::to_string(int(kMaxSeconds)) + " s (the limit of one render)");
+  }
+  // Held while evaluating a nested expression or statement list: fails past the nesting limit.
+  struct Nest {
+    Interp& in;
+    explicit Nest(Interp& i) : in(i) {
+      if (++in.depth > kMaxEvalDepth) {
+        --in.depth;
+        in.fail("the template nests deeper than " + std::to_string(kMaxEvalDepth) + " levels");
+      }
+    }
+    ~Nest() { --in.depth; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+  };
 
   [[noreturn]] void fail(const std::string& what) const {
     std::string msg = prog.origin + ":" + std::to_string(line) + ": " + what;

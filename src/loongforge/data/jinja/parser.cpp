@@ -64,7 +64,18 @@ class ExprParser {
     return e;
   }
 
+  // Nesting bound: a template is untrusted input, and each level of ( [ { not - is a C++ call here and later.
+  static constexpr int kMaxDepth = 300;  // about 100 levels of brackets (three calls each)
+  struct Deeper {
+    ExprParser& p;
+    explicit Deeper(ExprParser& x) : p(x) {
+      if (++p.depth_ > kMaxDepth) p.fail("expression nested more than " + std::to_string(kMaxDepth) + " levels deep");
+    }
+    ~Deeper() { --p.depth_; }
+  };
+
   EP expr(bool with_cond = true) {
+    Deeper deeper(*this);
     EP e = or_expr();
     while (with_cond && is_name("if")) {
       int line = cur().line;
@@ -107,6 +118,7 @@ class ExprParser {
     return e;
   }
   EP not_expr() {
+    Deeper deeper(*this);
     if (is_name("not")) {
       EP n = node(Expr::Not, cur().line);
       ++p_;
@@ -182,6 +194,7 @@ class ExprParser {
     return e;
   }
   EP unary(bool with_filter) {
+    Deeper deeper(*this);
     EP e;
     if (is_op("-") || is_op("+")) {
       e = node(is_op("-") ? Expr::Neg : Expr::Pos, cur().line);
@@ -352,6 +365,7 @@ class ExprParser {
 
   std::vector<Tok> t_;
   size_t p_ = 0;
+  int depth_ = 0;
   const std::string& origin_;
 };
 
@@ -403,6 +417,11 @@ class TemplateParser {
   }
 
   void block(Body& out, const std::string& kw, int line) {
+    if (++block_depth_ > 100) syntax_error(origin_, line, "blocks nested more than 100 levels deep");
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{block_depth_};
     ExprParser& tp = *tag_;
     if (kw == "if") {
       auto st = stmt(Stmt::If, line);
@@ -509,6 +528,7 @@ class TemplateParser {
   size_t i_ = 0;
   const std::string& origin_;
   std::unique_ptr<ExprParser> tag_;
+  int block_depth_ = 0;
 };
 
 }  // namespace

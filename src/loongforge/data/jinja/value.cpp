@@ -15,6 +15,46 @@ const Value* Args::get(size_t idx, const char* name) const {
   return nullptr;
 }
 
+void check_string_size(size_t n) {
+  if (n > kMaxStringBytes)
+    throw LimitError("the template built a string of " + std::to_string(n) + " bytes (the limit is " +
+                     std::to_string(kMaxStringBytes) + ")");
+}
+
+void check_list_size(size_t n) {
+  if (n > kMaxListItems)
+    throw LimitError("the template built a sequence of " + std::to_string(n) + " items (the limit is " +
+                     std::to_string(kMaxListItems) + ")");
+}
+
+static int nest(int depth) {
+  if (depth > kMaxNesting)
+    throw LimitError("the template nested values more than " + std::to_string(kMaxNesting) + " levels deep");
+  return depth;
+}
+
+Value Value::list(List x) {
+  check_list_size(x.size());
+  int depth = 0;
+  for (const auto& e : x) depth = std::max(depth, e.depth);
+  Value v;
+  v.t = T::List;
+  v.depth = nest(depth + 1);
+  v.l = std::make_shared<const List>(std::move(x));
+  return v;
+}
+
+Value Value::dict(Dict x) {
+  check_list_size(x.size());
+  int depth = 0;
+  for (const auto& kv : x) depth = std::max(depth, kv.second.depth);
+  Value v;
+  v.t = T::Dict;
+  v.depth = nest(depth + 1);
+  v.d = std::make_shared<Dict>(std::move(x));
+  return v;
+}
+
 bool Value::truthy() const {
   switch (t) {
     case T::Undef: case T::None: return false;

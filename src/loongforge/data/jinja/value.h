@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,6 +26,18 @@ using Fn = std::function<Value(Interp&, Args&)>;
 
 enum class T : uint8_t { Undef, None, Bool, Int, Float, Str, List, Dict, NS, Func };
 
+// Templates are untrusted programs: the values they build are bounded (interp.h has the other limits). A value over
+// a bound throws LimitError, which the interpreter reports as "ORIGIN:LINE: what".
+inline constexpr size_t kMaxStringBytes = size_t(32) << 20;  // one string, and the rendered output
+inline constexpr size_t kMaxListItems = size_t(1) << 20;     // one list or dict
+inline constexpr int kMaxNesting = 200;                      // lists / dicts inside each other
+struct LimitError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// Throws LimitError when a string of N bytes / a container of N items would be over the bound.
+void check_string_size(size_t n);
+void check_list_size(size_t n);
+
 struct Value {
   T t = T::Undef;
   bool b = false;                  // Bool; List: a tuple (repr only)
@@ -34,15 +47,19 @@ struct Value {
   std::shared_ptr<const List> l;    // List
   std::shared_ptr<Dict> d;          // Dict (never mutated once built) or NS (mutable, shared)
   std::shared_ptr<const Fn> fn;     // Func
+  int depth = 0;                    // List / Dict / NS: 1 + the deepest item's depth (a namespace's as built)
 
   static Value undef(std::string why = "value is undefined") { Value v; v.s = std::move(why); return v; }
   static Value none() { Value v; v.t = T::None; return v; }
   static Value boolean(bool x) { Value v; v.t = T::Bool; v.b = x; return v; }
   static Value integer(int64_t x) { Value v; v.t = T::Int; v.i = x; return v; }
   static Value real(double x) { Value v; v.t = T::Float; v.f = x; return v; }
-  static Value str(std::string x) { Value v; v.t = T::Str; v.s = std::move(x); return v; }
-  static Value list(List x) { Value v; v.t = T::List; v.l = std::make_shared<const List>(std::move(x)); return v; }
-  static Value dict(Dict x) { Value v; v.t = T::Dict; v.d = std::make_shared<Dict>(std::move(x)); return v; }
+  static Value str(std::string x) {
+    check_string_size(x.size());
+    Value v; v.t = T::Str; v.s = std::move(x); return v;
+  }
+  static Value list(List x);
+  static Value dict(Dict x);
   static Value tuple(List x) { Value v = list(std::move(x)); v.b = true; return v; }
   static Value ns(Dict x) { Value v = dict(std::move(x)); v.t = T::NS; return v; }
   static Value func(Fn f) { Value v; v.t = T::Func; v.fn = std::make_shared<const Fn>(std::move(f)); return v; }
