@@ -321,6 +321,26 @@ def test_minimal_tokenizer_and_bad_ids(tmp_path):
     assert proc.returncode == 1 and "--decode" in proc.stderr
 
 
+@pytest.mark.parametrize("pattern,text", [
+    ("(a+)+$", "a" * 40 + "b"),  # exponential backtracking: PCRE2's match limit
+    (r"(\w+\s?)+$", "ab " * 30 + "!"),
+    ("(a|aa)+$", "a" * 60 + "!"),
+])
+def test_pathological_regex_is_an_error_not_a_hang(tmp_path, pattern, text):
+    """A tokenizer.json pattern is untrusted: catastrophic backtracking ends in one line naming the file and the
+    field (PCRE2 match limits, a time bound per text), not a hang."""
+    import time
+    tok = json.loads(json.dumps(MINIMAL))
+    tok["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tok))
+    t0 = time.monotonic()
+    proc = run_lf("tokenize", "--tokenizer", tmp_path, "--text", text, check=False)
+    assert time.monotonic() - t0 < 30
+    err = proc.stderr.strip()
+    assert proc.returncode == 1 and "\n" not in err, (proc.returncode, err)
+    assert "tokenizer.json: field 'pre_tokenizer.pattern.Regex'" in err and "backtracking" in err, err
+
+
 def test_missing_tokenizer_path(tmp_path):
     missing = tmp_path / "nope"
     proc = run_lf("tokenize", "--tokenizer", missing, "--text", "hi", check=False)

@@ -106,7 +106,7 @@ Pattern parse_pattern(const json& j, const Ctx& ctx, const std::string& field) {
     p.literal = ctx.str(j, "String", field);
   } else if (j.contains("Regex")) {
     try {
-      p.regex = std::make_shared<Regex>(ctx.str(j, "Regex", field));
+      p.regex = std::make_shared<Regex>(ctx.str(j, "Regex", field), ctx.file + ": field '" + field + ".Regex'");
     } catch (const std::runtime_error& e) {
       if (dynamic_cast<const lf::Error*>(&e)) throw;
       ctx.fail(field + ".Regex", e.what());

@@ -1,9 +1,12 @@
 #include "loongforge/data/tokenizer/unicode.h"
 
+#include "loongforge/core/error.h"
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <utf8proc.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -168,7 +171,7 @@ std::string bytes_to_byte_level(std::string_view bytes) {
   return out;
 }
 
-Regex::Regex(const std::string& pattern) {
+Regex::Regex(const std::string& pattern, std::string origin) : origin_(std::move(origin)) {
   int err = 0;
   PCRE2_SIZE off = 0;
   auto* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
@@ -190,17 +193,28 @@ std::vector<Regex::Match> Regex::find_all(std::string_view s) const {
   // One match block per thread and pattern would be faster; one per call keeps this simple and thread-safe.
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
       pcre2_match_data_create_from_pattern(code, nullptr), &pcre2_match_data_free);
+  std::unique_ptr<pcre2_match_context, decltype(&pcre2_match_context_free)> mc(pcre2_match_context_create(nullptr),
+                                                                                 &pcre2_match_context_free);
+  pcre2_set_match_limit(mc.get(), kMatchLimit);
+  pcre2_set_depth_limit(mc.get(), kDepthLimitKiB);  // with JIT this does not apply; the match limit does
+  auto start = std::chrono::steady_clock::now();
   std::vector<Match> out;
   size_t pos = 0;
   while (pos <= s.size()) {
     int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos, PCRE2_NO_UTF_CHECK, md.get(),
-                         nullptr);
+                         mc.get());
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR buf[256];
       pcre2_get_error_message(rc, buf, sizeof buf);
-      throw std::runtime_error(std::string("regex match failed: ") + reinterpret_cast<const char*>(buf));
+      std::string why = reinterpret_cast<const char*>(buf);
+      if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT)
+        why += " (catastrophic backtracking?)";
+      throw lf::Error(origin_ + ": the pattern failed on a " + std::to_string(s.size()) + "-byte text: " + why);
     }
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kSecondsLimit)
+      throw lf::Error(origin_ + ": the pattern took more than " + std::to_string(int(kSecondsLimit)) + " s on a " +
+                      std::to_string(s.size()) + "-byte text (catastrophic backtracking?)");
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
     Match m{ov[0], ov[1]};
     out.push_back(m);

@@ -37,7 +37,9 @@ std::string bytes_to_byte_level(std::string_view bytes);
 // A PCRE2 pattern compiled in UTF + UCP mode (Unicode \s, \w, \d and properties), JIT-compiled when possible.
 class Regex {
  public:
-  explicit Regex(const std::string& pattern);  // throws std::runtime_error with PCRE2's message
+  // Throws std::runtime_error with PCRE2's message. ORIGIN names the pattern for match-time errors
+  // ("tokenizer.json: field 'pre_tokenizer.pattern.Regex'").
+  explicit Regex(const std::string& pattern, std::string origin = "regex");
   ~Regex();
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
@@ -45,10 +47,18 @@ class Regex {
     size_t start, end;
   };
   // All non-overlapping matches, left to right; after an empty match the search resumes one character later.
+  // Patterns come from files: one match attempt is bounded by PCRE2's match and depth limits (kMatchLimit,
+  // kDepthLimitKiB) and a whole call by kSecondsLimit, so catastrophic backtracking ends in an lf::Error naming
+  // ORIGIN, never a hang.
   std::vector<Match> find_all(std::string_view s) const;
+
+  static constexpr uint32_t kMatchLimit = 1'000'000;
+  static constexpr uint32_t kDepthLimitKiB = 64 * 1024;
+  static constexpr double kSecondsLimit = 5.0;
 
  private:
   void* code_;  // pcre2_code_8*
+  std::string origin_;
 };
 
 }  // namespace lf::data::tok
