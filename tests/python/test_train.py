@@ -89,6 +89,46 @@ def test_resume_is_bitwise(tmp_path, data_dir):
     assert all(torch.equal(oa[k], ob[k]) for k in oa)
 
 
+def test_nonfinite_steps_stop_or_skip(tmp_path, data_dir):
+    """A diverging run (lr 1e12, no clipping: step 1 blows the weights up, step 2's loss is NaN) never checkpoints
+    NaN and never writes null: `stop` ends at step 2 with one line, the step-1 checkpoint the newest; `skip` drops
+    steps 2.. (no weight, moment or optimizer-step change: every later checkpoint equals step 1's), counting them."""
+    import math
+    diverge = ["--set", "optim.lr=1e12", "--set", "optim.clip=0", "--set", "schedule.warmup_steps=0",
+               "--set", "checkpoint.every=1", "--set", "eval.every=0", "--set", "train.steps=4"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    p = run_lf("train", recipe(a, data_dir), *diverge, check=False)
+    assert p.returncode == 1, p.stderr
+    err = p.stderr.strip().splitlines()[-1]
+    assert "step 2: the loss is" in err and "train.on_nonfinite" in err and "step_00000001" in err, err
+    assert latest(a / "run").name.endswith("1"), latest(a / "run")
+    w = load_file(str(latest(a / "run") / "model.safetensors"))
+    assert all(torch.isfinite(t).all() for t in w.values())
+    assert [m["step"] for m in metrics(a / "run")] == [1]
+
+    run_lf("train", recipe(b, data_dir), *diverge, "--set", "train.on_nonfinite=skip", "--set", "checkpoint.keep=10")
+    m = metrics(b / "run")
+    assert [x["step"] for x in m] == [1, 2, 3, 4]
+    assert math.isfinite(m[0]["loss"]) and "skipped_nonfinite" not in m[0]
+    for x in m[1:]:
+        assert x["skipped_nonfinite"] is True and isinstance(x["loss"], str), x
+    assert m[-1]["nonfinite_steps"] == 3
+    ck = b / "run" / "checkpoints"
+    first = sorted(d for d in ck.iterdir() if d.name.startswith("step_"))
+    assert [d.name for d in first] == [f"step_0000000{k}" for k in range(1, 5)]
+    w1 = load_file(str(first[0] / "model.safetensors"))
+    o1 = load_file(str(first[0] / "optimizer.safetensors"))
+    w4, o4 = load_file(str(latest(b / "run") / "model.safetensors")), load_file(str(latest(b / "run") / "optimizer.safetensors"))
+    assert all(torch.equal(w1[k], w4[k]) for k in w1)
+    assert all(torch.equal(o1[k], o4[k]) for k in o1 if not k.startswith("rng"))
+    from safetensors import safe_open
+    with safe_open(str(first[0] / "optimizer.safetensors"), "pt") as f1, \
+            safe_open(str(latest(b / "run") / "optimizer.safetensors"), "pt") as f4:
+        assert f1.metadata()["optimizer_steps"] == f4.metadata()["optimizer_steps"] == "1"
+    assert json.loads((latest(b / "run") / "trainer_state.json").read_text())["nonfinite_steps"] == 3
+
+
 def test_loss_falls_and_outputs_exist(tmp_path, data_dir):
     r = recipe(tmp_path, data_dir)
     run_lf("train", r, "--set", "train.steps=40", "--set", "eval.every=20", "--set", "log.plot=true",

@@ -393,6 +393,10 @@ RunOptions run_options(const json& r) {
   o.output_dir = r["output_dir"];
   o.steps = r["train"]["steps"];
   o.stop_at_step = r["train"]["stop_at_step"];
+  const std::string on_nonfinite = r["train"]["on_nonfinite"];
+  if (on_nonfinite != "stop" && on_nonfinite != "skip")
+    throw Error("recipe: field 'train.on_nonfinite': expected stop or skip, got '" + on_nonfinite + "'");
+  o.skip_nonfinite = on_nonfinite == "skip";
   const json& sc = r["schedule"];
   o.schedule.kind = sc["kind"];
   o.schedule.lr = r["optim"]["lr"];

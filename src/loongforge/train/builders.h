@@ -29,6 +29,7 @@ struct RunOptions {
   int threads = 0;                    // train.threads (0: leave ATen's default)
   std::string output_dir;             // output_dir
   int64_t steps = 0, stop_at_step = 0;  // train.steps, train.stop_at_step (0: none)
+  bool skip_nonfinite = false;        // train.on_nonfinite: skip (else stop) a step whose loss or gradient is NaN / inf
   optim::Schedule schedule;           // schedule.*, optim.lr; total_steps = steps
   double clip = 1.0;                  // optim.clip
   bool distributed = false;           // a layout other than one process, or launched as several processes

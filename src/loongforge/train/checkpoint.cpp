@@ -271,6 +271,13 @@ std::string write_checkpoint(const std::string& root, int64_t step, const Checkp
                              const std::map<std::string, at::Tensor>& ema) {
   using nlohmann::json;
   const bool main = ranks.rank == 0, one = ranks.world == 1;
+  // Nothing non-finite is ever checkpointed (the trainer stops or skips NaN / inf steps; this catches an update
+  // that overflowed): refused before anything is written, the previous checkpoint stays the newest.
+  for (const auto* group : {&weights, &m, &v, &ema})
+    for (const auto& [n, t] : *group)
+      if (t.is_floating_point() && !at::isfinite(t).all().item<bool>())
+        throw Error(root + ": checkpoint of step " + std::to_string(step) + " refused: '" + n +
+                    "' holds NaN or inf values (the previous checkpoint stays the newest)");
   // one process: a temporary folder of its own (a killed run's leftovers never clash); else one name for every rank
   std::string tmp;
   if (main) tmp = begin_checkpoint(root, step, one);

@@ -46,7 +46,7 @@ const char* kDefaults = R"json({
     "random_crop": false
   },
   "train": {"steps": 100, "micro_batch_size": 8, "grad_accum": 1, "threads": 0, "cpu_split": 0, "stop_at_step": 0,
-            "cuda_graphs": false},
+            "cuda_graphs": false, "on_nonfinite": "stop"},
   "optim": {"lr": 3e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
             "no_decay": ["norm", "bias", "embed_tokens"], "clip": 1.0,
             "lr_multipliers": [{"pattern": "", "multiplier": 1.0}]},

@@ -119,7 +119,7 @@ TrainOutcome train_run(const json& r, bool resume) {
                  static_cast<long long>(skipped->skipped), static_cast<long long>(skipped->read),
                  skipped->first.c_str());
 
-  int64_t step = 0, tokens_seen = 0;
+  int64_t step = 0, tokens_seen = 0, state_nonfinite = 0;
   json history = json::array();
   if (resume) {
     auto dir = latest_checkpoint(ckpt_root);
@@ -127,6 +127,7 @@ TrainOutcome train_run(const json& r, bool resume) {
     json st = engine->load(*dir);
     step = st.at("step");
     tokens_seen = st.at("tokens");
+    state_nonfinite = st.value("nonfinite_steps", int64_t(0));
     data->restore(st.at("data"));
     if (main_rank) std::printf("resumed from %s at step %lld\n", dir->c_str(), static_cast<long long>(step));
   }
@@ -172,8 +173,10 @@ TrainOutcome train_run(const json& r, bool resume) {
   }
   Progress progress(main_rank ? ro.progress : "off", steps);
 
+  int64_t nonfinite_steps = state_nonfinite;  // steps skipped for a NaN / inf loss or gradient (resumed runs: so far)
   auto state_json = [&]() {
-    json st = {{"step", step}, {"tokens", tokens_seen}, {"data", data->state()}, {"recipe", r}};
+    json st = {{"step", step}, {"tokens", tokens_seen}, {"data", data->state()}, {"recipe", r},
+               {"nonfinite_steps", nonfinite_steps}};
     return st;
   };
   TrainOutcome outcome;
@@ -220,7 +223,24 @@ TrainOutcome train_run(const json& r, bool resume) {
     }
     double gnorm = engine->clip_grad_norm(ro.clip);
     double lr = sched.at(step);
-    engine->step(lr);
+    // A NaN / inf loss or gradient (the same on every rank: both are global) never reaches the weights: the run
+    // stops before the update (train.on_nonfinite: stop; the last checkpoint stays the newest), or drops the step's
+    // gradients and moves on (skip: no weight, moment or optimizer-step change; counted in the metrics).
+    const bool nonfinite = !std::isfinite(loss) || !std::isfinite(gnorm);
+    auto text = [](double x) { return std::isnan(x) ? std::string("NaN") : std::isinf(x) ? (x > 0 ? "inf" : "-inf") : std::to_string(x); };
+    if (nonfinite && !ro.skip_nonfinite) {
+      engine->barrier();
+      throw Error("step " + std::to_string(step + 1) + ": the " + (std::isfinite(loss) ? "gradient norm" : "loss") +
+                  " is " + text(std::isfinite(loss) ? gnorm : loss) +
+                  "; stopped before the update (train.on_nonfinite: stop" +
+                  (outcome.last_checkpoint.empty() ? std::string(")") : "; the last checkpoint is " + outcome.last_checkpoint + ")") +
+                  "; set train.on_nonfinite=skip to drop such steps");
+    }
+    if (nonfinite) {
+      ++nonfinite_steps;
+    } else {
+      engine->step(lr);
+    }
     engine->zero_grad();
     ++step;
     int64_t step_tokens = accum * mb * dp * static_cast<int64_t>(seq);
@@ -231,6 +251,12 @@ TrainOutcome train_run(const json& r, bool resume) {
     double eta = elapsed / static_cast<double>(step - start_step) * static_cast<double>(steps - step);
     json line = {{"step", step}, {"loss", loss}, {"grad_norm", gnorm}, {"lr", lr}, {"tokens", tokens_seen},
                  {"tokens_per_s", tps}, {"mfu", flops_per_token * tps / peak}, {"step_time_s", dt}};
+    if (nonfinite) {  // JSON has no NaN: the values as text, the step marked skipped
+      line["loss"] = text(loss);
+      line["grad_norm"] = text(gnorm);
+      line["skipped_nonfinite"] = true;
+    }
+    if (nonfinite_steps > 0) line["nonfinite_steps"] = nonfinite_steps;
     if (skipped && step == start_step + 1) {
       line["data_skipped_samples"] = skipped->skipped;
       line["data_samples_read"] = skipped->read;
@@ -300,6 +326,7 @@ TrainOutcome train_run(const json& r, bool resume) {
     while (std::getline(in, l)) {
       json j = json::parse(l, nullptr, false);
       if (j.is_discarded()) continue;
+      if (!j["loss"].is_number()) continue;  // a skipped non-finite step
       train_s.x.push_back(j["step"].get<double>());
       train_s.y.push_back(j["loss"].get<double>());
       if (j.contains("valid_loss")) {
