@@ -129,6 +129,37 @@ def test_nonfinite_steps_stop_or_skip(tmp_path, data_dir):
     assert json.loads((latest(b / "run") / "trainer_state.json").read_text())["nonfinite_steps"] == 3
 
 
+def test_checkpoint_pointers_stay_inside_their_folder(tmp_path, data_dir):
+    """`latest` and the index files name files of their own folder only: a pointer outside it (../, an absolute
+    path) is refused with one line naming the file, before anything is read from there."""
+    import shutil
+    r = recipe(tmp_path, data_dir)
+    run_lf("train", r, "--set", "train.stop_at_step=3", "--set", "eval.every=0")
+    root = tmp_path / "run" / "checkpoints"
+    good = (root / "latest").read_text()
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(root / good.strip(), outside)
+    for bad in ["../../elsewhere", str(outside), "..", "step_00000003/../../../elsewhere"]:
+        (root / "latest").write_text(bad + "\n")
+        p = run_lf("train", r, "--resume", check=False)
+        err = p.stderr.strip()
+        assert p.returncode == 1 and "\n" not in err, (bad, err)
+        assert str(root / "latest") in err and "not a folder of" in err, (bad, err)
+    (root / "latest").write_text(good)
+    # a model folder's index naming a shard outside the folder
+    ck = root / good.strip()
+    (outside / "model.safetensors").rename(outside / "stolen.safetensors")
+    from safetensors import safe_open
+    with safe_open(str(ck / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    (ck / "model.safetensors").rename(ck / "model-00001.safetensors")
+    index = {"metadata": {}, "weight_map": {n: "../../../elsewhere/stolen.safetensors" for n in names}}
+    (ck / "model.safetensors.index.json").write_text(json.dumps(index))
+    p = run_lf("train", r, "--resume", check=False)
+    err = p.stderr.strip()
+    assert p.returncode == 1 and "model.safetensors.index.json" in err and "not a file of this folder" in err, err
+
+
 def test_loss_falls_and_outputs_exist(tmp_path, data_dir):
     r = recipe(tmp_path, data_dir)
     run_lf("train", r, "--set", "train.steps=40", "--set", "eval.every=20", "--set", "log.plot=true",

@@ -23,4 +23,11 @@ void remove_tree(const std::string& path) {
     throw Error(path + ": cannot remove: " + std::strerror(errno));
 }
 
+bool is_plain_name(const std::string& name) {
+  if (name.empty() || name == "." || name == "..") return false;
+  for (char c : name)
+    if (c == '/' || c == '\\' || c == '\0') return false;
+  return true;
+}
+
 }  // namespace lf

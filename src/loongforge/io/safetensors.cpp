@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "loongforge/core/error.h"
+#include "loongforge/core/fs.h"
 #include "loongforge/core/json.h"
 
 namespace lf::io {
@@ -350,6 +351,7 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path) {
     const std::string field = "weight_map." + name;
     if (!shard.is_string()) throw err(file, field, "must be a string (a shard file name)");
     const std::string shard_name = shard.get<std::string>();
+    if (!is_plain_name(shard_name)) throw err(file, field, "'" + shard_name + "' is not a file of this folder");
     auto it = shards.find(shard_name);
     if (it == shards.end()) {
       fs::path shard_path = dir / shard_name;

@@ -120,7 +120,12 @@ OptimizerStateReader::OptimizerStateReader(const std::string& dir) : dir_(dir) {
   if (fs::exists(idx)) {
     nlohmann::json j = read_json_file(idx.string());
     try {
-      for (auto it = j.at("weight_map").begin(); it != j.at("weight_map").end(); ++it) file_of_[it.key()] = it.value();
+      for (auto it = j.at("weight_map").begin(); it != j.at("weight_map").end(); ++it) {
+        const std::string file = it.value();
+        if (!is_plain_name(file))
+          throw file_error(idx.string(), "weight_map." + it.key(), "'" + file + "' is not a file of this folder");
+        file_of_[it.key()] = file;
+      }
       steps_ = j.at("optimizer_steps");
       world_ = j.at("world");
     } catch (const nlohmann::json::exception& e) {
@@ -133,7 +138,11 @@ OptimizerStateReader::OptimizerStateReader(const std::string& dir) : dir_(dir) {
   auto meta = f->metadata();
   auto it = meta.find("optimizer_steps");
   if (it == meta.end()) throw file_error(f->path(), "__metadata__.optimizer_steps", "missing");
-  steps_ = std::stoll(it->second);
+  try {
+    steps_ = std::stoll(it->second);
+  } catch (const std::exception&) {
+    throw file_error(f->path(), "__metadata__.optimizer_steps", "not an integer: '" + it->second + "'");
+  }
 }
 
 at::Tensor OptimizerStateReader::tensor(const std::string& key) {
@@ -151,6 +160,9 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
   if (!fs::exists(latest)) return std::nullopt;
   std::string name = read_text_file(latest.string());
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  if (!name.empty() && !is_plain_name(name))
+    throw Error(latest.string() + ": refers to '" + name + "', which is not a folder of " + root +
+                " (latest names one checkpoint folder beside it)");
   fs::path dir = fs::path(root) / name;
   if (name.empty() || !fs::is_directory(dir)) throw Error(latest.string() + ": points at a missing checkpoint '" + name + "'");
   return dir.string();
