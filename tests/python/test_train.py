@@ -160,6 +160,20 @@ def test_checkpoint_pointers_stay_inside_their_folder(tmp_path, data_dir):
     assert p.returncode == 1 and "model.safetensors.index.json" in err and "not a file of this folder" in err, err
 
 
+@pytest.mark.parametrize("victim,cut", [("model.safetensors", 100), ("optimizer.safetensors", 8),
+                                        ("model.safetensors", 10**9)])
+def test_truncated_checkpoint_is_refused(tmp_path, data_dir, victim, cut):
+    """A checkpoint file cut short (a full disk, a copy interrupted) is refused with one line naming it."""
+    import os
+    r = recipe(tmp_path, data_dir)
+    run_lf("train", r, "--set", "train.stop_at_step=3", "--set", "eval.every=0")
+    f = latest(tmp_path / "run") / victim
+    os.truncate(f, max(0, os.path.getsize(f) - cut))
+    p = run_lf("train", r, "--resume", check=False)
+    err = p.stderr.strip()
+    assert p.returncode == 1 and "\n" not in err and str(f) in err, err
+
+
 def test_loss_falls_and_outputs_exist(tmp_path, data_dir):
     r = recipe(tmp_path, data_dir)
     run_lf("train", r, "--set", "train.steps=40", "--set", "eval.every=20", "--set", "log.plot=true",
