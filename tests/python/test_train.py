@@ -174,6 +174,39 @@ def test_truncated_checkpoint_is_refused(tmp_path, data_dir, victim, cut):
     assert p.returncode == 1 and "\n" not in err and str(f) in err, err
 
 
+def test_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path, data_dir):
+    """A save that cannot be written (here: files capped below the weights' size with RLIMIT_FSIZE, as a full disk
+    refuses the write) ends with one line naming the path; the previous checkpoint stays complete and `latest`;
+    resuming without the cap ends exactly where an uninterrupted run does."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    from conftest import LF_BIN
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    sets = ["--set", "checkpoint.every=1", "--set", "eval.every=0"]
+    run_lf("train", recipe(a, data_dir), *sets)
+    rb = recipe(b, data_dir)
+    run_lf("train", rb, *sets, "--set", "train.stop_at_step=2")
+    weights = os.path.getsize(latest(b / "run") / "model.safetensors")
+
+    def capped():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the cap fail with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (weights // 2, weights // 2))
+    p = subprocess.run([str(LF_BIN), "train", str(rb), *sets, "--resume"], capture_output=True, text=True,
+                       preexec_fn=capped, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert str(b / "run" / "checkpoints") in err, err
+    assert latest(b / "run").name == "step_00000002"
+    run_lf("train", rb, *sets, "--resume")
+    wa = load_file(str(latest(a / "run") / "model.safetensors"))
+    wb = load_file(str(latest(b / "run") / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert [m["loss"] for m in metrics(a / "run")] == [m["loss"] for m in metrics(b / "run")]
+
+
 def test_loss_falls_and_outputs_exist(tmp_path, data_dir):
     r = recipe(tmp_path, data_dir)
     run_lf("train", r, "--set", "train.steps=40", "--set", "eval.every=20", "--set", "log.plot=true",
