@@ -289,6 +289,54 @@ def test_kill_during_save_keeps_previous_checkpoint(tmp_path, data_dir):
     assert [m["step"] for m in metrics(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
 
 
+def kill_at_random_instants(tmp_path, data_dir, kills, seed, steps=12):
+    """Trains STEPS steps (a checkpoint each step) while killing the process with SIGKILL at KILLS random instants
+    (steps, saves, start-up), resuming each time; the result must equal the uninterrupted run bitwise."""
+    import random
+    ref, run = tmp_path / "ref", tmp_path / "killed"
+    ref.mkdir(), run.mkdir()
+    sets = ["--set", "checkpoint.every=1", "--set", "eval.every=0", "--set", f"train.steps={steps}"]
+    run_lf("train", recipe(ref, data_dir), *sets)
+    r = recipe(run, data_dir)
+    rng = random.Random(seed)
+    env = {**os.environ, "LOONGFORGE_TEST_SAVE_DELAY_MS": "150", "OMP_NUM_THREADS": "2"}
+    root = run / "run" / "checkpoints"
+    done, killed = False, 0
+    for _ in range(kills + 20):
+        args = [str(LF_BIN), "train", str(r), *sets] + (["--resume"] if (root / "latest").exists() else [])
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if killed < kills:
+            try:
+                proc.wait(timeout=rng.uniform(0.3, 3.0))
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                killed += 1
+                continue
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        done = True
+        break
+    assert done and killed == kills
+    assert [m["step"] for m in metrics(run / "run")] == list(range(1, steps + 1))
+    assert [m["loss"] for m in metrics(run / "run")] == [m["loss"] for m in metrics(ref / "run")]
+    wa = load_file(str(latest(ref / "run") / "model.safetensors"))
+    wb = load_file(str(latest(run / "run") / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    oa = load_file(str(latest(ref / "run") / "optimizer.safetensors"))
+    ob = load_file(str(latest(run / "run") / "optimizer.safetensors"))
+    assert all(torch.equal(oa[k], ob[k]) for k in oa)
+
+
+def test_kill_at_random_instants_resumes_bitwise(tmp_path, data_dir):
+    kill_at_random_instants(tmp_path, data_dir, kills=6, seed=1)
+
+
+@pytest.mark.slow
+def test_kill_at_random_instants_resumes_bitwise_long(tmp_path, data_dir):
+    kill_at_random_instants(tmp_path, data_dir, kills=24, seed=2, steps=200)
+
+
 @pytest.mark.parametrize("sets, needle", [
     (["train.stpes=5"], "did you mean 'train.steps'"),
     (["optim.lrr=1"], "did you mean 'optim.lr'"),
