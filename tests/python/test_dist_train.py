@@ -62,8 +62,8 @@ def metrics(run_dir):
     return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def train_ranks(n, rec, sets, timeout=600):
-    args = sum((["--set", s] for s in sets), [])
+def train_ranks(n, rec, sets, timeout=600, resume=False):
+    args = sum((["--set", s] for s in sets), []) + (["--resume"] if resume else [])
     res = launch_ranks(n, [LF_BIN, "train", rec, *args], timeout=timeout)
     for r, p in enumerate(res):
         assert p.returncode == 0, f"rank {r}: {p.stderr[-3000:]}"
@@ -312,3 +312,119 @@ def test_killed_rank_ends_the_job(tmp_path, data_dir):
     assert time.time() - t0 < 25
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "rank(s) 1 stopped answering" in lines[0], err
+
+
+def start_ranks(n, argv, env=None):
+    """Starts argv as n ranks (torchrun-style variables) without waiting; returns the processes in rank order."""
+    port = free_port()
+    return [subprocess.Popen([str(a) for a in argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, **(env or {}), "RANK": str(r), "WORLD_SIZE": str(n),
+                                  "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                  "OMP_NUM_THREADS": "1"})
+            for r in range(n)]
+
+
+def checkpoint_tensors(run_dir):
+    """Every tensor of the latest checkpoint's safetensors files (model shards, optimizer shards), by file and name."""
+    from safetensors.torch import load_file
+    root = run_dir / "checkpoints"
+    ckpt = root / (root / "latest").read_text().strip()
+    return {(f.name, k): v for f in sorted(ckpt.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+
+
+def assert_same_checkpoint(a, b):
+    import torch
+    ta, tb = checkpoint_tensors(a), checkpoint_tensors(b)
+    assert ta.keys() == tb.keys()
+    for k in ta:
+        assert torch.equal(ta[k], tb[k]), k
+
+
+RESUME_LAYOUTS = {  # name: ranks, settings; the CI set covers sharded optimizer, tensor+sequence, pipeline, context
+    "dp2_zero1": (2, ["parallel.dp=2", "parallel.zero=1", "train.micro_batch_size=2"]),
+    "tp2_sp": (2, ["parallel.tp=2", "parallel.sp=true", "train.micro_batch_size=4"]),
+    "pp2_interleaved": (2, ["parallel.pp=2", "parallel.vpp=2", "train.micro_batch_size=4"]),
+    "cp2_ring": (2, ["parallel.cp=2", "parallel.cp_mode=ring", "train.micro_batch_size=4"]),
+    "dp2_zero3": (2, ["parallel.dp=2", "parallel.zero=3", "train.micro_batch_size=2"]),
+    "cp2_a2a": (2, ["parallel.cp=2", "parallel.cp_mode=a2a", "train.micro_batch_size=4"]),
+    "hsdp_2x2": (4, ["parallel.dp=4", "parallel.zero=3", "parallel.hsdp_shard=2", "train.micro_batch_size=1"]),
+    "dp2_tp2_pp2": (8, ["parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "train.micro_batch_size=2"]),
+}
+RESUME_CI = {"dp2_zero1", "tp2_sp", "pp2_interleaved", "cp2_ring"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in RESUME_CI else pytest.mark.slow)
+                                  for n in RESUME_LAYOUTS])
+def test_layout_resume_is_bitwise(tmp_path, data_dir, name):
+    """Stopped at step 4 of 8 and resumed in the same layout: every later loss and grad norm, and the final model and
+    optimizer shards, equal the uninterrupted run's bitwise."""
+    n, sets = RESUME_LAYOUTS[name]
+    sets = sets + ["train.steps=8", "checkpoint.every=3", "eval.every=0"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    train_ranks(n, recipe(a, data_dir), sets)
+    train_ranks(n, recipe(b, data_dir), sets + ["train.stop_at_step=4"])
+    train_ranks(n, recipe(b, data_dir), sets, resume=True)
+    ma, mb = metrics(a / "run"), metrics(b / "run")
+    assert [m["step"] for m in mb] == list(range(1, 9))
+    for x, y in zip(ma, mb):
+        assert (x["loss"], x["grad_norm"]) == (y["loss"], y["grad_norm"]), (name, x["step"])
+    assert_same_checkpoint(a / "run", b / "run")
+
+
+def dist_kill_at_random_instants(tmp_path, data_dir, kills, seed):
+    """Two ranks with a sharded optimizer (ZeRO-1), a checkpoint every step; at KILLS random instants (start-up,
+    steps, sharded saves) both ranks are killed with SIGKILL, as a machine failure would, and the job is resumed;
+    the result equals the uninterrupted job's bitwise (losses, model and optimizer shards)."""
+    import random
+    import signal
+    import time
+    steps = 4 * kills
+    sets = ["parallel.dp=2", "parallel.zero=1", "train.micro_batch_size=2", f"train.steps={steps}",
+            "checkpoint.every=1", "eval.every=0"]
+    ref, run = tmp_path / "ref", tmp_path / "killed"
+    ref.mkdir(), run.mkdir()
+    train_ranks(2, recipe(ref, data_dir), sets)
+    rec = recipe(run, data_dir)
+    rng = random.Random(seed)
+    root = run / "run" / "checkpoints"
+    m = run / "run" / "metrics.jsonl"
+    lines = lambda: len(m.read_text().splitlines()) if m.exists() else 0  # noqa: E731
+    args = sum((["--set", s] for s in sets), [])
+    killed = 0
+    for _ in range(kills + 20):
+        resume = ["--resume"] if (root / "latest").exists() else []
+        procs = start_ranks(2, [LF_BIN, "train", rec, *args, *resume], {"LOONGFORGE_TEST_SAVE_DELAY_MS": "150"})
+        if killed < kills:
+            if rng.random() < 0.3:
+                time.sleep(rng.uniform(0.0, 1.0))
+            else:
+                target, deadline = lines() + 1, time.time() + 120
+                while all(p.poll() is None for p in procs) and lines() < target and time.time() < deadline:
+                    time.sleep(0.005)
+                time.sleep(rng.uniform(0.0, 0.25))
+            if all(p.poll() is None for p in procs):
+                for p in procs:
+                    p.send_signal(signal.SIGKILL)
+                for p in procs:
+                    p.wait()
+                killed += 1
+                continue
+        for r, p in enumerate(procs):
+            _, err = p.communicate(timeout=300)
+            assert p.returncode == 0, f"rank {r}: {err[-3000:]}"
+        break
+    assert killed == kills
+    got, want = metrics(run / "run"), metrics(ref / "run")
+    assert [x["step"] for x in got] == list(range(1, steps + 1))
+    assert [x["loss"] for x in got] == [x["loss"] for x in want]
+    assert_same_checkpoint(ref / "run", run / "run")
+
+
+def test_dist_kill_at_random_instants_resumes_bitwise(tmp_path, data_dir):
+    dist_kill_at_random_instants(tmp_path, data_dir, kills=4, seed=3)
+
+
+@pytest.mark.slow
+def test_dist_kill_at_random_instants_resumes_bitwise_long(tmp_path, data_dir):
+    dist_kill_at_random_instants(tmp_path, data_dir, kills=20, seed=4)

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Fuzzes every parser and decoder we own with libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer.
+#
+#   bash scripts/fuzz.sh [RUNS] [TARGET...]     RUNS executions per target (default 10000000; 0: time-bounded only)
+#   FUZZ_SECONDS=N bounds each target's time as well (default 0: none); FUZZ_JOBS=N runs N targets at once.
+#
+# Builds ./build-fuzz with clang (the whole library instrumented: -fsanitize=address,undefined and libFuzzer's
+# coverage), writes the seed corpora (scripts/fuzz_seeds.py) into build-fuzz/corpus/<target>, runs each target
+# (new inputs it finds join its corpus; a crash leaves build-fuzz/findings/<target>/crash-*), and writes the table
+# of executions, time and findings to bench/results/fuzz.md. A finding is fixed with a regression seed: the input
+# goes into tests/fuzz/regressions/<target>/ (tests/python/test_fuzz.py replays those in CI).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${1:-10000000}
+shift || true
+TARGETS=("$@")
+BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
+CXX=${FUZZ_CXX:-clang++}
+CC=${FUZZ_CC:-clang}
+command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (apt-get install clang libclang-rt-14-dev)"; exit 1; }
+
+if [ ! -f "$BUILD/build.ninja" ]; then
+  TORCH_PREFIX=$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+  SAN="-fsanitize=address,undefined -fno-sanitize=vptr -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
+    -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" -DPython3_EXECUTABLE="$PWD/.venv/bin/python" \
+    -DCMAKE_CXX_FLAGS="$SAN -fsanitize=fuzzer-no-link" -DCMAKE_C_FLAGS="$SAN" \
+    -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
+    -DLOONGFORGE_FUZZ=ON -DLOONGFORGE_TESTS=OFF -DLOONGFORGE_BENCH=OFF -DLOONGFORGE_CUDA=OFF -DLOONGFORGE_MPI=OFF
+fi
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+cmake --build "$BUILD" --target loongforge_fuzz -j "${JOBS:-$(nproc)}"
+
+.venv/bin/python scripts/fuzz_seeds.py "$BUILD/corpus" >/dev/null
+if [ ${#TARGETS[@]} -eq 0 ]; then
+  mapfile -t TARGETS < <(cd "$BUILD/corpus" && ls -d */ | tr -d /)
+fi
+# LibTorch is not instrumented: its own allocations and ODR layout are not ours to judge; leaks of a process that
+# runs millions of inputs are reported by the RSS limit instead.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:detect_odr_violation=0:allocator_may_return_null=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export OMP_NUM_THREADS=1 TMPDIR=${TMPDIR:-/tmp}
+
+results=$(mktemp)
+run_one() {
+  local t=$1 log="$BUILD/logs/$1.log"
+  mkdir -p "$BUILD/findings/$t" "$BUILD/logs" "$BUILD/corpus/$t"
+  local extra=()
+  if [ -d "tests/fuzz/regressions/$t" ]; then extra+=("tests/fuzz/regressions/$t"); fi
+  local start=$SECONDS rc=0
+  LF_FUZZ_TARGET=$t "$BUILD/loongforge_fuzz" -runs="$RUNS" -max_total_time="${FUZZ_SECONDS:-0}" -timeout=30 \
+    -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 -artifact_prefix="$BUILD/findings/$t/" \
+    "$BUILD/corpus/$t" "${extra[@]}" >"$log" 2>&1 || rc=$?
+  local execs secs findings
+  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
+  secs=$((SECONDS - start))
+  findings=$(find "$BUILD/findings/$t" -type f | wc -l)
+  echo "$t ${execs:-0} $secs $findings $rc" >>"$results"
+  echo "fuzz: $t: ${execs:-0} executions in ${secs}s, findings $findings (exit $rc)"
+}
+export -f run_one
+export BUILD RUNS results
+printf '%s\n' "${TARGETS[@]}" | xargs -P "${FUZZ_JOBS:-1}" -I{} bash -c 'run_one {}'
+
+{
+  echo "# Fuzzing (scripts/fuzz.sh): libFuzzer + AddressSanitizer + UndefinedBehaviorSanitizer"
+  echo
+  echo "$(date -u +%Y-%m-%d), $(clang++ --version | head -1), $(nproc) cores; runs asked per target: $RUNS," \
+       "time bound per target: ${FUZZ_SECONDS:-0} s (0: none). Findings are inputs that crashed, tripped a sanitizer" \
+       "or let an exception other than lf::Error escape; each fixed one is a regression seed in tests/fuzz/regressions/."
+  echo
+  echo "| target | executions | seconds | findings | exit |"
+  echo "|---|---:|---:|---:|---:|"
+  sort "$results" | while read -r t e s f rc; do echo "| $t | $e | $s | $f | $rc |"; done
+} >bench/results/fuzz.md.new
+mv bench/results/fuzz.md.new bench/results/fuzz.md
+rm -f "$results"
+cat bench/results/fuzz.md

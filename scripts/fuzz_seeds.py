@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the fuzz targets (tests/fuzz/targets.h): OUT/<target>/seed-*.
+
+Seeds are valid inputs, taken from the repository's own files (recipes, model configs, the fixture tokenizer and
+its test texts) and made with the reference libraries the tests compare with (safetensors, tokenizers,
+sentencepiece, transformers / diffusers configs, Pillow, pyarrow, PyAV). Framing of multi-part inputs follows
+targets.cpp: "A\\0B" for recipe + --set lines and template + context; a 4-byte length before a shard's .idx.
+
+Usage: .venv/bin/python scripts/fuzz_seeds.py OUT [--quick]   (--quick: leaves out the large files, for the CI smoke)
+"""
+import io
+import json
+import pathlib
+import struct
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def main():
+    out = pathlib.Path(sys.argv[1])
+    quick = "--quick" in sys.argv
+    seeds = {}
+
+    def add(target, data):
+        if isinstance(data, str):
+            data = data.encode()
+        seeds.setdefault(target, []).append(data)
+
+    # ---- safetensors -----------------------------------------------------------------------------------------------
+    import torch
+    from safetensors.torch import save
+
+    add("safetensors", save({"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}))
+    add("safetensors", save({"a": torch.zeros(0, 4, dtype=torch.bfloat16), "b": torch.tensor(3, dtype=torch.int64),
+                             "c": torch.ones(2, 2, 2, dtype=torch.float16)}, metadata={"format": "pt"}))
+    add("safetensors", save({"m": torch.tensor([True, False]), "u": torch.arange(5, dtype=torch.uint8)}))
+    if not quick:
+        add("safetensors", (ROOT / "tests/fixtures/hf_llama/model.safetensors").read_bytes())
+    add("safetensors_index", json.dumps({"metadata": {"total_size": 40},
+                                         "weight_map": {"w": "a.safetensors", "v": "b.safetensors"}}))
+    add("safetensors_index", json.dumps({"weight_map": {"w": "a.safetensors"}}))
+
+    # ---- model configs ---------------------------------------------------------------------------------------------
+    for p in sorted((ROOT / "configs").rglob("*.json")) + [ROOT / "tests/fixtures/hf_llama/config.json"]:
+        add("model_config", p.read_bytes())
+    import transformers
+    for name, kw in [("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2)), ("mixtral", {}),
+                     ("deepseek_v3", dict(n_routed_experts=4, num_experts_per_tok=2, q_lora_rank=16)),
+                     ("t5", {}), ("umt5", {}), ("qwen2_5_vl", {}), ("qwen3_vl", {}), ("llava", {}), ("mistral", {})]:
+        try:
+            add("model_config", transformers.AutoConfig.for_model(name, **kw).to_json_string())
+        except Exception as e:  # a model type this transformers lacks: fewer seeds, not an error
+            print(f"fuzz_seeds: no {name} config ({e})", file=sys.stderr)
+    try:
+        import diffusers
+        for cls, kw in [("DiTTransformer2DModel", dict(num_layers=1, num_attention_heads=2, attention_head_dim=8,
+                                                       in_channels=4, sample_size=8, patch_size=2)),
+                        ("AutoencoderKL", dict(block_out_channels=(8,), norm_num_groups=4, latent_channels=4)),
+                        ("WanTransformer3DModel", dict(num_layers=1, num_attention_heads=2, attention_head_dim=8,
+                                                       in_channels=4, out_channels=4, text_dim=16, freq_dim=16,
+                                                       ffn_dim=32)),
+                        ("AutoencoderKLWan", dict(base_dim=8, z_dim=4, dim_mult=[1, 1], num_res_blocks=1))]:
+            try:
+                m = getattr(diffusers, cls)(**kw)
+                add("model_config", json.dumps({"_class_name": cls, **{k: v for k, v in m.config.items()
+                                                                      if not k.startswith("_")}}, default=list))
+            except Exception as e:
+                print(f"fuzz_seeds: no {cls} config ({e})", file=sys.stderr)
+    except ImportError:
+        pass
+
+    # ---- tokenizers ------------------------------------------------------------------------------------------------
+    tok_dir = ROOT / "tests/fixtures/tok_bytelevel_gpt2"
+    if not quick:
+        add("tokenizer_json", (tok_dir / "tokenizer.json").read_bytes())
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    corpus = ["hello world", "the quick brown fox", "héllo wörld 漢字", "numbers 12345 and spaces  here"] * 5
+    t = Tokenizer(models.BPE(unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.decoder = decoders.ByteLevel()
+    t.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<|im_end|>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    add("tokenizer_json", t.to_str())
+    t = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    t.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.Lowercase(), normalizers.StripAccents()])
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    t.decoder = decoders.WordPiece()
+    t.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=80, special_tokens=["[UNK]"]))
+    add("tokenizer_json", t.to_str())
+    t = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    t.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    t.pre_tokenizer = pre_tokenizers.Split(pattern=r"\d|[a-z]+", behavior="isolated")
+    t.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    t.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>"]))
+    add("tokenizer_json", t.to_str())
+    cases = json.loads((tok_dir / "cases.json").read_text())
+    for c in (cases if isinstance(cases, list) else cases.get("cases", [])):
+        add("bpe_text", c["text"] if isinstance(c, dict) else str(c))
+    add("bpe_text", "plain text\x00" + "\x01\x00\x02\x00\xff\x07")
+
+    import sentencepiece as spm
+    with tempfile.TemporaryDirectory() as d:
+        text = pathlib.Path(d) / "t.txt"
+        text.write_text("\n".join(corpus * 4))
+        for kind in ("unigram", "bpe"):
+            stream = io.BytesIO()
+            spm.SentencePieceTrainer.train(input=str(text), model_writer=stream, vocab_size=40, model_type=kind,
+                                           minloglevel=2, hard_vocab_limit=False,
+                                           normalization_rule_name="identity" if kind == "bpe" else "nmt_nfkc")
+            add("sentencepiece", stream.getvalue())
+
+    # ---- recipes ---------------------------------------------------------------------------------------------------
+    for p in sorted((ROOT / "configs").rglob("*.yaml")):
+        add("recipe", p.read_bytes() + b"\0train.steps=3\noptim.lr=1e-4\nlora.target_modules=[q_proj,v_proj]")
+    add("recipe", b"\0parallel.tp=2\ndata.seq_len=64")
+
+    # ---- token shards (LFIDX: magic, version, dtype code, docs, tokens, offsets) -----------------------------------
+    for docs, width in ([[1, 2, 3], [4], [], [5, 6]], 2), ([[70000, 1], [2, 3, 4]], 4):
+        offs = [0]
+        for d_ in docs:
+            offs.append(offs[-1] + len(d_))
+        idx = b"LFIDX\0\0\0" + struct.pack("<IIQQ", 1, width, len(docs), offs[-1]) + struct.pack(f"<{len(offs)}Q", *offs)
+        binary = b"".join(struct.pack("<H" if width == 2 else "<I", x) for d_ in docs for x in d_)
+        add("token_shard", struct.pack("<I", len(idx)) + idx + binary)
+
+    # ---- SFT data and chat templates -------------------------------------------------------------------------------
+    lines = [
+        {"instruction": "add 2 and 3", "input": "", "output": "5"},
+        {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}], "system": "be nice"},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+                      {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"},
+                      {"role": "assistant", "content": "a2"}]},
+    ]
+    jsonl = "\n".join(json.dumps(x) for x in lines) + "\n"
+    add("sft_data", b"\x00" + jsonl.encode())
+    add("sft_data", b"\x02" + jsonl.encode() + b"{not json\n")
+    add("sft_data", b"\x01" + json.dumps(lines).encode())
+    add("sft_data", b"\x04" + jsonl.encode())
+
+    templates = [
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+        "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}[INST] {{ m.content | trim }} [/INST]"
+        "{% elif m.role == 'assistant' %} {{ m.content }}{{ eos_token }}{% endif %}{% endfor %}",
+        "{% set ns = namespace(n=0, s='') %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+        "{% set ns.s = ns.s ~ m.role[:1] %}{% endfor %}{{ ns.n }}{{ ns.s | upper }}{{ messages | tojson }}",
+        "{% macro show(x, d=0) %}{% if x is mapping %}{% for k, v in x.items() %}{{ k }}={{ show(v, d + 1) }};"
+        "{% endfor %}{% else %}{{ x }}{% endif %}{% endmacro %}{{ show(messages[0]) }}{{ range(3) | join(',') }}"
+        "{{ 'a,b' .split(',') | length }}{{ messages[-1].content if messages else raise_exception('none') }}",
+    ]
+    ctx = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+           "add_generation_prompt": True, "bos_token": "<s>", "eos_token": "</s>", "tools": None}
+    for tpl in templates:
+        add("chat_template", tpl)
+        add("chat_template", tpl + "\0" + json.dumps(ctx))
+
+    # ---- MoE plan input --------------------------------------------------------------------------------------------
+    add("moe_plan", json.dumps({"loads": [[600, 560, 120, 120, 20, 10, 10, 10]], "ranks": 4, "ranks_per_node": 2,
+                                "slots_per_rank": 3}))
+    add("moe_plan", json.dumps({"loads": [[1, 2, 3, 4], [4, 3, 2, 1]], "ranks": 2, "ranks_per_node": 2,
+                                "slots_per_rank": 2, "hidden_size": 64, "expert_params": 1000, "num_groups": 2}))
+
+    # ---- images ----------------------------------------------------------------------------------------------------
+    from PIL import Image
+    import numpy as np
+    rng = np.random.default_rng(0)
+    rgb = Image.fromarray(rng.integers(0, 255, (12, 10, 3), dtype=np.uint8))
+    for im, fmt, kw in [(rgb, "PNG", {}), (rgb.convert("RGBA"), "PNG", {}), (rgb.convert("L"), "PNG", {}),
+                        (rgb.convert("P"), "PNG", {}), (rgb, "JPEG", {"quality": 80}),
+                        (rgb, "JPEG", {"progressive": True}), (rgb.convert("L"), "JPEG", {})]:
+        b = io.BytesIO()
+        im.save(b, fmt, **kw)
+        add("image", b.getvalue())
+
+    # ---- Parquet ---------------------------------------------------------------------------------------------------
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    png = seeds["image"][0]
+    table = pa.table({
+        "index": pa.array([0, 1, 2], pa.int64()),
+        "timestamp": pa.array([0.0, 0.1, 0.2], pa.float32()),
+        "observation.state": pa.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], pa.list_(pa.float32(), 2)),
+        "action": pa.array([[1.0], [2.0], [3.0]], pa.list_(pa.float64())),
+        "done": pa.array([False, False, True]),
+        "task": pa.array(["a", "b", "c"]),
+        "tasks": pa.array([["x"], ["y", "z"], []], pa.list_(pa.string())),
+        "image": pa.array([{"bytes": png, "path": None}] * 3,
+                          pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+    })
+    for kw in ({}, {"row_group_size": 1, "compression": "zstd"}):
+        b = io.BytesIO()
+        pq.write_table(table, b, **kw)
+        add("parquet", b.getvalue())
+
+    # ---- video -----------------------------------------------------------------------------------------------------
+    import av
+    for codec in ("mpeg4", "libx264"):
+        b = io.BytesIO()
+        try:
+            with av.open(b, "w", format="mp4") as c:
+                s = c.add_stream(codec, rate=10)
+                s.width, s.height, s.pix_fmt = 16, 16, "yuv420p"
+                for i in range(3):
+                    frame = av.VideoFrame.from_ndarray(np.full((16, 16, 3), 40 * i, np.uint8), format="rgb24")
+                    for p in s.encode(frame):
+                        c.mux(p)
+                for p in s.encode():
+                    c.mux(p)
+            add("video", b.getvalue())
+        except Exception as e:
+            print(f"fuzz_seeds: no {codec} video ({e})", file=sys.stderr)
+
+    for target, items in seeds.items():
+        d = out / target
+        d.mkdir(parents=True, exist_ok=True)
+        for i, data in enumerate(items):
+            (d / f"seed-{i:03d}").write_bytes(data)
+    print(" ".join(f"{t}:{len(v)}" for t, v in sorted(seeds.items())))
+
+
+if __name__ == "__main__":
+    main()
