@@ -14,6 +14,7 @@ void add_train(CLI::App& app);
 void add_eval(CLI::App& app);
 void add_data(CLI::App& app);
 void add_data_encode(CLI::App& data);  // `data encode` (cli/data_encode.cpp)
+void add_data_bench_loader(CLI::App& data);  // `data bench-loader` (cli/cmd_data_bench.cpp)
 void add_info(CLI::App& app);
 void add_env(CLI::App& app);
 void add_moe_plan(CLI::App& app);
