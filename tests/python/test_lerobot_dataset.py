@@ -46,23 +46,39 @@ def fails(*args):
     return lines[0]
 
 
+@pytest.fixture(scope="module")
+def exported(data, tmp_path_factory):
+    """Each dataset read once through `data export --cameras --stats` (every episode, cameras included)."""
+    out = tmp_path_factory.mktemp("exports")
+    return {name: export(data / name, out / f"{name}.safetensors", "--cameras", "--stats") for name in DATASETS}
+
+
 @pytest.mark.parametrize("name", list(DATASETS))
-def test_frames_equal_lerobot(data, tmp_path, name):
+def test_frames_equal_lerobot(data, exported, name):
     oracle = np.load(data / f"{DATASETS[name]}.npz")
     meta = json.loads((data / f"{DATASETS[name]}.json").read_text())
-    whole = export(data / name, tmp_path / "all.safetensors")
-    for k in NUMERIC:
-        assert whole[k].dtype == oracle[k].dtype, k
-        np.testing.assert_array_equal(whole[k], oracle[k], err_msg=k)
-    assert not set(meta["cameras"]) & set(whole), "cameras are exported with --episode only"
-    for e in meta["episodes"]:
-        x = export(data / name, tmp_path / f"ep{e['episode_index']}.safetensors", "--episode", e["episode_index"])
-        rows = slice(e["from"], e["from"] + e["length"])
-        for k in NUMERIC:
-            np.testing.assert_array_equal(x[k], oracle[k][rows], err_msg=k)
-        for cam in meta["cameras"]:
-            assert x[cam].dtype == np.uint8 and x[cam].shape == oracle[cam][rows].shape, cam
-            np.testing.assert_array_equal(x[cam], oracle[cam][rows], err_msg=f"{name} episode {e} {cam}")
+    x = exported[name]
+    for k in NUMERIC + meta["cameras"]:
+        assert x[k].dtype == oracle[k].dtype and x[k].shape == oracle[k].shape, k
+        for e in meta["episodes"]:
+            rows = slice(e["from"], e["from"] + e["length"])
+            np.testing.assert_array_equal(x[k][rows], oracle[k][rows], err_msg=f"{name} episode {e} {k}")
+    assert {k for k in x if not k.startswith("stats/")} == set(NUMERIC + meta["cameras"])
+
+
+def test_export_episodes(data, tmp_path):
+    """--episode E (repeatable): those episodes' frames only, in the order given, cameras included."""
+    oracle = np.load(data / "v30.npz")
+    meta = json.loads((data / "v30.json").read_text())
+    x = export(data / "v30", tmp_path / "x.safetensors", "--episode", 2, "--episode", 0)
+    eps = {e["episode_index"]: e for e in meta["episodes"]}
+    rows = np.r_[eps[2]["from"]:eps[2]["from"] + eps[2]["length"], eps[0]["from"]:eps[0]["from"] + eps[0]["length"]]
+    assert set(x) == set(NUMERIC + meta["cameras"])
+    for k in x:
+        np.testing.assert_array_equal(x[k], oracle[k][rows], err_msg=k)
+    line = fails("data", "export", "--dataset", data / "v30", "--episode", 7, "--out", tmp_path / "y.safetensors")
+    assert "episode" in line and "7" in line
+    assert not (tmp_path / "y.safetensors").exists()
 
 
 @pytest.mark.parametrize("name", list(DATASETS))
@@ -94,13 +110,13 @@ def test_info(data, name):
 
 
 @pytest.mark.parametrize("name", ["v30", "v21"])
-def test_stats(data, tmp_path, name):
+def test_stats(data, exported, name):
     # v3.0: meta/stats.json as read; v2.1 (no stats.json): episodes_stats.jsonl aggregated, compared with the
     # stats.json lerobot's converter wrote from the same per-episode stats
     stats = json.loads((data / DATASETS[name] / "meta" / "stats.json").read_text())
     if name == "v21":
         assert not (data / name / "meta" / "stats.json").exists()
-    x = export(data / name, tmp_path / "s.safetensors", "--stats")
+    x = exported[name]
     got = {k[len("stats/"):] for k in x if k.startswith("stats/")}
     assert got == {f"{f}/{s}" for f, per in stats.items() for s in per}
     for f, per in stats.items():
@@ -203,3 +219,13 @@ def test_bad_info(data, tmp_path):
     (d / "meta" / "info.json").write_text(json.dumps(info))
     line = fails("info", d)
     assert str(d / "meta" / "info.json") in line and "codebase_version" in line and "v1.6" in line
+
+
+def test_codec_without_decoder(data, tmp_path):
+    d = broken_copy(data, tmp_path)
+    f = d / "videos" / VIDEO / "chunk-000" / "file-000.mp4"
+    raw = f.read_bytes()
+    at = raw.index(b"av01", raw.index(b"stsd"))  # the sample entry's codec tag: unknown, FFmpeg has no decoder
+    f.write_bytes(raw[:at] + b"zz01" + raw[at + 4:])
+    line = fails("data", "export", "--dataset", d, "--episode", 0, "--out", tmp_path / "x.safetensors")
+    assert str(f) in line and "episode 0" in line and VIDEO in line and "no decoder" in line and "zz01" in line

@@ -120,10 +120,17 @@ struct Reader {
     int err = avformat_open_input(&fmt.p, path.c_str(), nullptr, nullptr);
     if (err < 0) fail(path, "cannot open as a video", err);
     if ((err = avformat_find_stream_info(fmt.p, nullptr)) < 0) fail(path, "cannot read the stream info", err);
-    const AVCodec* codec = nullptr;
-    stream = av_find_best_stream(fmt.p, AVMEDIA_TYPE_VIDEO, -1, -1, &codec, 0);
+    stream = av_find_best_stream(fmt.p, AVMEDIA_TYPE_VIDEO, -1, -1, nullptr, 0);
     if (stream == AVERROR_STREAM_NOT_FOUND) throw Error(path + ": not a video (no video stream)");
-    if (stream < 0 || !codec) throw Error(path + ": no decoder for its video stream");
+    if (stream < 0) throw Error(path + ": no decodable video stream");
+    const AVCodecParameters* par = fmt.p->streams[stream]->codecpar;
+    const AVCodec* codec = avcodec_find_decoder(par->codec_id);
+    if (!codec) {
+      char tag[AV_FOURCC_MAX_STRING_SIZE] = {0};
+      av_fourcc_make_string(tag, par->codec_tag);
+      throw Error(path + ": this FFmpeg has no decoder for its video codec '" + avcodec_get_name(par->codec_id) +
+                  "' (tag " + tag + ")");
+    }
     dec.p = avcodec_alloc_context3(codec);
     if (!dec.p) throw Error(path + ": out of memory");
     if ((err = avcodec_parameters_to_context(dec.p, fmt.p->streams[stream]->codecpar)) < 0)
