@@ -373,6 +373,7 @@ VideoTimeline read_video_timeline(const std::string& path) {
     } else {
       t.gop_starts.push_back(start);
     }
+    t.gop_key_pts.push_back(kpts);
     t.gop_key_dts.push_back(kdts);
     last_pts = kpts;
   }
@@ -384,12 +385,14 @@ struct GopDecoder::Impl {
   std::shared_ptr<const VideoTimeline> t;
   Reader r;
   RgbConverter rgb;
+  int64_t decoded = 0;
   Impl(std::shared_ptr<const VideoTimeline> tl) : t(std::move(tl)), r(t->path, 1) {}
 };
 
 GopDecoder::GopDecoder(std::shared_ptr<const VideoTimeline> timeline)
     : impl_(std::make_unique<Impl>(std::move(timeline))) {}
 GopDecoder::~GopDecoder() = default;
+int64_t GopDecoder::frames_decoded() const { return impl_->decoded; }
 
 at::Tensor GopDecoder::decode(int64_t g) {
   const VideoTimeline& t = *impl_->t;
@@ -402,16 +405,17 @@ at::Tensor GopDecoder::decode(int64_t g) {
   at::Tensor out = at::empty({n, t.height, t.width, 3}, at::kByte);
   std::vector<char> got(n, 0);
   int64_t remaining = n;
-  r.seek(t.gop_key_dts[g]);
+  r.seek(t.gop_key_pts[g]);  // as PyAV's container.seek(..., backward=True): the keyframe at or before
   bool checked = false;
   while (remaining > 0 && r.next()) {
     if (!checked) {
       checked = true;
       if (r.first_dts != AV_NOPTS_VALUE && r.first_dts > t.gop_key_dts[g]) {
-        r.seek(t.gop_key_dts[0]);  // the seek went past the keyframe: decode from the start instead
+        r.seek(t.gop_key_pts[0]);  // the seek went past the keyframe: decode from the start instead
         continue;
       }
     }
+    ++impl_->decoded;
     const AVFrame* f = r.frame.p;
     const int64_t pts = f->pts != AV_NOPTS_VALUE ? f->pts : f->best_effort_timestamp;
     const int64_t i = std::lower_bound(t.pts.begin(), t.pts.end(), pts) - t.pts.begin();
@@ -591,6 +595,7 @@ struct GopDecoder::Impl {};
 GopDecoder::GopDecoder(std::shared_ptr<const VideoTimeline> t) { no_ffmpeg(t->path); }
 GopDecoder::~GopDecoder() = default;
 at::Tensor GopDecoder::decode(int64_t) { return {}; }
+int64_t GopDecoder::frames_decoded() const { return 0; }
 
 }  // namespace lf::data
 
