@@ -1,6 +1,6 @@
 // The GOP cache of robot video cameras (data/robot/video_frames.h) and the LeRobot reader under threads, as a hook
-// of tests/python/test_lerobot_dataset.py, which writes the dataset with lerobot (LF_TEST_LEROBOT_VIDEO: an AV1 mp4
-// of several episodes with 2-frame GOPs; LF_TEST_LEROBOT_DATASET: its v3.0 folder). The frames themselves are
+// of tests/python/test_lerobot_dataset.py, which writes the dataset with lerobot (LF_TEST_LEROBOT_VIDEO: an AV1 or
+// H.264 mp4 of several episodes with 2-frame GOPs; LF_TEST_LEROBOT_DATASET: its v3.0 folder). The frames themselves are
 // compared with lerobot's there; here: how often GOPs are decoded, and that threads agree.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -34,6 +34,7 @@ TEST(RobotLeRobot, GopCacheHook) {
   EXPECT_EQ(c.gop_decodes, tl.num_gops());
   EXPECT_EQ(c.gop_hits, n - tl.num_gops());
   EXPECT_EQ(c.evictions, 0);
+  EXPECT_EQ(c.frames_decoded, n);  // every seek landed on its GOP's keyframe: no frame decoded twice
   // The whole clip at once equals decode_video's frames (the same conversion), and the per-frame reads.
   const at::Tensor all = lf::data::decode_video(video).frames;
   ASSERT_EQ(all.size(0), n);
@@ -62,6 +63,7 @@ TEST(RobotLeRobot, GopCacheHook) {
   c = shared.counters();
   EXPECT_EQ(c.gop_decodes, tl.num_gops());
   EXPECT_EQ(c.gop_decodes + c.gop_hits, threads * n);
+  EXPECT_EQ(c.frames_decoded, n);
 
   // A budget of one GOP: evictions, the same frames.
   robot::VideoFrameCache small(all[0].nbytes() * 2);

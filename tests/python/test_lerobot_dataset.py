@@ -46,23 +46,39 @@ def fails(*args):
     return lines[0]
 
 
+@pytest.fixture(scope="module")
+def exported(data, tmp_path_factory):
+    """Each dataset read once through `data export --cameras --stats` (every episode, cameras included)."""
+    out = tmp_path_factory.mktemp("exports")
+    return {name: export(data / name, out / f"{name}.safetensors", "--cameras", "--stats") for name in DATASETS}
+
+
 @pytest.mark.parametrize("name", list(DATASETS))
-def test_frames_equal_lerobot(data, tmp_path, name):
+def test_frames_equal_lerobot(data, exported, name):
     oracle = np.load(data / f"{DATASETS[name]}.npz")
     meta = json.loads((data / f"{DATASETS[name]}.json").read_text())
-    whole = export(data / name, tmp_path / "all.safetensors")
-    for k in NUMERIC:
-        assert whole[k].dtype == oracle[k].dtype, k
-        np.testing.assert_array_equal(whole[k], oracle[k], err_msg=k)
-    assert not set(meta["cameras"]) & set(whole), "cameras are exported with --episode only"
-    for e in meta["episodes"]:
-        x = export(data / name, tmp_path / f"ep{e['episode_index']}.safetensors", "--episode", e["episode_index"])
-        rows = slice(e["from"], e["from"] + e["length"])
-        for k in NUMERIC:
-            np.testing.assert_array_equal(x[k], oracle[k][rows], err_msg=k)
-        for cam in meta["cameras"]:
-            assert x[cam].dtype == np.uint8 and x[cam].shape == oracle[cam][rows].shape, cam
-            np.testing.assert_array_equal(x[cam], oracle[cam][rows], err_msg=f"{name} episode {e} {cam}")
+    x = exported[name]
+    for k in NUMERIC + meta["cameras"]:
+        assert x[k].dtype == oracle[k].dtype and x[k].shape == oracle[k].shape, k
+        for e in meta["episodes"]:
+            rows = slice(e["from"], e["from"] + e["length"])
+            np.testing.assert_array_equal(x[k][rows], oracle[k][rows], err_msg=f"{name} episode {e} {k}")
+    assert {k for k in x if not k.startswith("stats/")} == set(NUMERIC + meta["cameras"])
+
+
+def test_export_episodes(data, tmp_path):
+    """--episode E (repeatable): those episodes' frames only, in the order given, cameras included."""
+    oracle = np.load(data / "v30.npz")
+    meta = json.loads((data / "v30.json").read_text())
+    x = export(data / "v30", tmp_path / "x.safetensors", "--episode", 2, "--episode", 0)
+    eps = {e["episode_index"]: e for e in meta["episodes"]}
+    rows = np.r_[eps[2]["from"]:eps[2]["from"] + eps[2]["length"], eps[0]["from"]:eps[0]["from"] + eps[0]["length"]]
+    assert set(x) == set(NUMERIC + meta["cameras"])
+    for k in x:
+        np.testing.assert_array_equal(x[k], oracle[k][rows], err_msg=k)
+    line = fails("data", "export", "--dataset", data / "v30", "--episode", 7, "--out", tmp_path / "y.safetensors")
+    assert "episode" in line and "7" in line
+    assert not (tmp_path / "y.safetensors").exists()
 
 
 @pytest.mark.parametrize("name", list(DATASETS))
@@ -94,13 +110,13 @@ def test_info(data, name):
 
 
 @pytest.mark.parametrize("name", ["v30", "v21"])
-def test_stats(data, tmp_path, name):
+def test_stats(data, exported, name):
     # v3.0: meta/stats.json as read; v2.1 (no stats.json): episodes_stats.jsonl aggregated, compared with the
     # stats.json lerobot's converter wrote from the same per-episode stats
     stats = json.loads((data / DATASETS[name] / "meta" / "stats.json").read_text())
     if name == "v21":
         assert not (data / name / "meta" / "stats.json").exists()
-    x = export(data / name, tmp_path / "s.safetensors", "--stats")
+    x = exported[name]
     got = {k[len("stats/"):] for k in x if k.startswith("stats/")}
     assert got == {f"{f}/{s}" for f, per in stats.items() for s in per}
     for f, per in stats.items():
@@ -114,15 +130,17 @@ def test_stats(data, tmp_path, name):
                                            err_msg=f"{f}/{s}")
 
 
-def test_gop_cache_hook(data):
+@pytest.mark.parametrize("name", ["v30", "v30h264"])
+def test_gop_cache_hook(data, name):
     """The GOP cache (C++): sequential reads decode each GOP once; threads asking for the same frames agree and
     share the decodes; a small budget evicts and still gives the same frames; the dataset's read_camera from
-    several threads equals the single-threaded read."""
+    several threads equals the single-threaded read. AV1 and H.264 (whose keyframes' dts precede their pts): each
+    seek lands on the GOP's own keyframe (no frame decoded twice)."""
     if not TESTS_BIN.exists():
         pytest.skip("no gtest binary")
     run_gtest_hook("RobotLeRobot.GopCacheHook", {
-        "LF_TEST_LEROBOT_VIDEO": str(data / "v30" / "videos" / VIDEO / "chunk-000" / "file-000.mp4"),
-        "LF_TEST_LEROBOT_DATASET": str(data / "v30")})
+        "LF_TEST_LEROBOT_VIDEO": str(data / name / "videos" / VIDEO / "chunk-000" / "file-000.mp4"),
+        "LF_TEST_LEROBOT_DATASET": str(data / name)})
 
 
 # ---- bad input: one line naming the file, the episode and the field -------------------------------------------
@@ -203,3 +221,28 @@ def test_bad_info(data, tmp_path):
     (d / "meta" / "info.json").write_text(json.dumps(info))
     line = fails("info", d)
     assert str(d / "meta" / "info.json") in line and "codebase_version" in line and "v1.6" in line
+
+
+def test_codec_without_decoder(data, tmp_path):
+    d = broken_copy(data, tmp_path)
+    f = d / "videos" / VIDEO / "chunk-000" / "file-000.mp4"
+    raw = f.read_bytes()
+    at = raw.index(b"av01", raw.index(b"stsd"))  # the sample entry's codec tag: unknown, FFmpeg has no decoder
+    f.write_bytes(raw[:at] + b"zz01" + raw[at + 4:])
+    line = fails("data", "export", "--dataset", d, "--episode", 0, "--out", tmp_path / "x.safetensors")
+    assert str(f) in line and "episode 0" in line and VIDEO in line and "no decoder" in line and "zz01" in line
+
+
+def test_row_groups(data, tmp_path):
+    """The v3.0 data file rewritten in row groups of 7 rows (episodes straddle them): the same frames."""
+    d = broken_copy(data, tmp_path)
+    f = d / "data" / "chunk-000" / "file-000.parquet"
+    pq.write_table(pq.read_table(f), f, row_group_size=7)
+    assert pq.ParquetFile(f).num_row_groups == 6
+    oracle = np.load(data / "v30.npz")
+    x = export(d, tmp_path / "x.safetensors", "--cameras")
+    for k in NUMERIC + [VIDEO, IMAGE]:
+        np.testing.assert_array_equal(x[k], oracle[k], err_msg=k)
+    x = export(d, tmp_path / "y.safetensors", "--episode", 1)
+    for k in NUMERIC + [VIDEO, IMAGE]:
+        np.testing.assert_array_equal(x[k], oracle[k][12:32], err_msg=k)

@@ -18,7 +18,8 @@ namespace robot = lf::data::robot;
 
 struct ExportOptions {
   std::string dataset, out;
-  int64_t episode = -1;
+  std::vector<int64_t> episodes;
+  bool cameras = false;
   bool stats = false;
   double tolerance_s = 1e-4;
 };
@@ -36,8 +37,8 @@ const char* kind_name(robot::FeatureKind k) {
 void export_dataset(const ExportOptions& o) {
   const auto ds = robot::open_robot_dataset(o.dataset);
   std::vector<int64_t> positions;
-  if (o.episode >= 0) {
-    positions.push_back(ds->episode_position(o.episode));
+  if (!o.episodes.empty()) {
+    for (int64_t e : o.episodes) positions.push_back(ds->episode_position(e));
   } else {
     for (int64_t i = 0; i < static_cast<int64_t>(ds->episodes().size()); ++i) positions.push_back(i);
   }
@@ -54,11 +55,16 @@ void export_dataset(const ExportOptions& o) {
     if (parts[i].empty()) continue;
     out.emplace_back(numeric[i], at::cat(parts[i]).contiguous());
   }
-  if (o.episode >= 0) {
-    const int64_t p = positions[0];
-    std::vector<int64_t> frames(ds->episodes()[p].length);
-    for (size_t i = 0; i < frames.size(); ++i) frames[i] = static_cast<int64_t>(i);
-    for (const auto& cam : ds->camera_names()) out.emplace_back(cam, ds->read_camera(cam, p, frames, o.tolerance_s));
+  if (o.cameras || !o.episodes.empty()) {
+    for (const auto& cam : ds->camera_names()) {
+      std::vector<at::Tensor> per;
+      for (int64_t p : positions) {
+        std::vector<int64_t> frames(ds->episodes()[p].length);
+        for (size_t i = 0; i < frames.size(); ++i) frames[i] = static_cast<int64_t>(i);
+        per.push_back(ds->read_camera(cam, p, frames, o.tolerance_s));
+      }
+      if (!per.empty()) out.emplace_back(cam, at::cat(per).contiguous());
+    }
   }
   if (o.stats)
     for (const auto& [feature, per] : ds->stats())
@@ -104,14 +110,16 @@ void add_data_export(CLI::App& data) {
       "export", "Read a robot dataset (LeRobot v3.0 / v2.1, HDF5 episodes) into a .safetensors file");
   sub->add_option("--dataset", o->dataset, "Dataset folder (meta/info.json), or HDF5 episode file(s)")->required();
   sub->add_option("--out", o->out, "Output .safetensors")->required();
-  sub->add_option("--episode", o->episode, "Only this episode (its episode_index), with its camera frames");
+  sub->add_option("--episode", o->episodes, "Only this episode (its episode_index), with its camera frames; "
+                                            "repeatable");
+  sub->add_flag("--cameras", o->cameras, "Also the cameras' frames when exporting every episode");
   sub->add_flag("--stats", o->stats, "Also write the dataset's statistics as stats/FEATURE/STAT (float64)");
   sub->add_option("--tolerance-s", o->tolerance_s, "Video frames: the largest timestamp mismatch allowed")
       ->capture_default_str();
   sub->footer(
       "Writes every numeric feature under its name (observation.state, action, timestamp, frame_index,\n"
-      "episode_index, index, task_index, ...) for all frames in episode order (or episode E's only); with\n"
-      "--episode also each camera's decoded frames, uint8 [frames, H, W, C], under the camera's name.\n"
+      "episode_index, index, task_index, ...) for all frames in episode order (or the --episode ones); with\n"
+      "--episode or --cameras also each camera's decoded frames, uint8 [frames, H, W, C], under its name.\n"
       "Example:\n"
       "  loongforge data export --dataset path/to/lerobot_dataset --episode 0 --out ep0.safetensors");
   sub->callback([o] { export_dataset(*o); });

@@ -120,10 +120,17 @@ struct Reader {
     int err = avformat_open_input(&fmt.p, path.c_str(), nullptr, nullptr);
     if (err < 0) fail(path, "cannot open as a video", err);
     if ((err = avformat_find_stream_info(fmt.p, nullptr)) < 0) fail(path, "cannot read the stream info", err);
-    const AVCodec* codec = nullptr;
-    stream = av_find_best_stream(fmt.p, AVMEDIA_TYPE_VIDEO, -1, -1, &codec, 0);
+    stream = av_find_best_stream(fmt.p, AVMEDIA_TYPE_VIDEO, -1, -1, nullptr, 0);
     if (stream == AVERROR_STREAM_NOT_FOUND) throw Error(path + ": not a video (no video stream)");
-    if (stream < 0 || !codec) throw Error(path + ": no decoder for its video stream");
+    if (stream < 0) throw Error(path + ": no decodable video stream");
+    const AVCodecParameters* par = fmt.p->streams[stream]->codecpar;
+    const AVCodec* codec = avcodec_find_decoder(par->codec_id);
+    if (!codec) {
+      char tag[AV_FOURCC_MAX_STRING_SIZE] = {0};
+      av_fourcc_make_string(tag, par->codec_tag);
+      throw Error(path + ": this FFmpeg has no decoder for its video codec '" + avcodec_get_name(par->codec_id) +
+                  "' (tag " + tag + ")");
+    }
     dec.p = avcodec_alloc_context3(codec);
     if (!dec.p) throw Error(path + ": out of memory");
     if ((err = avcodec_parameters_to_context(dec.p, fmt.p->streams[stream]->codecpar)) < 0)
@@ -366,6 +373,7 @@ VideoTimeline read_video_timeline(const std::string& path) {
     } else {
       t.gop_starts.push_back(start);
     }
+    t.gop_key_pts.push_back(kpts);
     t.gop_key_dts.push_back(kdts);
     last_pts = kpts;
   }
@@ -377,12 +385,14 @@ struct GopDecoder::Impl {
   std::shared_ptr<const VideoTimeline> t;
   Reader r;
   RgbConverter rgb;
+  int64_t decoded = 0;
   Impl(std::shared_ptr<const VideoTimeline> tl) : t(std::move(tl)), r(t->path, 1) {}
 };
 
 GopDecoder::GopDecoder(std::shared_ptr<const VideoTimeline> timeline)
     : impl_(std::make_unique<Impl>(std::move(timeline))) {}
 GopDecoder::~GopDecoder() = default;
+int64_t GopDecoder::frames_decoded() const { return impl_->decoded; }
 
 at::Tensor GopDecoder::decode(int64_t g) {
   const VideoTimeline& t = *impl_->t;
@@ -395,16 +405,17 @@ at::Tensor GopDecoder::decode(int64_t g) {
   at::Tensor out = at::empty({n, t.height, t.width, 3}, at::kByte);
   std::vector<char> got(n, 0);
   int64_t remaining = n;
-  r.seek(t.gop_key_dts[g]);
+  r.seek(t.gop_key_pts[g]);  // as PyAV's container.seek(..., backward=True): the keyframe at or before
   bool checked = false;
   while (remaining > 0 && r.next()) {
     if (!checked) {
       checked = true;
       if (r.first_dts != AV_NOPTS_VALUE && r.first_dts > t.gop_key_dts[g]) {
-        r.seek(t.gop_key_dts[0]);  // the seek went past the keyframe: decode from the start instead
+        r.seek(t.gop_key_pts[0]);  // the seek went past the keyframe: decode from the start instead
         continue;
       }
     }
+    ++impl_->decoded;
     const AVFrame* f = r.frame.p;
     const int64_t pts = f->pts != AV_NOPTS_VALUE ? f->pts : f->best_effort_timestamp;
     const int64_t i = std::lower_bound(t.pts.begin(), t.pts.end(), pts) - t.pts.begin();
@@ -584,6 +595,7 @@ struct GopDecoder::Impl {};
 GopDecoder::GopDecoder(std::shared_ptr<const VideoTimeline> t) { no_ffmpeg(t->path); }
 GopDecoder::~GopDecoder() = default;
 at::Tensor GopDecoder::decode(int64_t) { return {}; }
+int64_t GopDecoder::frames_decoded() const { return 0; }
 
 }  // namespace lf::data
 

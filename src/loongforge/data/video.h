@@ -64,7 +64,7 @@ struct VideoTimeline {
   std::vector<double> times;     // the same in seconds
   // GOP g holds the frames [gop_starts[g], gop_starts[g + 1]) (indices into pts); num_gops() + 1 entries.
   std::vector<int64_t> gop_starts;
-  std::vector<int64_t> gop_key_dts;  // per GOP: its keyframe's dts (where its decoding starts)
+  std::vector<int64_t> gop_key_pts, gop_key_dts;  // per GOP: its keyframe's pts and dts (where decoding starts)
   int64_t num_gops() const { return static_cast<int64_t>(gop_starts.size()) - 1; }
   // The GOP holding frame I.
   int64_t gop_of(int64_t frame) const;
@@ -82,6 +82,8 @@ class GopDecoder {
   // GOP G's frames, uint8 [gop_starts[G + 1] - gop_starts[G], H, W, 3], RGB as decode_video converts: seeks to the
   // keyframe and decodes forward until every frame of the GOP is out.
   at::Tensor decode(int64_t gop);
+  // Frames the decoder gave so far (all calls): a GOP's own frames when the seek lands on its keyframe.
+  int64_t frames_decoded() const;
 
  private:
   struct Impl;

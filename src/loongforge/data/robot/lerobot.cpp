@@ -19,7 +19,9 @@
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <list>
 #include <set>
+#include <tuple>
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
@@ -212,6 +214,84 @@ struct EpisodeFiles {
   std::map<std::string, double> video_from;   // camera -> from_timestamp in that mp4
 };
 
+// Decoded row groups of the data files, shared by all reads. Parquet decodes a column chunk whole, and a LeRobot
+// v3.0 data file holds many episodes in one row group (often the file is one group), so a read of a few frames
+// would decode the whole group each time: here it is decoded once (all numeric columns together; an image column
+// on its own) and kept, least recently used first out, within a byte budget.
+class RowGroupCache {
+ public:
+  explicit RowGroupCache(int64_t max_bytes) : max_bytes_(max_bytes) {}
+
+  std::shared_ptr<const std::vector<at::Tensor>> numeric(const ParquetFile& f, const std::vector<std::string>& names,
+                                                         int g) {
+    return get<std::vector<at::Tensor>>(f, g, "", [&](int64_t b, int64_t e, int64_t& bytes) {
+      auto t = std::make_shared<std::vector<at::Tensor>>(f.read_tensors(names, b, e));
+      for (const auto& x : *t) bytes += static_cast<int64_t>(x.nbytes());
+      return t;
+    });
+  }
+  std::shared_ptr<const std::vector<std::string>> bytes(const ParquetFile& f, const std::string& column, int g) {
+    return get<std::vector<std::string>>(f, g, column, [&](int64_t b, int64_t e, int64_t& bytes) {
+      auto t = std::make_shared<std::vector<std::string>>(f.read_bytes(column, b, e));
+      for (const auto& x : *t) bytes += static_cast<int64_t>(x.size()) + 32;
+      return t;
+    });
+  }
+
+ private:
+  using Key = std::tuple<std::string, int, std::string>;
+  struct Entry {
+    std::shared_ptr<const void> data;
+    int64_t bytes = 0;
+    std::list<Key>::iterator lru;
+  };
+
+  template <class T, class Read>
+  std::shared_ptr<const T> get(const ParquetFile& f, int g, const std::string& column, Read read) {
+    const Key key{f.path(), g, column};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = entries_.find(key); it != entries_.end()) {
+        lru_.splice(lru_.begin(), lru_, it->second.lru);
+        return std::static_pointer_cast<const T>(it->second.data);
+      }
+    }
+    // decoded outside the lock (two readers of a new group may both decode it; the first one kept wins)
+    int64_t nbytes = 0;
+    const auto& starts = f.row_group_starts();
+    std::shared_ptr<const T> data = read(starts[g], starts[g + 1], nbytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = entries_.find(key); it != entries_.end()) return std::static_pointer_cast<const T>(it->second.data);
+    lru_.push_front(key);
+    entries_[key] = Entry{data, nbytes, lru_.begin()};
+    bytes_ += nbytes;
+    while (bytes_ > max_bytes_ && lru_.size() > 1) {
+      auto last = std::prev(lru_.end());
+      auto it = entries_.find(*last);
+      bytes_ -= it->second.bytes;
+      entries_.erase(it);
+      lru_.erase(last);
+    }
+    return data;
+  }
+
+  const int64_t max_bytes_;
+  std::mutex mu_;
+  std::list<Key> lru_;
+  std::map<Key, Entry> entries_;
+  int64_t bytes_ = 0;
+};
+
+// The row groups overlapping rows [begin, end) of F: (group, first row in it, end row in it) relative to the group.
+std::vector<std::array<int64_t, 3>> groups_of(const ParquetFile& f, int64_t begin, int64_t end) {
+  std::vector<std::array<int64_t, 3>> out;
+  const auto& starts = f.row_group_starts();
+  int64_t g = std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin() - 1;
+  for (; g < f.num_row_groups() && starts[g] < end; ++g)
+    out.push_back({g, std::max(begin, starts[g]) - starts[g], std::min(end, starts[g + 1]) - starts[g]});
+  return out;
+}
+
 class LeRobotDataset final : public RobotDataset {
  public:
   explicit LeRobotDataset(const std::string& root) : root_(root) { open(); }
@@ -235,7 +315,18 @@ class LeRobotDataset final : public RobotDataset {
     const EpisodeFiles& ef = files_[episode];
     auto file = parquet(episode);
     try {
-      return file->read_tensors(names, ef.row + begin, ef.row + end);
+      if (begin == end) return file->read_tensors(names, ef.row + begin, ef.row + end);
+      std::vector<size_t> which;  // NAMES' positions among the dataset's numeric features
+      for (const auto& n : names)
+        which.push_back(std::find(numeric_names_.begin(), numeric_names_.end(), n) - numeric_names_.begin());
+      std::vector<std::vector<at::Tensor>> parts(names.size());
+      for (const auto& [g, b, e] : groups_of(*file, ef.row + begin, ef.row + end)) {
+        const auto cols = groups_.numeric(*file, numeric_names_, static_cast<int>(g));
+        for (size_t i = 0; i < names.size(); ++i) parts[i].push_back((*cols)[which[i]].slice(0, b, e));
+      }
+      std::vector<at::Tensor> out;
+      for (auto& p : parts) out.push_back(p.size() == 1 ? p[0].clone() : at::cat(p));
+      return out;
     } catch (const Error& e) {
       throw Error(std::string(e.what()) + " (episode " + std::to_string(episodes_[episode].index) + ")");
     }
@@ -264,17 +355,21 @@ class LeRobotDataset final : public RobotDataset {
     auto file = parquet(episode);
     const std::string where = "episode " + std::to_string(ep.index) + ", camera " + camera;
     if (f.kind == FeatureKind::image) {
-      std::vector<std::string> bytes;
+      std::vector<std::pair<int64_t, std::shared_ptr<const std::vector<std::string>>>> groups;  // (first row, rows)
       try {
-        bytes = file->read_bytes(camera, ef.row + lo, ef.row + hi);
+        for (const auto& [g, b, e] : groups_of(*file, ef.row + lo, ef.row + hi))
+          groups.emplace_back(file->row_group_starts()[g], groups_.bytes(*file, camera, static_cast<int>(g)));
       } catch (const Error& e) {
         throw Error(std::string(e.what()) + " (episode " + std::to_string(ep.index) + ")");
       }
       std::vector<at::Tensor> out;
       out.reserve(n);
       for (int64_t i : frames) {
-        at::Tensor img = image::decode_image(bytes[i - lo], ef.data + ": " + where + ", frame " + std::to_string(i));
-        out.push_back(img);
+        const int64_t row = ef.row + i;
+        size_t k = 0;
+        while (k + 1 < groups.size() && groups[k + 1].first <= row) ++k;
+        const std::string& bytes = (*groups[k].second)[row - groups[k].first];
+        out.push_back(image::decode_image(bytes, ef.data + ": " + where + ", frame " + std::to_string(i)));
       }
       try {
         return at::stack(out);
@@ -282,12 +377,8 @@ class LeRobotDataset final : public RobotDataset {
         throw Error(ef.data + ": " + where + ": the frames' image sizes differ");
       }
     }
-    at::Tensor ts;
-    try {
-      ts = file->read_tensor("timestamp", ef.row + lo, ef.row + hi).to(at::kDouble).reshape({-1});
-    } catch (const Error& e) {
-      throw Error(std::string(e.what()) + " (episode " + std::to_string(ep.index) + ")");
-    }
+    if (!has_feature("timestamp")) throw file_error(root_, "timestamp", "missing (video cameras need it)");
+    const at::Tensor ts = read_numeric({"timestamp"}, episode, lo, hi)[0].to(at::kDouble).reshape({-1}).contiguous();
     const double from = ef.video_from.at(camera);
     std::vector<double> times;
     times.reserve(n);
@@ -425,6 +516,7 @@ class LeRobotDataset final : public RobotDataset {
       }
     }
     features_ = numeric;
+    for (const auto& f : numeric) numeric_names_.push_back(f.name);
     for (auto& c : cameras) features_.push_back(std::move(c));
     if (!tasks_.empty()) {
       Feature t;
@@ -602,6 +694,8 @@ class LeRobotDataset final : public RobotDataset {
   Stats stats_;
   mutable std::mutex mu_;
   mutable std::map<std::string, std::shared_ptr<const ParquetFile>> parquets_;
+  std::vector<std::string> numeric_names_;
+  mutable RowGroupCache groups_{int64_t{512} << 20};
   mutable VideoFrameCache videos_;
 };
 

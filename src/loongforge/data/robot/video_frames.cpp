@@ -95,7 +95,19 @@ at::Tensor VideoFrameCache::gop(const std::shared_ptr<File>& f, int64_t g) {
       }
     }
     if (!dec) dec = std::make_unique<GopDecoder>(tl);
-    at::Tensor frames = dec->decode(g);
+    const int64_t before = dec->frames_decoded();
+    at::Tensor frames;
+    try {
+      frames = dec->decode(g);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      counters_.frames_decoded += dec->frames_decoded() - before;
+      throw;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      counters_.frames_decoded += dec->frames_decoded() - before;
+    }
     {
       std::lock_guard<std::mutex> lock(f->mu);
       f->idle.push_back(std::move(dec));

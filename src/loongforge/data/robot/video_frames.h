@@ -45,6 +45,7 @@ class VideoFrameCache {
   struct Counters {
     int64_t gop_decodes = 0;  // GOPs decoded
     int64_t gop_hits = 0;     // GOP requests served from the cache (or from another caller's decode)
+    int64_t frames_decoded = 0;  // frames out of the decoders (each GOP's own when seeks land on its keyframe)
     int64_t evictions = 0;
     int64_t bytes = 0;        // decoded frames held now
   };
