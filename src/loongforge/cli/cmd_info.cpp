@@ -13,8 +13,9 @@ namespace lf::cli {
 void add_info(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   auto* sub = app.add_subcommand("info", "Summarise a model config: family, shapes, parameters, FLOPs per token");
-  sub->add_option("model", *path, "a Hugging Face folder or a config.json")->required();
+  sub->add_option("model", *path, "a Hugging Face folder or a config.json (or a robot dataset)")->required();
   sub->callback([path] {
+    if (print_robot_dataset_info(*path)) return;
     std::string file = *path;
     if (std::filesystem::is_directory(file)) file = (std::filesystem::path(file) / "config.json").string();
     const nlohmann::json config = read_json_file(file);

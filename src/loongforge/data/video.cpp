@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -110,6 +111,7 @@ struct Reader {
   Packet pkt;
   Frame frame;
   bool flushed = false, done = false;
+  int64_t first_dts = AV_NOPTS_VALUE;  // the dts of the first packet fed since opening / the last seek
 
   Reader(const std::string& p, int threads) : path(p) {
     init_ffmpeg();
@@ -118,10 +120,17 @@ struct Reader {
     int err = avformat_open_input(&fmt.p, path.c_str(), nullptr, nullptr);
     if (err < 0) fail(path, "cannot open as a video", err);
     if ((err = avformat_find_stream_info(fmt.p, nullptr)) < 0) fail(path, "cannot read the stream info", err);
-    const AVCodec* codec = nullptr;
-    stream = av_find_best_stream(fmt.p, AVMEDIA_TYPE_VIDEO, -1, -1, &codec, 0);
+    stream = av_find_best_stream(fmt.p, AVMEDIA_TYPE_VIDEO, -1, -1, nullptr, 0);
     if (stream == AVERROR_STREAM_NOT_FOUND) throw Error(path + ": not a video (no video stream)");
-    if (stream < 0 || !codec) throw Error(path + ": no decoder for its video stream");
+    if (stream < 0) throw Error(path + ": no decodable video stream");
+    const AVCodecParameters* par = fmt.p->streams[stream]->codecpar;
+    const AVCodec* codec = avcodec_find_decoder(par->codec_id);
+    if (!codec) {
+      char tag[AV_FOURCC_MAX_STRING_SIZE] = {0};
+      av_fourcc_make_string(tag, par->codec_tag);
+      throw Error(path + ": this FFmpeg has no decoder for its video codec '" + avcodec_get_name(par->codec_id) +
+                  "' (tag " + tag + ")");
+    }
     dec.p = avcodec_alloc_context3(codec);
     if (!dec.p) throw Error(path + ": out of memory");
     if ((err = avcodec_parameters_to_context(dec.p, fmt.p->streams[stream]->codecpar)) < 0)
@@ -159,6 +168,7 @@ struct Reader {
           av_packet_unref(pkt.p);
           continue;
         }
+        if (first_dts == AV_NOPTS_VALUE) first_dts = pkt.p->dts;
         err = avcodec_send_packet(dec.p, pkt.p);
         av_packet_unref(pkt.p);
         if (err < 0 && err != AVERROR(EAGAIN)) fail(path, "cannot decode", err);
@@ -166,6 +176,15 @@ struct Reader {
       }
     }
     return false;
+  }
+
+  // Repositions at the keyframe at or before DTS (stream time base) and resets the decoder.
+  void seek(int64_t dts) {
+    int err = av_seek_frame(fmt.p, stream, dts, AVSEEK_FLAG_BACKWARD);
+    if (err < 0) fail(path, "cannot seek to dts " + std::to_string(dts), err);
+    avcodec_flush_buffers(dec.p);
+    flushed = done = false;
+    first_dts = AV_NOPTS_VALUE;
   }
 };
 
@@ -294,6 +313,129 @@ DecodedVideo decode_video(const std::string& path, const DecodeOptions& o) {
   }
   if (kept.empty()) throw Error(path + ": the video has no frames");
   out.frames = at::stack(kept);
+  return out;
+}
+
+
+int64_t VideoTimeline::gop_of(int64_t frame) const {
+  auto it = std::upper_bound(gop_starts.begin(), gop_starts.end() - 1, frame);
+  return std::max<int64_t>(0, (it - gop_starts.begin()) - 1);
+}
+
+VideoTimeline read_video_timeline(const std::string& path) {
+  Reader r(path, 1);
+  VideoTimeline t;
+  t.path = path;
+  t.codec = r.dec.p->codec ? r.dec.p->codec->name : "unknown";
+  t.width = r.st()->codecpar->width;
+  t.height = r.st()->codecpar->height;
+  const AVRational tb = r.st()->time_base;
+  std::vector<std::pair<int64_t, int64_t>> keys;  // (pts, dts) of the keyframes, in decoding order
+  int64_t packets = 0;
+  for (;;) {
+    int err = av_read_frame(r.fmt.p, r.pkt.p);
+    if (err == AVERROR_EOF) break;
+    if (err < 0) fail(path, "cannot read (truncated or corrupt?)", err);
+    const AVPacket* p = r.pkt.p;
+    if (p->stream_index == r.stream) {
+      ++packets;
+      const int64_t pts = p->pts != AV_NOPTS_VALUE ? p->pts : p->dts;
+      if (pts == AV_NOPTS_VALUE) {
+        av_packet_unref(r.pkt.p);
+        throw Error(path + ": packet " + std::to_string(packets - 1) + " has no timestamp");
+      }
+      if (p->flags & AV_PKT_FLAG_KEY) keys.emplace_back(pts, p->dts != AV_NOPTS_VALUE ? p->dts : pts);
+      if (!(p->flags & AV_PKT_FLAG_DISCARD)) t.pts.push_back(pts);  // the decoder drops discarded frames
+    }
+    av_packet_unref(r.pkt.p);
+  }
+  const int64_t recorded = r.st()->nb_frames;
+  if (recorded > 0 && packets < recorded)
+    throw Error(path + ": truncated: the container lists " + std::to_string(recorded) + " frames, " +
+                std::to_string(packets) + " can be read");
+  if (t.pts.empty()) throw Error(path + ": the video has no frames");
+  if (keys.empty()) throw Error(path + ": the video has no keyframe");
+  std::sort(t.pts.begin(), t.pts.end());
+  t.pts.erase(std::unique(t.pts.begin(), t.pts.end()), t.pts.end());
+  t.times.reserve(t.pts.size());
+  for (int64_t p : t.pts) t.times.push_back(static_cast<double>(p) * av_q2d(tb));
+  // GOP g: the frames from keyframe g's pts up to the next keyframe's (keyframes whose pts do not increase, or
+  // that start no frame, are merged into the GOP before)
+  int64_t last_pts = INT64_MIN;
+  for (const auto& [kpts, kdts] : keys) {
+    if (kpts <= last_pts) continue;
+    const int64_t start = std::lower_bound(t.pts.begin(), t.pts.end(), kpts) - t.pts.begin();
+    if (start >= static_cast<int64_t>(t.pts.size())) break;
+    if (t.gop_starts.empty()) {
+      t.gop_starts.push_back(0);  // frames before the first keyframe (if any) decode with its GOP
+    } else if (start == t.gop_starts.back()) {
+      continue;
+    } else {
+      t.gop_starts.push_back(start);
+    }
+    t.gop_key_pts.push_back(kpts);
+    t.gop_key_dts.push_back(kdts);
+    last_pts = kpts;
+  }
+  t.gop_starts.push_back(static_cast<int64_t>(t.pts.size()));
+  return t;
+}
+
+struct GopDecoder::Impl {
+  std::shared_ptr<const VideoTimeline> t;
+  Reader r;
+  RgbConverter rgb;
+  int64_t decoded = 0;
+  Impl(std::shared_ptr<const VideoTimeline> tl) : t(std::move(tl)), r(t->path, 1) {}
+};
+
+GopDecoder::GopDecoder(std::shared_ptr<const VideoTimeline> timeline)
+    : impl_(std::make_unique<Impl>(std::move(timeline))) {}
+GopDecoder::~GopDecoder() = default;
+int64_t GopDecoder::frames_decoded() const { return impl_->decoded; }
+
+at::Tensor GopDecoder::decode(int64_t g) {
+  const VideoTimeline& t = *impl_->t;
+  Reader& r = impl_->r;
+  init_ffmpeg();
+  if (g < 0 || g >= t.num_gops())
+    throw Error(t.path + ": GOP " + std::to_string(g) + " out of range (the video has " +
+                std::to_string(t.num_gops()) + ")");
+  const int64_t first = t.gop_starts[g], last = t.gop_starts[g + 1], n = last - first;
+  at::Tensor out = at::empty({n, t.height, t.width, 3}, at::kByte);
+  std::vector<char> got(n, 0);
+  int64_t remaining = n;
+  r.seek(t.gop_key_pts[g]);  // as PyAV's container.seek(..., backward=True): the keyframe at or before
+  bool checked = false;
+  while (remaining > 0 && r.next()) {
+    if (!checked) {
+      checked = true;
+      if (r.first_dts != AV_NOPTS_VALUE && r.first_dts > t.gop_key_dts[g]) {
+        r.seek(t.gop_key_pts[0]);  // the seek went past the keyframe: decode from the start instead
+        continue;
+      }
+    }
+    ++impl_->decoded;
+    const AVFrame* f = r.frame.p;
+    const int64_t pts = f->pts != AV_NOPTS_VALUE ? f->pts : f->best_effort_timestamp;
+    const int64_t i = std::lower_bound(t.pts.begin(), t.pts.end(), pts) - t.pts.begin();
+    if (i >= last + 8) break;  // past the GOP (decoders give frames in presentation order)
+    if (i < first || i >= last || t.pts[i] != pts || got[i - first]) continue;
+    if (f->width != t.width || f->height != t.height)
+      throw Error(t.path + ": the frame at pts " + std::to_string(pts) + " is " + std::to_string(f->width) + "x" +
+                  std::to_string(f->height) + ", the stream " + std::to_string(t.width) + "x" +
+                  std::to_string(t.height));
+    impl_->rgb.convert(t.path, f, out.data_ptr<uint8_t>() + (i - first) * t.height * t.width * 3);
+    got[i - first] = 1;
+    --remaining;
+  }
+  if (remaining > 0) {
+    int64_t miss = 0;
+    while (got[miss]) ++miss;
+    throw Error(t.path + ": cannot decode the frame at " + std::to_string(t.times[first + miss]) +
+                " s (GOP " + std::to_string(g) + ": " + std::to_string(remaining) + " of its " + std::to_string(n) +
+                " frames did not come out of the decoder; truncated or corrupt?)");
+  }
   return out;
 }
 
@@ -447,6 +589,13 @@ std::string video_backend_description() {
 VideoInfo probe_video(const std::string& path) { no_ffmpeg(path); }
 DecodedVideo decode_video(const std::string& path, const DecodeOptions&) { no_ffmpeg(path); }
 std::string encode_video(const std::string& path, const at::Tensor&, double) { no_ffmpeg(path); }
+int64_t VideoTimeline::gop_of(int64_t) const { return 0; }
+VideoTimeline read_video_timeline(const std::string& path) { no_ffmpeg(path); }
+struct GopDecoder::Impl {};
+GopDecoder::GopDecoder(std::shared_ptr<const VideoTimeline> t) { no_ffmpeg(t->path); }
+GopDecoder::~GopDecoder() = default;
+at::Tensor GopDecoder::decode(int64_t) { return {}; }
+int64_t GopDecoder::frames_decoded() const { return 0; }
 
 }  // namespace lf::data
 

@@ -8,7 +8,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace lf::data {
 
@@ -50,5 +52,42 @@ DecodedVideo decode_video(const std::string& path, const DecodeOptions& options 
 // fixed quantiser); pixels yuv420p, BT.601 limited range (tagged so). Atomic: written to a temporary file in the same
 // folder, renamed onto PATH at the end. Returns the encoder's name ("libx264" / "mpeg4").
 std::string encode_video(const std::string& path, const at::Tensor& frames, double fps);
+
+// Random access by time (robot datasets read a camera's frames at given timestamps): a file's frame timeline, read
+// by demuxing its packets (no decoding), and a decoder of one GOP (a keyframe and the frames up to the next one)
+// at a time. Times are the frames' pts in seconds (pts * the stream's time base), as PyAV's frame.pts * time_base.
+struct VideoTimeline {
+  std::string path;
+  std::string codec;             // the decoder's name ("libdav1d", "h264", ...)
+  int64_t width = 0, height = 0;
+  std::vector<int64_t> pts;      // every frame's pts (stream time base), ascending (presentation order)
+  std::vector<double> times;     // the same in seconds
+  // GOP g holds the frames [gop_starts[g], gop_starts[g + 1]) (indices into pts); num_gops() + 1 entries.
+  std::vector<int64_t> gop_starts;
+  std::vector<int64_t> gop_key_pts, gop_key_dts;  // per GOP: its keyframe's pts and dts (where decoding starts)
+  int64_t num_gops() const { return static_cast<int64_t>(gop_starts.size()) - 1; }
+  // The GOP holding frame I.
+  int64_t gop_of(int64_t frame) const;
+};
+// Errors (one-line lf::Error naming PATH): missing, unreadable or truncated file, no video stream, no frames.
+VideoTimeline read_video_timeline(const std::string& path);
+
+// One open decoder of one video file (not thread-safe: use one per thread).
+class GopDecoder {
+ public:
+  explicit GopDecoder(std::shared_ptr<const VideoTimeline> timeline);
+  ~GopDecoder();
+  GopDecoder(const GopDecoder&) = delete;
+  GopDecoder& operator=(const GopDecoder&) = delete;
+  // GOP G's frames, uint8 [gop_starts[G + 1] - gop_starts[G], H, W, 3], RGB as decode_video converts: seeks to the
+  // keyframe and decodes forward until every frame of the GOP is out.
+  at::Tensor decode(int64_t gop);
+  // Frames the decoder gave so far (all calls): a GOP's own frames when the seek lands on its keyframe.
+  int64_t frames_decoded() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace lf::data
