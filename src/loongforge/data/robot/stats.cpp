@@ -47,9 +47,15 @@ T pairwise_sum(const T* a, int64_t n, int64_t s) {
 }
 
 // np.sum(x, axis=0) of a row-major [N, K] array, in numpy's order.
+// COLUMNWISE: numpy holds the array column-major (LeRobot's reshape of a one-frame camera batch is a view with
+// contiguous columns), so each column is reduced on its own, pairwise.
 template <class T>
-std::vector<T> sum_axis0(const T* x, int64_t n, int64_t k) {
+std::vector<T> sum_axis0(const T* x, int64_t n, int64_t k, bool columnwise = false) {
   std::vector<T> out(k, T(0));
+  if (columnwise) {
+    for (int64_t j = 0; j < k; ++j) out[j] = T(0) + pairwise_sum(x + j, n, k);
+    return out;
+  }
   if (k == 1) {
     out[0] = T(0) + pairwise_sum(x, n, 1);
     return out;
@@ -161,11 +167,11 @@ at::Tensor vec_tensor(const std::vector<T>& v, std::vector<int64_t> shape) {
 // values COLS; every stat shaped SHAPE, count SAMPLES.
 template <class T>
 FeatureStats running_stats(const std::vector<T>& x, int64_t n, int64_t k, const std::vector<Sorted<T>>& cols,
-                           int64_t samples, const std::vector<int64_t>& shape) {
-  auto sum = sum_axis0(x.data(), n, k);
+                           int64_t samples, const std::vector<int64_t>& shape, bool columnwise = false) {
+  auto sum = sum_axis0(x.data(), n, k, columnwise);
   std::vector<T> sq(x.size());
   for (size_t i = 0; i < x.size(); ++i) sq[i] = x[i] * x[i];
-  auto sumsq = sum_axis0(sq.data(), n, k);
+  auto sumsq = sum_axis0(sq.data(), n, k, columnwise);
   std::vector<T> mean(k), stdv(k), mn(k), mx(k);
   std::vector<std::vector<double>> qs(5, std::vector<double>(k));
   for (int64_t j = 0; j < k; ++j) {
@@ -270,7 +276,8 @@ FeatureStats image_stats(const at::Tensor& frames) {
         cols[j].cum.push_back(acc);
       }
   }
-  auto st = running_stats<float>(x, m, c, cols, n, {c, 1, 1});
+  // One frame: LeRobot's transpose(0, 2, 3, 1).reshape(-1, C) of its [1, C, H, W] batch is a column-major view.
+  auto st = running_stats<float>(x, m, c, cols, n, {c, 1, 1}, n == 1);
   // LeRobot divides by 255 in the stats' own dtypes (float32 min / max / mean / std, float64 quantiles).
   for (auto& [key, v] : st)
     if (key != "count") v = v / (v.scalar_type() == at::kFloat ? at::scalar_tensor(255.0f) : at::scalar_tensor(255.0, at::kDouble));
