@@ -3,7 +3,7 @@ written here with h5py, their arrays fed to lerobot.datasets.compute_stats.compu
 through its own sample_images: sample_indices, auto_downsample_height_width, per-channel stats / 255; only the file
 loading is replaced by the arrays h5py reads) and aggregate_stats over the episodes, all episodes or a subset, and
 compared with the stats.json `data stats` writes: every feature, every statistic, within 1e-6 relative (the
-issue's tolerance; nearly all agree bit for bit). Covers float32 / float64 / int64 columns, scalar and vector features,
+issue's tolerance) and, beyond it, bit for bit. Covers float32 / float64 / int64 columns, scalar and vector features,
 a constant column, a one-frame episode (numpy reduces its camera batch column by column), an episode long enough to sample frames (> 100) and frames large enough to
 be subsampled (>= 300 px)."""
 import json
@@ -118,7 +118,7 @@ def test_all_episodes_all_features(episodes, reference, tmp_path):
     assert np.asarray(ours["observation.images.big"]["q50"]).shape == (3, 1, 1)
     assert ours["action"]["count"] == [130 + 1 + 40 + 9]
     exact, total = compare(ours, reference[0])
-    print(f"{exact} of {total} statistics bit-equal")
+    assert exact == total, f"only {exact} of {total} statistics bit-equal"
 
 
 def test_subset_of_episodes_and_features(episodes, reference):
@@ -126,7 +126,7 @@ def test_subset_of_episodes_and_features(episodes, reference):
     ours = json.loads(proc.stdout)
     assert sorted(ours) == ["index", "observation.images.top", "observation.state", "timestamp"]
     exact, total = compare(ours, reference[1])
-    print(f"{exact} of {total} statistics bit-equal")
+    assert exact == total, f"only {exact} of {total} statistics bit-equal"
 
 
 def test_bad_requests_one_line(episodes):

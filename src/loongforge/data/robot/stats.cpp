@@ -118,8 +118,10 @@ Sorted<T> sorted_column(std::vector<T> v) {
 
 // RunningQuantileStats's quantiles of one column (one update): histogram over linspace(min - 1e-10, max + 1e-10)
 // in T, interpolated in float64.
+// EDGE[i]: quantile i is a bin edge itself (numpy keeps it a T scalar; an interpolated one is float64).
 template <class T>
-std::vector<double> column_quantiles(const Sorted<T>& col, T mn, T mx, int64_t count) {
+std::vector<double> column_quantiles(const Sorted<T>& col, T mn, T mx, int64_t count, std::vector<bool>& edge) {
+  edge.clear();
   auto edges = linspace<T>(mn - static_cast<T>(1e-10), mx + static_cast<T>(1e-10), kBins + 1);
   std::vector<double> cumsum(kBins);
   int64_t prev = col.less(edges[0]), acc = 0;
@@ -133,6 +135,7 @@ std::vector<double> column_quantiles(const Sorted<T>& col, T mn, T mx, int64_t c
   for (double q : kQuantiles) {
     double target = q * static_cast<double>(count);
     int64_t idx = std::lower_bound(cumsum.begin(), cumsum.end(), target) - cumsum.begin();
+    edge.push_back(true);
     if (idx == 0) {
       out.push_back(static_cast<double>(edges[0]));
     } else if (idx >= kBins) {
@@ -142,6 +145,7 @@ std::vector<double> column_quantiles(const Sorted<T>& col, T mn, T mx, int64_t c
       if (in_bin == 0) {
         out.push_back(static_cast<double>(edges[idx]));
       } else {
+        edge.back() = false;
         double fraction = (target - before) / in_bin;
         T width = edges[idx + 1] - edges[idx];
         out.push_back(static_cast<double>(edges[idx]) + fraction * static_cast<double>(width));
@@ -174,6 +178,7 @@ FeatureStats running_stats(const std::vector<T>& x, int64_t n, int64_t k, const 
   auto sumsq = sum_axis0(sq.data(), n, k, columnwise);
   std::vector<T> mean(k), stdv(k), mn(k), mx(k);
   std::vector<std::vector<double>> qs(5, std::vector<double>(k));
+  std::vector<bool> all_edges(5, true), edge;
   for (int64_t j = 0; j < k; ++j) {
     mean[j] = sum[j] / static_cast<T>(n);
     T msq = sumsq[j] / static_cast<T>(n);
@@ -181,8 +186,11 @@ FeatureStats running_stats(const std::vector<T>& x, int64_t n, int64_t k, const 
     stdv[j] = std::sqrt(std::max(T(0), var));
     mn[j] = cols[j].values.front();
     mx[j] = cols[j].values.back();
-    auto q = column_quantiles(cols[j], mn[j], mx[j], n);
-    for (int i = 0; i < 5; ++i) qs[i][j] = q[i];
+    auto q = column_quantiles(cols[j], mn[j], mx[j], n, edge);
+    for (int i = 0; i < 5; ++i) {
+      qs[i][j] = q[i];
+      all_edges[i] = all_edges[i] && edge[i];
+    }
   }
   FeatureStats st;
   st["min"] = vec_tensor(mn, shape);
@@ -190,7 +198,10 @@ FeatureStats running_stats(const std::vector<T>& x, int64_t n, int64_t k, const 
   st["mean"] = vec_tensor(mean, shape);
   st["std"] = vec_tensor(stdv, shape);
   st["count"] = at::full({1}, samples, at::kLong);
-  for (int i = 0; i < 5; ++i) st[kQuantileKeys[i]] = vec_tensor(qs[i], shape);
+  // np.array of the columns' quantiles: T when every one is a bin edge (a T scalar), else float64 (exact either way,
+  // but a camera's quantiles are then divided by 255 in that dtype).
+  for (int i = 0; i < 5; ++i)
+    st[kQuantileKeys[i]] = vec_tensor(qs[i], shape).to(all_edges[i] ? scalar_of<T>() : at::kDouble);
   return st;
 }
 
