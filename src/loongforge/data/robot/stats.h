@@ -21,7 +21,7 @@
 namespace lf::data::robot {
 
 // The statistics of one feature, in the dtypes LeRobot's numpy code leaves them in (float32 data: float32 min, max,
-// mean, std; float64 quantiles; int64 count), shaped as LeRobot stores them ([D], [1] for a scalar, [C, 1, 1] for a
+// mean, std; float64 quantiles, float32 when every one is a bin edge; int64 count), shaped as LeRobot stores them ([D], [1] for a scalar, [C, 1, 1] for a
 // camera). to_stats() turns a set of them into the float64 Stats of dataset.h.
 using FeatureStats = std::map<std::string, at::Tensor>;
 using RawStats = std::map<std::string, FeatureStats>;
