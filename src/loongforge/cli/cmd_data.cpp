@@ -424,6 +424,7 @@ void add_data(CLI::App& app) {
   add_data_encode(*data);
   add_data_bench_loader(*data);
   add_data_export(*data);
+  add_data_stats(*data);
   auto* sub = data->add_subcommand("tokenize", "Tokenize text / JSON-lines files into a token shard (.bin + .idx)");
   auto o = std::make_shared<DataTokenizeOptions>();
   sub->add_option("--tokenizer", o->tokenizer, "A folder with tokenizer.json or tokenizer.model, or either file")

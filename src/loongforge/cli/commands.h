@@ -17,6 +17,7 @@ void add_data_encode(CLI::App& data);  // `data encode` (cli/data_encode.cpp)
 void add_data_bench_loader(CLI::App& data);  // `data bench-loader` (cli/cmd_data_bench.cpp)
 void add_data_export(CLI::App& data);  // `data export` (cli/cmd_data_export.cpp)
 bool print_robot_dataset_info(const std::string& path);  // `info DATASET` (cli/cmd_data_export.cpp): false if not one
+void add_data_stats(CLI::App& data);   // `data stats` (cli/cmd_data_stats.cpp)
 void add_info(CLI::App& app);
 void add_env(CLI::App& app);
 void add_moe_plan(CLI::App& app);

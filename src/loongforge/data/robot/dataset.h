@@ -94,6 +94,7 @@ std::unique_ptr<RobotDataset> open_robot_dataset(const std::string& path);
 // The formats' own entry points (open_robot_dataset picks one).
 std::unique_ptr<RobotDataset> open_lerobot_dataset(const std::string& folder);
 std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path);
+std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path, double fps);  // the one-path form: 50 (ALOHA)
 bool is_lerobot_dataset(const std::string& path);  // PATH/meta/info.json exists
 bool is_hdf5_dataset(const std::string& path);      // an .hdf5 / .h5 file, or a folder holding some
 
