@@ -477,7 +477,9 @@ Dict mapping_args(Interp& in, Args& a, const char* what) {
     if (a.pos.size() > 1 || a.pos[0].t != T::Dict) in.fail(std::string(what) + "() takes a mapping or keyword arguments");
     d = *a.pos[0].d;
   }
-  for (auto& [k, v] : a.kw) {
+  for (auto& kw : a.kw) {
+    const std::string& k = kw.first;  // (a named reference, not a structured binding: clang 14 cannot capture one)
+    auto& v = kw.second;
     if (std::string(what) == "namespace" && !k.empty() && k[0] == '_')
       in.fail("Chat templates cannot store underscore-prefixed attributes on a namespace, but got '" + k + "'");
     auto it = std::find_if(d.begin(), d.end(), [&](const auto& kv) { return kv.first == k; });
