@@ -105,7 +105,7 @@ class DocReader {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
       std::string what = e.what();
       auto pos = what.find("parse error");
       throw file_error(at, field_, "invalid JSON: " + (pos == std::string::npos ? what : what.substr(pos)));

@@ -54,7 +54,7 @@ nlohmann::json read_stdin_array(const char* what) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(input);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("stdin: invalid JSON: ") + e.what());
   }
   if (!j.is_array()) throw Error(std::string("stdin: expected a JSON array of ") + what);

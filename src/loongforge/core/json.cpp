@@ -29,6 +29,10 @@ nlohmann::json read_json_file(const std::string& path) {
     std::string what = e.what();
     auto pos = what.find("parse error");
     throw Error(path + ": invalid JSON: " + (pos == std::string::npos ? what : what.substr(pos)));
+  } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range 406: a number too large for a double
+    std::string what = e.what();
+    auto pos = what.find("] ");
+    throw Error(path + ": invalid JSON: " + (pos == std::string::npos ? what : what.substr(pos + 2)));
   }
 }
 

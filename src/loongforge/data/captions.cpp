@@ -53,7 +53,7 @@ std::vector<CaptionEntry> read_captions(const std::string& jsonl_path) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
       std::string what = e.what();
       const auto pos = what.find("parse error");
       throw Error(at + ": invalid JSON: " + (pos == std::string::npos ? what : what.substr(pos)));

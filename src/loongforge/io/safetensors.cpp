@@ -226,7 +226,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
       }
       return true;
     });
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     std::string what = e.what();
     auto pos = what.find("parse error");
     throw err(path, "header", "invalid JSON: " + (pos == std::string::npos ? what : what.substr(pos)));
