@@ -47,8 +47,9 @@ run_one() {
   mkdir -p "$BUILD/findings/$t" "$BUILD/logs" "$BUILD/corpus/$t"
   local extra=()
   if [ -d "tests/fuzz/regressions/$t" ]; then extra+=("tests/fuzz/regressions/$t"); fi
-  local start=$SECONDS rc=0
-  LF_FUZZ_TARGET=$t "$BUILD/loongforge_fuzz" -runs="$RUNS" -max_total_time="${FUZZ_SECONDS:-0}" -timeout=30 \
+  local start=$SECONDS rc=0 runs=$RUNS
+  if [ "$runs" = 0 ]; then runs=-1; fi  # libFuzzer: -1 = no bound on executions
+  LF_FUZZ_TARGET=$t "$BUILD/loongforge_fuzz" -runs="$runs" -max_total_time="${FUZZ_SECONDS:-0}" -timeout=30 \
     -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 -artifact_prefix="$BUILD/findings/$t/" \
     "$BUILD/corpus/$t" "${extra[@]}" >"$log" 2>&1 || rc=$?
   local execs secs findings
@@ -65,7 +66,7 @@ printf '%s\n' "${TARGETS[@]}" | xargs -P "${FUZZ_JOBS:-1}" -I{} bash -c 'run_one
 {
   echo "# Fuzzing (scripts/fuzz.sh): libFuzzer + AddressSanitizer + UndefinedBehaviorSanitizer"
   echo
-  echo "$(date -u +%Y-%m-%d), $(clang++ --version | head -1), $(nproc) cores; runs asked per target: $RUNS," \
+  echo "$(date -u +%Y-%m-%d), $(clang++ --version | head -1), $(getconf _NPROCESSORS_ONLN) cores; runs asked per target: $RUNS," \
        "time bound per target: ${FUZZ_SECONDS:-0} s (0: none). Findings are inputs that crashed, tripped a sanitizer" \
        "or let an exception other than lf::Error escape; each fixed one is a regression seed in tests/fuzz/regressions/."
   echo

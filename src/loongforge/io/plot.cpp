@@ -277,8 +277,9 @@ void write_line_plot(const std::string& path, const std::string& title, const st
       if (ok) xs.push_back(x), ys.push_back(y);
     }
   }
-  auto [xlo, xhi] = data_range(xs, 0.01, 1.0);
-  auto [ylo, yhi] = data_range(ys, 0.05, log_y ? 0.5 : 1.0);
+  // Plain variables, not structured bindings: lambdas below capture them (clang before 16 cannot).
+  const auto xr = data_range(xs, 0.01, 1.0), yr = data_range(ys, 0.05, log_y ? 0.5 : 1.0);
+  double xlo = xr.first, xhi = xr.second, ylo = yr.first, yhi = yr.second;
 
   Canvas c(width, height);
   int tscale = text_width(title, 2) <= width - 20 ? 2 : 1;

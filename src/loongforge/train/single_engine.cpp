@@ -40,7 +40,7 @@ class DocumentAttention {
     const at::Tensor cu_dev = cu.pin_memory().to(device, /*non_blocking=*/true);
     for (nn::AttentionHook* a : model.attention_modules()) {
       if (a->attention_fn) continue;
-      a->attention_fn = [cu_dev, longest](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+      a->attention_fn = [cu_dev, longest = longest](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                      int64_t q_offset, int64_t window, double scale,
                                                      const at::Tensor& seg) {
         return nn::document_attention(q, k, v, q_offset, window, scale, seg, cu_dev, longest);

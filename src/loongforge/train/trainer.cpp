@@ -120,7 +120,6 @@ TrainOutcome train_run(const json& r, bool resume) {
                  skipped->first.c_str());
 
   int64_t step = 0, tokens_seen = 0, state_nonfinite = 0;
-  json history = json::array();
   if (resume) {
     auto dir = latest_checkpoint(ckpt_root);
     if (!dir) throw Error(ckpt_root + ": --resume given but there is no checkpoint (no 'latest')");
@@ -302,7 +301,6 @@ TrainOutcome train_run(const json& r, bool resume) {
       metrics << line.dump() << "\n";
       metrics.flush();
     }
-    history.push_back(line);
     if (tb) {
       tb->add_scalar("train/loss", loss, step);
       tb->add_scalar("train/grad_norm", gnorm, step);

@@ -156,7 +156,7 @@ Qwen3VitOutput Qwen3VisionTowerImpl::forward(const at::Tensor& pixel_values, con
     auto* block = (*blocks)[static_cast<size_t>(i)]->as<Qwen3VitBlockImpl>();
     // (by value: a recomputation runs in backward, after this frame is gone)
     x = nn::maybe_recompute(
-        recompute, *block, [block, cos, sin, frames](const at::Tensor& y) { return block->forward(y, cos, sin, frames); },
+        recompute, *block, [block, cos = cos, sin = sin, frames](const at::Tensor& y) { return block->forward(y, cos, sin, frames); },
         x);
     const auto& ds = c_.deepstack_visual_indexes;
     if (auto it = std::find(ds.begin(), ds.end(), i); it != ds.end()) {

@@ -226,7 +226,7 @@ at::Tensor QwenVisionTowerImpl::forward(const at::Tensor& pixel_values, const at
     // (by value: a recomputation runs in backward, after this frame is gone)
     x = nn::maybe_recompute(
         recompute, *block,
-        [block, cos, sin, segments = full ? frames : windows](const at::Tensor& y) {
+        [block, cos = cos, sin = sin, segments = full ? frames : windows](const at::Tensor& y) {
           return block->forward(y, cos, sin, segments);
         },
         x);
