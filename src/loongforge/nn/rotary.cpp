@@ -111,6 +111,10 @@ std::pair<at::Tensor, at::Tensor> Rotary::cos_sin(const at::Tensor& position_ids
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   // The fused kernels (CUDA: kernels/cuda/rope.cu; CPU f32/f64: kernels/cpu/rope.cpp, equal to the composite bit
   // for bit) when the shapes are their [B,H,T,D] / [B or 1,T,D].
+  if (cos.size(-1) < x.size(-1)) {  // partial rotary: the first cos.size(-1) features rotate, the rest pass through
+    const int64_t d = cos.size(-1);
+    return at::cat({apply_rotary(x.narrow(-1, 0, d), cos, sin), x.narrow(-1, d, x.size(-1) - d)}, -1);
+  }
   if (x.dim() == 4 && cos.dim() == 3 && cos.size(-1) == x.size(-1)) return kernels::apply_rope(x, cos, sin);
   int64_t half = x.size(-1) / 2;
   at::Tensor c = cos.unsqueeze(1).to(x.scalar_type()), s = sin.unsqueeze(1).to(x.scalar_type());

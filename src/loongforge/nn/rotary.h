@@ -44,7 +44,8 @@ class Rotary {
   double scaling_ = 1.0;
 };
 
-// q*cos + rotate_half(q)*sin, with cos/sin [B,T,D] broadcast over heads of x [B,H,T,D].
+// q*cos + rotate_half(q)*sin, with cos/sin [B,T,D] broadcast over heads of x [B,H,T,D]. Partial rotary (cos/sin
+// narrower than x, as transformers' partial_rotary_factor): the first D features rotate, the others pass unchanged.
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace lf::nn

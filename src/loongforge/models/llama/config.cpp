@@ -20,16 +20,20 @@ RopeConfig parse_rope(const json& j, const std::string& file, int64_t max_pos) {
   if (top.has("rope_scaling")) block = "rope_scaling";
   else if (top.has("rope_parameters")) block = "rope_parameters";
   r.theta = top.number("rope_theta", 10000.0);
+  if (top.has("partial_rotary_factor")) {
+    r.partial_rotary_factor = top.number("partial_rotary_factor");
+    r.partial_rotary_field = "partial_rotary_factor";
+  }
   if (block.empty()) return r;
   JsonReader rd = top.object(block);
+  if (rd.has("partial_rotary_factor")) {  // the block's value wins, as transformers' standardisation
+    r.partial_rotary_factor = rd.number("partial_rotary_factor");
+    r.partial_rotary_field = block + ".partial_rotary_factor";
+  }
   r.theta = rd.number("rope_theta", r.theta);
   r.type = rd.has("rope_type") ? rd.string("rope_type") : rd.string("type", std::string("default"));
   if (r.type == "mrope") r.type = "default";  // Qwen2-VL's older spelling (transformers reads it as default)
   if (rd.has("mrope_section")) r.mrope_section = rd.int_list("mrope_section");
-  if (rd.has("partial_rotary_factor") && rd.number("partial_rotary_factor") != 1.0)
-    throw file_error(file, block + ".partial_rotary_factor", "partial rotary embeddings are not supported");
-  if (top.has("partial_rotary_factor") && top.number("partial_rotary_factor") != 1.0)
-    throw file_error(file, "partial_rotary_factor", "partial rotary embeddings are not supported");
   const std::string type_field = block + (rd.has("rope_type") ? ".rope_type" : ".type");
   if (r.type == "default") return r;
   if (r.type != "linear" && r.type != "dynamic" && r.type != "llama3" && r.type != "yarn")
@@ -261,12 +265,28 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   }
   if (c.model_type == "qwen3_moe" || c.model_type == "mixtral") parse_moe(rd, c);
   c.rope = parse_rope(j, file, c.max_position_embeddings);
+  // Partial rotary (transformers: dim = int(head_dim * partial_rotary_factor)); families with a default of their own
+  // set it when the file has none.
+  // The families whose transformers modeling rotates part of each head (the others' apply_rotary_pos_emb would fail).
+  const bool partial_ok = false;
+  const double partial = c.rope.partial_rotary_factor.value_or(1.0);
+  c.rotary_dim = c.head_dim;
+  if (partial != 1.0) {
+    if (!partial_ok || c.mla)
+      throw file_error(file, c.rope.partial_rotary_field,
+                       "partial rotary embeddings are not supported for model_type " + c.model_type);
+    c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
+    if (!(partial > 0.0 && partial <= 1.0) || c.rotary_dim <= 0 || c.rotary_dim % 2)
+      throw file_error(file, c.rope.partial_rotary_field,
+                       "must be in (0, 1] and give an even number of rotated features (head_dim " +
+                           std::to_string(c.head_dim) + " x " + std::to_string(partial) + ")");
+  }
   if (!c.rope.mrope_section.empty()) {
     int64_t sum = 0;
     for (int64_t n : c.rope.mrope_section) sum += n > 0 ? n : -(int64_t(1) << 40);
-    if (sum != c.head_dim / 2)
+    if (sum != c.rotary_dim / 2)
       throw file_error(file, (j.contains("rope_scaling") ? "rope_scaling" : "rope_parameters") + std::string(".mrope_section"),
-                       "positive sections summing to head_dim / 2 = " + std::to_string(c.head_dim / 2) + " expected");
+                       "positive sections summing to rotary_dim / 2 = " + std::to_string(c.rotary_dim / 2) + " expected");
   }
   if (c.mla) c.attention_scale = mla_softmax_scale(j, c);
   return c;

@@ -25,12 +25,18 @@ struct RopeConfig {
   // (rope_parameters.mrope_section; empty: plain 1D positions)
   std::vector<int64_t> mrope_section;
   bool mrope_interleaved = false;  // Qwen3-VL's interleaved sections (nn::RopeSpec)
+  // partial_rotary_factor as the file gives it (rope block first, then top level; unset: the family's default)
+  std::optional<double> partial_rotary_factor;
+  std::string partial_rotary_field;  // where it was read, for errors
 };
 
 struct DecoderConfig {
   std::string model_type;  // llama | mistral | qwen2 | qwen3 | deepseek_v3
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
   int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
+  // Partial rotary: the first rotary_dim features of each q / k head rotate, the rest pass (int(head_dim x
+  // partial_rotary_factor), as transformers; = head_dim without one).
+  int64_t rotary_dim = 0;
   int64_t max_position_embeddings = 2048;
   double rms_norm_eps = 1e-6;
   std::string hidden_act = "silu";

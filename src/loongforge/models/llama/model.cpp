@@ -20,7 +20,7 @@ nn::RopeSpec rope_spec(const DecoderConfig& c) {
   s.type = c.rope.type;
   s.theta = c.rope.theta;
   s.factor = c.rope.factor;
-  s.head_dim = c.head_dim;
+  s.head_dim = c.rotary_dim > 0 ? c.rotary_dim : c.head_dim;  // partial rotary: only these features rotate
   s.max_position_embeddings = c.max_position_embeddings;
   s.original_max_position_embeddings = c.rope.original_max_position_embeddings;
   s.low_freq_factor = c.rope.low_freq_factor;
