@@ -210,6 +210,21 @@ TEST(ChatTemplate, HostileTemplates) {
   }
   // numbers out of range in a format field
   fails_with("{{ '{99999999999999999999999}'.format(1) }}", "out of range");
+  // 64-bit integers: Python's are unbounded, ours end in an error instead of wrapping (a fuzz finding: 8 + 2**63-1)
+  fails_with("{{ 8 + 9223372036854775807 }}", "does not fit in 64 bits");
+  fails_with("{{ -9223372036854775807 - 2 }}", "does not fit in 64 bits");
+  fails_with("{{ 4294967296 * 4294967296 }}", "does not fit in 64 bits");
+  fails_with("{{ 3 ** 99999999999999999 }}", "does not fit in 64 bits");  // by squaring: no 10^17-step loop
+  fails_with("{{ -(-9223372036854775807 - 1) }}", "does not fit in 64 bits");
+  fails_with("{{ (-9223372036854775807 - 1) // -1 }}", "does not fit in 64 bits");
+  fails_with("{{ (-9223372036854775807 - 1)|abs }}", "does not fit in 64 bits");
+  fails_with("{{ 99999999999999999999 }}", "does not fit in 64 bits");
+  fails_with("{{ '99999999999999999999'|int }}", "does not fit in 64 bits");
+  fails_with("{{ 1e300|int }}", "64-bit integer");
+  EXPECT_EQ(R("{{ (-9223372036854775807 - 1) % -1 }}|{{ (-9223372036854775807 - 1) is divisibleby(-1) }}"), "0|True");
+  EXPECT_EQ(R("{{ 1 ** 99999999999999999 }}|{{ (-1) ** 99999999999999999 }}|{{ 2 ** 62 }}"), "1|-1|4611686018427387904");
+  EXPECT_EQ(R("{{ range(0, 10, 9223372036854775807)|list }}|{{ [1, 2, 3][::9223372036854775807] }}"), "[0]|[1]");
+  EXPECT_EQ(R("{{ [[1]]|map(attribute='0.99999999999999999999')|list }}"), "[Undefined]");
   // ordinary nesting and loops still render
   EXPECT_EQ(R("{% macro f(n) %}{{ n }}{% if n > 0 %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(50)|length }}"), "92");
   EXPECT_EQ(R("{{ " + std::string(30, '(') + "1" + std::string(30, ')') + " }}"), "1");

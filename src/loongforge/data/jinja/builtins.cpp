@@ -2,9 +2,11 @@
 // and the global functions of transformers' environment (range, raise_exception, strftime_now, namespace, dict).
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cfenv>
 #include <cmath>
 #include <ctime>
+#include <limits>
 #include <stdexcept>
 
 #include "loongforge/data/jinja/interp_impl.h"
@@ -202,7 +204,8 @@ bool Interp::test(const std::string& n, const Value& v, const Args& a) {
   if (n == "divisibleby") {
     int64_t d = need_int(&need(), 1, "divisor");
     if (d == 0) fail("division by zero");
-    return v.is_int() ? v.as_int() % d == 0 : std::fmod(v.as_real(), double(d)) == 0;
+    if (v.is_int()) return d == -1 || v.as_int() % d == 0;  // (INT64_MIN % -1 traps on x86)
+    return std::fmod(v.as_real(), double(d)) == 0;
   }
   if (n == "eq" || n == "equalto" || n == "==") return equal(v, need());
   if (n == "ne" || n == "!=") return !equal(v, need());
@@ -336,14 +339,21 @@ Value Interp::filter(const std::string& n, const Value& v, Args& a) {
       s.erase(std::remove(s.begin(), s.end(), '_'), s.end());
       char* end = nullptr;
       if (n == "int") {
-        long long i = std::strtoll(s.c_str(), &end, int(need_int(arg(1, "base"), 10, "base")));
-        if (!s.empty() && *end == 0) return Value::integer(i);
+        const int64_t base = need_int(arg(1, "base"), 10, "base");
+        errno = 0;  // (a base out of 2..36 converts nothing, as Python's ValueError: then the float path, as jinja)
+        long long i = std::strtoll(s.c_str(), &end, base == 0 || (base >= 2 && base <= 36) ? int(base) : 1);
+        if (!s.empty() && *end == 0) {
+          if (errno == ERANGE) fail("int(): '" + s + "' does not fit in 64 bits");
+          return Value::integer(i);
+        }
       }
       x = std::strtod(s.c_str(), &end);
       if (s.empty() || *end != 0) return dflt;
     } else {
       return dflt;
     }
+    if (n == "int" && !(x > -9223372036854775808.0 - 1024 && x < 9223372036854775808.0))  // NaN, inf, past 64 bits
+      fail("cannot convert " + to_str(v) + " to a 64-bit integer");
     return n == "int" ? Value::integer(int64_t(x)) : Value::real(x);
   }
   if (n == "replace") {
@@ -376,7 +386,10 @@ Value Interp::filter(const std::string& n, const Value& v, Args& a) {
   if (n == "abs") {
     need_defined(v);
     if (v.t == T::Float) return Value::real(std::fabs(v.f));
-    if (v.is_int()) return Value::integer(std::llabs(v.as_int()));
+    if (v.is_int()) {
+      if (v.as_int() == std::numeric_limits<int64_t>::min()) fail("integer overflow: abs(" + to_str(v) + ") does not fit in 64 bits");
+      return Value::integer(std::llabs(v.as_int()));
+    }
     fail(std::string("bad operand type for abs(): '") + type_name(v) + "'");
   }
   if (n == "round") {
@@ -505,9 +518,10 @@ Dict globals() {
     }
     if (step == 0) in.fail("range() arg 3 must not be zero");
     List l;
-    for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
+    for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
       if (l.size() >= 100000) in.fail("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
       l.push_back(Value::integer(k));
+      if (__builtin_add_overflow(k, step, &k)) break;  // past the 64-bit range: past stop too
     }
     return Value::list(std::move(l));
   }));

@@ -2,6 +2,7 @@
 // filters, tests, methods and global functions are in builtins.cpp.
 #include "loongforge/data/jinja/interp.h"
 
+#include <cerrno>
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -61,9 +62,10 @@ Value Interp::slice(const Value& o, const Value& a, const Value& b, const Value&
   int64_t stop = step > 0 ? clamp(b, n, 0, n) : clamp(b, -1, -1, n - 1);
   List l;
   std::u32string s;
-  for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
+  for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
     if (o.t == T::List) l.push_back((*o.l)[size_t(k)]);
     else s.push_back(u[size_t(k)]);
+    if (__builtin_add_overflow(k, step, &k)) break;  // a step past the 64-bit range leaves the sequence too
   }
   return o.t == T::List ? Value::list(std::move(l)) : Value::str(utf8_encode(s));
 }
@@ -134,11 +136,21 @@ Value Interp::binop(const std::string& op, const Value& a, const Value& b) const
     bool fl = a.t == T::Float || b.t == T::Float;
     double x = a.as_real(), y = b.as_real();
     int64_t i = a.as_int(), j = b.as_int();
-    if (op == "+") return fl ? Value::real(x + y) : Value::integer(i + j);
-    if (op == "-") return fl ? Value::real(x - y) : Value::integer(i - j);
-    if (op == "*") return fl ? Value::real(x * y) : Value::integer(i * j);
+    // Python's integers are unbounded, ours are 64-bit: a result that does not fit is an error, not a wrap-around.
+    int64_t r = 0;
+    auto fits = [&](bool overflow) {
+      if (overflow) fail("integer overflow: " + to_str(a) + " " + op + " " + to_str(b) + " does not fit in 64 bits");
+      return Value::integer(r);
+    };
+    if (op == "+") return fl ? Value::real(x + y) : fits(__builtin_add_overflow(i, j, &r));
+    if (op == "-") return fl ? Value::real(x - y) : fits(__builtin_sub_overflow(i, j, &r));
+    if (op == "*") return fl ? Value::real(x * y) : fits(__builtin_mul_overflow(i, j, &r));
     if ((op == "/" || op == "//" || op == "%") && y == 0) fail("division by zero");
     if (op == "/") return Value::real(x / y);
+    if (!fl && j == -1) {  // the one quotient that overflows (INT64_MIN / -1); any remainder by -1 is 0
+      if (op == "%") return Value::integer(0);
+      if (op == "//") return fits(__builtin_sub_overflow(int64_t(0), i, &r));
+    }
     if (op == "//") {
       if (fl) return Value::real(std::floor(x / y));
       int64_t q = i / j;
@@ -151,9 +163,15 @@ Value Interp::binop(const std::string& op, const Value& a, const Value& b) const
     }
     if (op == "**") {
       if (fl || j < 0) return Value::real(std::pow(x, y));
-      int64_t r = 1;
-      for (int64_t k = 0; k < j; ++k) r *= i;
-      return Value::integer(r);
+      // by squaring: at most 63 squarings before an overflow, whatever the exponent
+      int64_t base = i, acc = 1;
+      bool overflow = false;
+      for (int64_t e = j; e > 0 && !overflow; e >>= 1) {
+        if (e & 1) overflow = __builtin_mul_overflow(acc, base, &acc);
+        if (e > 1 && !overflow) overflow = __builtin_mul_overflow(base, base, &base);
+      }
+      r = acc;
+      return fits(overflow);
     }
   }
   if (op == "+" && a.t == T::Str && b.t == T::Str) return Value::str(a.s + b.s);
@@ -192,7 +210,10 @@ Value Interp::attr_path(const Value& v, const std::string& path) const {  // "a.
     size_t q = path.find('.', p);
     std::string part = path.substr(p, q == std::string::npos ? std::string::npos : q - p);
     bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    cur = cur.t == T::Undef ? cur : getitem(cur, digits ? Value::integer(std::stoll(part)) : Value::str(part));
+    errno = 0;
+    const long long index = digits ? std::strtoll(part.c_str(), nullptr, 10) : 0;
+    if (digits && errno == ERANGE) return Value::undef("no element " + part);  // past any list's length
+    cur = cur.t == T::Undef ? cur : getitem(cur, digits ? Value::integer(index) : Value::str(part));
     if (q == std::string::npos) return cur;
     p = q + 1;
   }
@@ -266,7 +287,10 @@ Value Interp::eval(const Expr& e, Frame& f) {
       need_defined(v);
       if (!v.is_num()) fail(std::string("bad operand type for unary ") + (e.k == Expr::Neg ? "-" : "+") + ": '" + type_name(v) + "'");
       if (e.k == Expr::Pos) return v.t == T::Bool ? Value::integer(v.as_int()) : v;
-      return v.t == T::Float ? Value::real(-v.f) : Value::integer(-v.as_int());
+      if (v.t == T::Float) return Value::real(-v.f);
+      int64_t r = 0;
+      if (__builtin_sub_overflow(int64_t(0), v.as_int(), &r)) fail("integer overflow: -(" + to_str(v) + ") does not fit in 64 bits");
+      return Value::integer(r);
     }
     case Expr::Not: return Value::boolean(!eval(*e.a[0], f).truthy());
     case Expr::And: {

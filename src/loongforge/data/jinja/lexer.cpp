@@ -1,5 +1,6 @@
 #include "loongforge/data/jinja/lexer.h"
 
+#include <cerrno>
 #include <cctype>
 #include <cstdlib>
 
@@ -164,7 +165,11 @@ std::vector<Tok> tokenize(const std::string& src, int line, const std::string& o
       }
       t.k = is_float ? Tok::Float : Tok::Int;
       if (is_float) t.f = std::strtod(num.c_str(), nullptr);
-      else t.i = std::strtoll(num.c_str(), nullptr, 10);
+      else {
+        errno = 0;
+        t.i = std::strtoll(num.c_str(), nullptr, 10);
+        if (errno == ERANGE) syntax_error(origin, t.line, "integer literal " + num + " does not fit in 64 bits");
+      }
       p = q;
     } else if (c == '\'' || c == '"') {
       std::string s;
