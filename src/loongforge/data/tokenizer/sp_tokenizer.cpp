@@ -14,7 +14,12 @@ class SentencePieceTokenizer : public Tokenizer {
  public:
   SentencePieceTokenizer(const std::string& path, std::vector<int64_t> prefix, std::vector<int64_t> suffix)
       : path_(path), prefix_(std::move(prefix)), suffix_(std::move(suffix)) {
-    auto st = sp_.Load(path);
+    sentencepiece::util::Status st;
+    try {  // libsentencepiece also throws (its double-array trie rejects e.g. an empty piece: a fuzz finding)
+      st = sp_.Load(path);
+    } catch (const std::exception& e) {
+      throw Error(path + ": not a sentencepiece model: " + e.what());
+    }
     if (!st.ok()) throw Error(path + ": not a sentencepiece model: " + st.ToString());
     for (const auto* ids : {&prefix_, &suffix_})
       for (int64_t id : *ids) check_id(id);
