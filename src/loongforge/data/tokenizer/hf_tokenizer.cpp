@@ -84,9 +84,14 @@ class HFTokenizer : public Tokenizer {
     if (j.contains("post_processor")) post_ = make_post_processor(j["post_processor"], ctx_, "post_processor");
     if (j.contains("decoder")) decoder_ = make_decoder(j["decoder"], ctx_, "decoder");
     if (j.contains("added_tokens") && !j["added_tokens"].is_null()) load_added(j["added_tokens"]);
+    // One past the largest id: the number of tokens (tokenizers' get_vocab_size(with_added_tokens=True)) when ids are
+    // dense, as in real tokenizers; a file with gaps in its ids (a fuzz finding) still gets a bound every id is under,
+    // which token shards' dtype and new-token ids rely on.
     vocab_size_ = static_cast<int64_t>(model_->vocab().size());
     for (const auto& a : added_)
       if (!model_->token_to_id(a.content)) ++vocab_size_;
+    for (const auto& [piece, id] : model_->vocab()) vocab_size_ = std::max(vocab_size_, id + 1);
+    for (const auto& a : added_) vocab_size_ = std::max(vocab_size_, a.id + 1);
   }
 
   std::vector<int64_t> encode(std::string_view text, bool add_special_tokens) const override {
