@@ -63,17 +63,32 @@ export -f run_one
 export BUILD RUNS results
 printf '%s\n' "${TARGETS[@]}" | xargs -P "${FUZZ_JOBS:-1}" -I{} bash -c 'run_one {}'
 
-{
-  echo "# Fuzzing (scripts/fuzz.sh): libFuzzer + AddressSanitizer + UndefinedBehaviorSanitizer"
-  echo
-  echo "$(date -u +%Y-%m-%d), $(clang++ --version | head -1), $(getconf _NPROCESSORS_ONLN) cores; runs asked per target: $RUNS," \
-       "time bound per target: ${FUZZ_SECONDS:-0} s (0: none). Findings are inputs that crashed, tripped a sanitizer" \
-       "or let an exception other than lf::Error escape; each fixed one is a regression seed in tests/fuzz/regressions/."
-  echo
-  echo "| target | executions | seconds | findings | exit |"
-  echo "|---|---:|---:|---:|---:|"
-  sort "$results" | while read -r t e s f rc; do echo "| $t | $e | $s | $f | $rc |"; done
-} >bench/results/fuzz.md.new
-mv bench/results/fuzz.md.new bench/results/fuzz.md
+# The table keeps one row per target: this run's rows replace the same targets' earlier rows, the others stay.
+FUZZ_DATE=$(date -u +%Y-%m-%d) FUZZ_CLANG=$($CXX --version | head -1) FUZZ_CORES=$(getconf _NPROCESSORS_ONLN) \
+  FUZZ_RUNS=$RUNS FUZZ_BOUND=${FUZZ_SECONDS:-0} .venv/bin/python - "$results" bench/results/fuzz.md <<'PY'
+import os, pathlib, sys
+new, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+rows, notes = {}, ""
+if out.exists() and "\n## " in out.read_text():  # hand-written sections after the table (findings fixed) stay
+    notes = out.read_text()[out.read_text().index("\n## "):]
+if out.exists():
+    for line in out.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 8 and cells[0] != "target":
+            rows[cells[0]] = line
+e = os.environ
+for line in new.read_text().split("\n"):
+    if line.strip():
+        t, execs, secs, found, rc = line.split()
+        bound = f"{e['FUZZ_RUNS']} runs" if e["FUZZ_RUNS"] != "0" else "none"
+        rows[t] = (f"| {t} | {execs} | {secs} | {found} | {rc} | {e['FUZZ_DATE']} | {bound} | {e['FUZZ_BOUND']} s |")
+out.write_text("\n".join([
+    "# Fuzzing (scripts/fuzz.sh): libFuzzer + AddressSanitizer + UndefinedBehaviorSanitizer", "",
+    f"{e['FUZZ_CLANG']}, {e['FUZZ_CORES']} cores (the latest run per target). Findings are inputs that crashed, tripped "
+    "a sanitizer or let an exception other than lf::Error escape (libFuzzer stops at the first; exit 77 / 1); each is "
+    "fixed with a regression seed in tests/fuzz/regressions/<target>/, which CI replays, and the target is run again.",
+    "", "| target | executions | seconds | findings | exit | date | run bound | time bound |",
+    "|---|---:|---:|---:|---:|---|---|---|", *[rows[k] for k in sorted(rows)], ""]) + notes)
+PY
 rm -f "$results"
 cat bench/results/fuzz.md

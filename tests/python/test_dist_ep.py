@@ -120,25 +120,25 @@ R = ROUTER_LOSSES
 
 
 @pytest.mark.parametrize("dp,ep,tp,extra", [
-    (2, 2, 1, R), (4, 4, 1, R), (4, 2, 1, R),
-    (2, 1, 1, R),                           # plain data parallel: the same router losses as one process
+    (2, 2, 1, R), (4, 4, 1, R), pytest.param(4, 2, 1, R, marks=pytest.mark.slow),  # (ep2 x dp2: with ZeRO-1 below)
+    pytest.param(2, 1, 1, R, marks=pytest.mark.slow),  # plain data parallel: the same router losses as one process
     (4, 2, 1, R + ["parallel.zero=1"]),     # ep2 x dp2 with ZeRO-1 (optimizer state split over the dp / ep ranks)
     (2, 1, 1, R + ["parallel.zero=3"]),     # FSDP: router losses backpropagated in each layer's recomputation
     (2, 2, 2, R),                           # ep2 x tp2: each ep rank's experts split along their ffn over tp
-    (1, 1, 2, R),                           # tp2 of an MoE model
+    pytest.param(1, 1, 2, R, marks=pytest.mark.slow),  # tp2 of an MoE model (with sp below)
     (1, 1, 2, R + ["parallel.sp=true"]),    # ... with sequence parallelism (parallel.* sets: tp run only)
     (1, 1, 1, R + ["parallel.pp=2"]),                 # pp2: router losses added per pipeline chunk
     (2, 2, 1, R + ["parallel.pp=2"]),                 # ep2 x pp2: each stage's experts over its ep group
-    (1, 1, 1, PER_LAYER_LOSSES + ["parallel.pp=2"]),  # pp2 without the pooled load-balancing loss (no carry)
+    pytest.param(1, 1, 1, PER_LAYER_LOSSES + ["parallel.pp=2"], marks=pytest.mark.slow),  # pp2 without the pooled load-balancing loss (no carry)
     # recomputed layers under pp2 backpropagate their shares (with every stage's counts) in their recomputation
-    (1, 1, 1, R + ["model.recompute=full", "parallel.pp=2"]),
+    pytest.param(1, 1, 1, R + ["model.recompute=full", "parallel.pp=2"], marks=pytest.mark.slow),
     (2, 2, 1, R + ["model.recompute=per_layer", "parallel.pp=2"]),  # layer 0 recomputed, layer 1 not
     (1, 1, 1, R + ["parallel.cp=2"]),         # cp2 (ring attention): tokens of sequence chunks; sequence counts summed
     (2, 2, 1, R + ["parallel.cp=2", "parallel.cp_mode=a2a"]),  # ep2 x cp2
     # hot-expert replication (guest slots): routing unchanged, so the same losses as one process (and as no guests)
     (2, 2, 1, R + ["moe.guest_slots=2"]),
     (4, 4, 1, R + ["moe.guest_slots=1", "moe.ranks_per_node=2"]),  # 2 "nodes" of 2 ranks
-    (2, 2, 2, R + ["moe.guest_slots=1"]),                          # ep2 x tp2: the copies are tp shards
+    pytest.param(2, 2, 2, R + ["moe.guest_slots=1"], marks=pytest.mark.slow),  # ep2 x tp2: the copies are tp shards
 ])
 def test_train_ep_matches_one_process(tmp_path, moe_dir, dp, ep, tp, extra):
     """ep2, ep4, ep2 x dp2 (4 data ranks, 2 per expert group), dp2, ep2 x tp2, tp2 (+sp), pp2, ep2 x pp2 and
