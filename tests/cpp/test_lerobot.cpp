@@ -1,18 +1,23 @@
 // The GOP cache of robot video cameras (data/robot/video_frames.h) and the LeRobot reader under threads, as a hook
 // of tests/python/test_lerobot_dataset.py, which writes the dataset with lerobot (LF_TEST_LEROBOT_VIDEO: an AV1 or
 // H.264 mp4 of several episodes with 2-frame GOPs; LF_TEST_LEROBOT_DATASET: its v3.0 folder). The frames themselves are
-// compared with lerobot's there; here: how often GOPs are decoded, and that threads agree.
+// compared with lerobot's there; here: how often GOPs are decoded, and that threads agree. Also: info.json's path
+// templates cannot name files outside the dataset folder.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdlib>
+#include <fstream>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "loongforge/core/error.h"
 #include "loongforge/data/robot/dataset.h"
 #include "loongforge/data/robot/video_frames.h"
 #include "loongforge/data/video.h"
+#include "test_util.h"
 
 namespace robot = lf::data::robot;
 
@@ -105,4 +110,42 @@ TEST(RobotLeRobot, GopCacheHook) {
     });
   for (auto& th : pool) th.join();
   for (int t = 0; t < threads; ++t) EXPECT_TRUE(ok[t]) << "thread " << t;
+}
+
+// info.json's path templates, and the feature names video_path formats, are the dataset's: a file they name outside
+// the dataset folder (through "..", or an absolute path) is one line naming info.json and the field, before anything
+// is read.
+TEST(RobotLeRobot, PathsStayInsideTheDataset) {
+  const std::filesystem::path d = lf::test::temp_dir();
+  std::filesystem::create_directories(d / "ds" / "meta");
+  {
+    std::ofstream(d / "ds" / "meta" / "episodes.jsonl") << R"({"episode_index": 0, "tasks": [], "length": 3})" << "\n";
+  }
+  auto open_with = [&](const std::string& data_path, const std::string& video_path, const std::string& camera) {
+    std::string features = R"({"action": {"dtype": "float32", "shape": [2]})";
+    if (!camera.empty()) features += R"(, ")" + camera + R"(": {"dtype": "video", "shape": [4, 4, 3]})";
+    std::ofstream(d / "ds" / "meta" / "info.json")
+        << R"({"codebase_version": "v2.1", "fps": 10, "data_path": ")" << data_path << R"(", "video_path": ")"
+        << video_path << R"(", "features": )" << features << "}}";
+    return lf::test::error_of([&] { robot::open_lerobot_dataset((d / "ds").string()); });
+  };
+  const std::string info = (d / "ds" / "meta" / "info.json").string();
+  const std::string data = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet";
+  const std::string video = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4";
+  for (const auto& [data_path, video_path, camera, field] :
+       std::vector<std::array<std::string, 4>>{{"../outside/episode_{episode_index:06d}.parquet", video, "", "data_path"},
+                                               {"data/../../episode.parquet", video, "", "data_path"},
+                                               {"/tmp/episode_{episode_index:06d}.parquet", video, "", "data_path"},
+                                               {data, "../{video_key}.mp4", "observation.images.top", "video_path"},
+                                               {data, video, "../../../x", "video_path"}}) {
+    const std::string e = open_with(data_path, video_path, camera);
+    EXPECT_NE(e.find(info), std::string::npos) << e;
+    EXPECT_NE(e.find(field), std::string::npos) << e;
+    EXPECT_NE(e.find("outside the dataset folder"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  // ".." inside a name is not a parent folder
+  const std::string e = open_with("data/episode..{episode_index}.parquet", video, "");
+  EXPECT_EQ(e.find("outside the dataset folder"), std::string::npos) << e;
+  EXPECT_NE(e.find("episode..0.parquet"), std::string::npos) << e;
 }

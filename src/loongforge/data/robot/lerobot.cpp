@@ -77,6 +77,19 @@ std::string format_template(const std::string& tmpl, const std::map<std::string,
   return out;
 }
 
+// A data or video file of the dataset at ROOT: TMPL formatted (format_template), which must stay inside the folder
+// (neither absolute nor through "..": info.json's templates and feature names are the dataset's, not trusted).
+std::string dataset_file(const std::string& root, const std::string& tmpl,
+                         const std::map<std::string, std::string>& strings, const std::map<std::string, int64_t>& ints,
+                         const std::string& file, const std::string& field) {
+  const std::string rel = format_template(tmpl, strings, ints, file, field);
+  const fs::path p(rel);
+  bool outside = p.has_root_path();
+  for (const auto& part : p) outside = outside || part == "..";
+  if (outside) throw file_error(file, field, "'" + rel + "' leads outside the dataset folder");
+  return join(root, rel);
+}
+
 // A JSON number / nested list of numbers as a float64 tensor of the nesting's shape.
 at::Tensor json_tensor(const ojson& j, const std::string& file, const std::string& field) {
   std::vector<int64_t> shape;
@@ -584,14 +597,13 @@ class LeRobotDataset final : public RobotDataset {
         if (i < static_cast<int64_t>(task_lists.size())) r.ep.tasks = task_lists[i];
         r.data_chunk = dchunk[i].item<int64_t>();
         r.data_file = dfile[i].item<int64_t>();
-        r.files.data = join(root_, format_template(data_tmpl, {}, {{"chunk_index", r.data_chunk},
-                                                                   {"file_index", r.data_file}},
-                                                   info_path, "data_path"));
+        r.files.data = dataset_file(root_, data_tmpl, {}, {{"chunk_index", r.data_chunk}, {"file_index", r.data_file}},
+                                    info_path, "data_path");
         for (const auto& [cam, t] : vids) {
-          r.files.videos[cam] = join(
-              root_, format_template(video_tmpl, {{"video_key", cam}},
-                                     {{"chunk_index", t[0][i].item<int64_t>()}, {"file_index", t[1][i].item<int64_t>()}},
-                                     info_path, "video_path"));
+          r.files.videos[cam] = dataset_file(
+              root_, video_tmpl, {{"video_key", cam}},
+              {{"chunk_index", t[0][i].item<int64_t>()}, {"file_index", t[1][i].item<int64_t>()}}, info_path,
+              "video_path");
           r.files.video_from[cam] = t[2][i].item<double>();
         }
         rows.push_back(std::move(r));
@@ -655,13 +667,13 @@ class LeRobotDataset final : public RobotDataset {
       from += eps[i].length;
       EpisodeFiles ef;
       const int64_t chunk = eps[i].index / chunks_size;
-      ef.data = join(root_, format_template(data_tmpl, {}, {{"episode_chunk", chunk}, {"episode_index", eps[i].index}},
-                                            info_path, "data_path"));
+      ef.data = dataset_file(root_, data_tmpl, {}, {{"episode_chunk", chunk}, {"episode_index", eps[i].index}},
+                             info_path, "data_path");
       for (const auto& c : cameras) {
         if (c.kind != FeatureKind::video) continue;
-        ef.videos[c.name] = join(root_, format_template(video_tmpl, {{"video_key", c.name}},
-                                                        {{"episode_chunk", chunk}, {"episode_index", eps[i].index}},
-                                                        info_path, "video_path"));
+        ef.videos[c.name] = dataset_file(root_, video_tmpl, {{"video_key", c.name}},
+                                         {{"episode_chunk", chunk}, {"episode_index", eps[i].index}}, info_path,
+                                         "video_path");
         ef.video_from[c.name] = 0.0;
       }
       files_.push_back(std::move(ef));
