@@ -3,8 +3,9 @@
 
 Seeds are valid inputs, taken from the repository's own files (recipes, model configs, the fixture tokenizer and
 its test texts) and made with the reference libraries the tests compare with (safetensors, tokenizers,
-sentencepiece, transformers / diffusers configs, Pillow, pyarrow, PyAV). Framing of multi-part inputs follows
-targets.cpp: "A\\0B" for recipe + --set lines and template + context; a 4-byte length before a shard's .idx.
+sentencepiece, transformers / diffusers configs, Pillow, pyarrow, PyAV, h5py). Framing of multi-part inputs follows
+targets.cpp: "A\\0B" for recipe + --set lines and template + context; a 4-byte length before a shard's .idx and
+before each LeRobot file but the last (split_lengths). HDF5 seeds need h5py (.venv, or .venv-lerobot).
 
 Usage: .venv/bin/python scripts/fuzz_seeds.py OUT [--quick]   (--quick: leaves out the large files, for the CI smoke)
 """
@@ -212,12 +213,167 @@ def main():
         except Exception as e:
             print(f"fuzz_seeds: no {codec} video ({e})", file=sys.stderr)
 
+    # ---- robot datasets --------------------------------------------------------------------------------------------
+    lerobot_seeds(add, png, quick)
+    hdf5_seeds(add, quick)
+
     for target, items in seeds.items():
         d = out / target
         d.mkdir(parents=True, exist_ok=True)
         for i, data in enumerate(items):
             (d / f"seed-{i:03d}").write_bytes(data)
     print(" ".join(f"{t}:{len(v)}" for t, v in sorted(seeds.items())))
+
+
+def framed(*parts):
+    """Files in one input as targets.cpp's split_lengths reads them: each but the last after its 4-byte length."""
+    return b"".join(struct.pack("<I", len(p)) + p for p in parts[:-1]) + parts[-1]
+
+
+def parquet_bytes(table, **kw):
+    import pyarrow.parquet as pq
+    b = io.BytesIO()
+    pq.write_table(table, b, **kw)
+    return b.getvalue()
+
+
+def lerobot_seeds(add, png, quick):
+    """The lerobot target's inputs: small LeRobot datasets laid out as lerobot writes them (tests/python/
+    lerobot_oracle.py), framed info.json, three metadata files, the data Parquet (targets.cpp's lerobot)."""
+    import pyarrow as pa
+    lines = lambda rows: "".join(json.dumps(r) + "\n" for r in rows).encode()  # noqa: E731
+
+    def features(state, image=False, video=False):
+        f = {"observation.state": {"dtype": "float32", "shape": [state], "names": [f"joint{i}" for i in range(state)]},
+             "action": {"dtype": "float32", "shape": [state], "names": None}}
+        for cam, on, kind in (("observation.images.wrist", image, "image"), ("observation.images.top", video, "video")):
+            if on:
+                f[cam] = {"dtype": kind, "shape": [4, 4, 3], "names": ["height", "width", "channels"]}
+        for k, dt in (("timestamp", "float32"), ("frame_index", "int64"), ("episode_index", "int64"),
+                      ("index", "int64"), ("task_index", "int64")):
+            f[k] = {"dtype": dt, "shape": [1], "names": None}
+        return f
+
+    def frames(lengths, state, fixed, image=False):
+        eps = [e for e, n in enumerate(lengths) for _ in range(n)]
+        local = [i for n in lengths for i in range(n)]
+        vec = pa.list_(pa.float32(), state) if fixed else pa.list_(pa.float32())
+        cols = {"observation.state": pa.array([[0.5 * k + j for j in range(state)] for k in range(len(eps))], vec),
+                "action": pa.array([[-0.25 * k] * state for k in range(len(eps))], vec),
+                "timestamp": pa.array([i / 10 for i in local], pa.float32()),
+                "frame_index": pa.array(local, pa.int64()), "episode_index": pa.array(eps, pa.int64()),
+                "index": pa.array(range(len(eps)), pa.int64()), "task_index": pa.array([e % 2 for e in eps], pa.int64())}
+        if image:
+            cols["observation.images.wrist"] = pa.array(
+                [{"bytes": png, "path": f"frame_{k:06d}.png"} for k in range(len(eps))],
+                pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+        return pa.table(cols)
+
+    def stats(state, count):
+        vec = {"min": [0.0] * state, "max": [1.0] * state, "mean": [0.5] * state, "std": [0.25] * state,
+               "count": [count]}
+        return {"observation.state": vec, "action": vec,
+                "timestamp": {"min": [0.0], "max": [0.2], "mean": [0.1], "std": [0.08], "count": [count]}}
+
+    def info(version, state, lengths, **cams):
+        v3 = version == "v3.0"
+        return json.dumps({
+            "codebase_version": version, "robot_type": "so100", "total_episodes": len(lengths),
+            "total_frames": sum(lengths), "total_tasks": 2, "chunks_size": 1000, "fps": 10,
+            "splits": {"train": f"0:{len(lengths)}"},
+            "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet" if v3 else
+                         "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
+            "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4" if v3 else
+                          "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4",
+            "features": features(state, **cams)}, indent=4).encode()
+
+    tasks = ["pick the cube", "place the cube"]
+    # v2.1: one episode (its own data file), jsonl metadata, per-episode stats
+    for state, fixed in [(2, False)] + ([] if quick else [(3, True)]):
+        add("lerobot", framed(info("v2.1", state, [3]),
+                              lines([{"episode_index": 0, "tasks": tasks[:1], "length": 3}]),
+                              lines([{"task_index": i, "task": t} for i, t in enumerate(tasks)]),
+                              lines([{"episode_index": 0, "stats": stats(state, 3)}]),
+                              parquet_bytes(frames([3], state, fixed))))
+    # v3.0: episodes in one data file (row groups across them), tasks.parquet, stats.json; an image camera in the
+    # Parquet, or a video camera (its mp4 is not in the input: the episodes' video columns are read, not the file)
+    for lengths, cams, kw in [([3, 2], {"image": True}, {"row_group_size": 2}), ([2, 2], {"video": True}, {})] + \
+            ([] if quick else [([4, 1, 2], {"image": True}, {"compression": "zstd"})]):
+        eps = {"episode_index": pa.array(range(len(lengths)), pa.int64()),
+               "tasks": pa.array([[tasks[e % 2]] for e in range(len(lengths))], pa.list_(pa.string())),
+               "length": pa.array(lengths, pa.int64()),
+               "data/chunk_index": pa.array([0] * len(lengths), pa.int64()),
+               "data/file_index": pa.array([0] * len(lengths), pa.int64()),
+               "dataset_from_index": pa.array([sum(lengths[:e]) for e in range(len(lengths))], pa.int64()),
+               "dataset_to_index": pa.array([sum(lengths[:e + 1]) for e in range(len(lengths))], pa.int64())}
+        if cams.get("video"):
+            p = "videos/observation.images.top/"
+            eps |= {p + "chunk_index": pa.array([0] * len(lengths), pa.int64()),
+                    p + "file_index": pa.array([0] * len(lengths), pa.int64()),
+                    p + "from_timestamp": pa.array([sum(lengths[:e]) / 10 for e in range(len(lengths))], pa.float64()),
+                    p + "to_timestamp": pa.array([sum(lengths[:e + 1]) / 10 for e in range(len(lengths))],
+                                                 pa.float64())}
+        add("lerobot", framed(info("v3.0", 2, lengths, **cams), parquet_bytes(pa.table(eps)),
+                              parquet_bytes(pa.table({"task_index": pa.array([0, 1], pa.int64()),
+                                                      "task": pa.array(tasks)})),
+                              json.dumps(stats(2, sum(lengths))).encode(),
+                              parquet_bytes(frames(lengths, 2, True, cams.get("image", False)), **kw)))
+
+
+# ALOHA episode files (as tests/python/test_robot_hdf5.py writes them): argv = folder, quick ("1" or "0").
+HDF5_WRITER = r"""
+import io, sys
+import h5py, numpy as np
+from PIL import Image
+folder, quick = sys.argv[1], sys.argv[2] == "1"
+rng = np.random.default_rng(0)
+T = 4
+def arrays(f, dtype=np.float64):
+    f.create_dataset("observations/qpos", data=rng.standard_normal((T, 3)).astype(dtype))
+    f.create_dataset("observations/qvel", data=rng.standard_normal((T, 3)).astype(dtype))
+    f.create_dataset("action", data=rng.standard_normal((T, 3)).astype(np.float32))
+with h5py.File(f"{folder}/raw.hdf5", "w") as f:
+    f.attrs["sim"] = True
+    arrays(f)
+    f.create_dataset("observations/images/top", data=rng.integers(0, 256, (T, 4, 4, 3), dtype=np.uint8))
+with h5py.File(f"{folder}/compressed.hdf5", "w") as f:
+    f.attrs["compress"] = True
+    arrays(f)
+    rows = []
+    for t in range(T):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(buf, format="JPEG", quality=70)
+        rows.append(np.frombuffer(buf.getvalue(), np.uint8))
+    data = np.zeros((T, max(len(r) for r in rows) + 5), np.uint8)
+    for t, r in enumerate(rows):
+        data[t, :len(r)] = r
+    f.create_dataset("observations/images/top", data=data, chunks=(1, data.shape[1]))
+if not quick:
+    with h5py.File(f"{folder}/two_cameras.hdf5", "w") as f:
+        arrays(f, np.float32)
+        f.create_dataset("observations/effort", data=rng.integers(-9, 9, (T, 3), dtype=np.int32))
+        for cam in ("left_wrist", "top"):
+            f.create_dataset(f"observations/images/{cam}", data=rng.integers(0, 256, (T, 6, 5, 3), dtype=np.uint8),
+                             chunks=(1, 6, 5, 3), compression="gzip")
+"""
+
+
+def hdf5_seeds(add, quick):
+    """The hdf5_episode target's inputs, written with h5py: from this environment when it has h5py, else from the
+    lerobot oracle environment (.venv-lerobot, as the HDF5 tests do); without either, none (said on stderr)."""
+    import importlib.util
+    import os
+    import subprocess
+    python = sys.executable if importlib.util.find_spec("h5py") else os.environ.get(
+        "LOONGFORGE_LEROBOT_PYTHON", str(ROOT / ".venv-lerobot" / "bin" / "python"))
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            subprocess.run([python, "-c", HDF5_WRITER, d, "1" if quick else "0"], check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            print(f"fuzz_seeds: no HDF5 seeds (h5py in neither .venv nor {python}: {e})", file=sys.stderr)
+            return
+        for f in sorted(pathlib.Path(d).glob("*.hdf5")):
+            add("hdf5_episode", f.read_bytes())
 
 
 if __name__ == "__main__":

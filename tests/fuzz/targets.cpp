@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "loongforge/data/chat_template.h"
 #include "loongforge/data/image/decode.h"
 #include "loongforge/data/parquet.h"
+#include "loongforge/data/robot/dataset.h"
 #include "loongforge/data/sft_dataset.h"
 #include "loongforge/data/token_shards.h"
 #include "loongforge/data/tokenizer/tokenizer.h"
@@ -53,6 +55,24 @@ std::pair<std::string_view, std::string_view> split_nul(std::string_view s) {
   auto k = s.find('\0');
   if (k == std::string_view::npos) return {s, {}};
   return {s.substr(0, k), s.substr(k + 1)};
+}
+
+// Splits S into PARTS files: each but the last after a 4-byte little-endian length (clamped to what is left), the last
+// the rest. Files that hold NUL bytes (Parquet, HDF5, a token shard's .bin) cannot be NUL-separated. Empty when S ends
+// before a length.
+std::vector<std::string_view> split_lengths(std::string_view s, size_t parts) {
+  std::vector<std::string_view> out;
+  for (size_t i = 0; i + 1 < parts; ++i) {
+    if (s.size() < 4) return {};
+    const auto* b = reinterpret_cast<const uint8_t*>(s.data());
+    size_t len = uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
+    s.remove_prefix(4);
+    len = std::min(len, s.size());
+    out.push_back(s.substr(0, len));
+    s.remove_prefix(len);
+  }
+  out.push_back(s);
+  return out;
 }
 
 const data::Tokenizer& fixture_tokenizer() {
@@ -189,13 +209,11 @@ void recipe(const uint8_t* d, size_t n) {
 
 // A shard: 4 bytes little-endian L, then L bytes of the .idx file, then the .bin file. Every document is read.
 void token_shard(const uint8_t* d, size_t n) {
-  if (n < 4) return;
-  uint32_t len = uint32_t(d[0]) | uint32_t(d[1]) << 8 | uint32_t(d[2]) << 16 | uint32_t(d[3]) << 24;
-  std::string_view rest = as_text(d + 4, n - 4);
-  if (len > rest.size()) len = static_cast<uint32_t>(rest.size());
+  auto parts = split_lengths(as_text(d, n), 2);
+  if (parts.empty()) return;
   std::string prefix = path_in_scratch("shard");
-  write(prefix + ".idx", rest.substr(0, len));
-  write(prefix + ".bin", rest.substr(len));
+  write(prefix + ".idx", parts[0]);
+  write(prefix + ".bin", parts[1]);
   data::TokenShard s(prefix);
   uint64_t total = 0;
   for (uint64_t i = 0; i < s.num_docs() && i < 100000; ++i) total += s.doc(i).size();
@@ -303,6 +321,145 @@ void video(const uint8_t* d, size_t n) {
   if (v.frames.dim() != 4) throw std::logic_error("decoded frames are not [F, H, W, 3]");
 }
 
+// ---- robot datasets ------------------------------------------------------------------------------------------------
+
+// Elements a robot target reads at most per feature and episode: a hostile file may declare any length; what it
+// declares is checked, only the reading is bounded (as token_shard bounds its document count).
+constexpr int64_t kRobotReadBudget = int64_t{1} << 22;
+
+// Elements of SHAPE, or kRobotReadBudget + 1 when that is more (or a dimension is negative).
+int64_t bounded_numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t v : shape) {
+    if (v < 0 || (v > 0 && n > kRobotReadBudget / v)) return kRobotReadBudget + 1;
+    n *= v;
+  }
+  return n;
+}
+
+std::string shape_str(c10::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// What the robot targets check of an opened dataset: no negative dimension or length; every numeric feature of every
+// episode read whole and its second half, shaped [frames, the feature's shape...]; every frame of every image camera
+// read as uint8 [frames, H, W, C] (EXACT_CAMERAS: the camera's declared [H, W, C]). Video cameras are left out: their
+// mp4 files are not in the input (the video target fuzzes the decoder).
+void check_robot_dataset(const data::robot::RobotDataset& ds, bool exact_cameras) {
+  using data::robot::FeatureKind;
+  for (const auto& f : ds.features())
+    for (int64_t v : f.shape)
+      if (v < 0) throw std::logic_error("feature " + f.name + " declares the shape " + shape_str(f.shape));
+  const auto& eps = ds.episodes();
+  for (int64_t e = 0; e < static_cast<int64_t>(eps.size()); ++e) {
+    const int64_t len = eps[e].length;
+    const std::string ep = "episode " + std::to_string(eps[e].index);
+    if (len < 0) throw std::logic_error(ep + " has the length " + std::to_string(len));
+    for (const auto& f : ds.features()) {
+      if (f.kind != FeatureKind::numeric && f.kind != FeatureKind::image) continue;
+      std::vector<int64_t> want{len};
+      want.insert(want.end(), f.shape.begin(), f.shape.end());
+      if (bounded_numel(want) > kRobotReadBudget) continue;
+      if (f.kind == FeatureKind::numeric) {
+        for (int64_t begin : {int64_t{0}, len / 2}) {
+          auto got = ds.read_numeric({f.name}, e, begin, len);
+          want[0] = len - begin;
+          if (got.size() != 1 || got[0].sizes().vec() != want)
+            throw std::logic_error(ep + ": " + f.name + " reads as " + (got.size() == 1 ? shape_str(got[0].sizes()) : "?") +
+                                   ", the dataset declares " + shape_str(want));
+        }
+      } else {
+        std::vector<int64_t> frames(static_cast<size_t>(len));
+        for (int64_t i = 0; i < len; ++i) frames[i] = i;
+        at::Tensor t = ds.read_camera(f.name, e, frames);
+        if (t.dim() != 4 || t.size(0) != len || t.scalar_type() != at::kByte ||
+            (exact_cameras && t.sizes().vec() != want))
+          throw std::logic_error(ep + ": camera " + f.name + " reads as " + shape_str(t.sizes()) + " " +
+                                 std::string(c10::toString(t.scalar_type())) + ", the dataset declares uint8 " +
+                                 shape_str(want));
+      }
+    }
+  }
+}
+
+// Whether P (lexically normal) is BASE or below it.
+bool lexically_under(const fs::path& p, const fs::path& base) {
+  const fs::path rel = p.lexically_relative(base);
+  return !rel.empty() && *rel.begin() != "..";
+}
+
+// A LeRobot path template with every placeholder 0 ({name:0Nd}: N zeros): the file of episode 0 in chunk 0 (v2.1),
+// of file 0 in chunk 0 (v3.0).
+std::string template_zero(const std::string& tmpl) {
+  std::string out;
+  for (size_t i = 0; i < tmpl.size(); ++i) {
+    const size_t close = tmpl[i] == '{' ? tmpl.find('}', i) : std::string::npos;
+    if (close == std::string::npos) {
+      out += tmpl[i];
+      continue;
+    }
+    const std::string spec = tmpl.substr(i + 1, close - i - 1);
+    const size_t colon = spec.find(":0");
+    const size_t width = colon == std::string::npos ? 1 : std::strtoul(spec.c_str() + colon + 2, nullptr, 10);
+    out.append(std::clamp<size_t>(width, 1, 32), '0');
+    i = close;
+  }
+  return out;
+}
+
+// A LeRobot dataset folder: five files framed as split_lengths' (four lengths, then the last file): meta/info.json,
+// three metadata files as its codebase_version has them — v3.0: meta/episodes/chunk-000/file-000.parquet,
+// meta/tasks.parquet, meta/stats.json; else (v2.1): meta/episodes.jsonl, meta/tasks.jsonl,
+// meta/episodes_stats.jsonl — and the data Parquet file where info.json's data_path puts episode 0 (v2.1) / file 0
+// (v3.0). Opened with open_lerobot_dataset, then check_robot_dataset. A data_path that leads outside the dataset
+// folder (but not outside this target's scratch folder) gets its file written there too: a reader that opens episodes
+// from it is a finding.
+void lerobot(const uint8_t* d, size_t n) {
+  if (!data::parquet_available()) return;
+  const auto parts = split_lengths(as_text(d, n), 5);
+  if (parts.empty()) return;
+  const fs::path box = path_in_scratch("lerobot"), root = box / "dataset";
+  remove_tree(box.string());
+  fs::create_directories(root / "meta");
+  write((root / "meta" / "info.json").string(), parts[0]);
+  const json info = json::parse(std::string(parts[0]), nullptr, false);
+  auto text = [&](const char* key) {
+    auto it = info.is_object() ? info.find(key) : info.end();
+    return it != info.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  const bool v3 = text("codebase_version") == "v3.0";
+  const char* const meta[2][3] = {
+      {"meta/episodes.jsonl", "meta/tasks.jsonl", "meta/episodes_stats.jsonl"},
+      {"meta/episodes/chunk-000/file-000.parquet", "meta/tasks.parquet", "meta/stats.json"}};
+  for (int i = 0; i < 3; ++i) {
+    const fs::path p = root / meta[v3][i];
+    fs::create_directories(p.parent_path());
+    write(p.string(), parts[1 + i]);
+  }
+  const fs::path data = (root / template_zero(text("data_path"))).lexically_normal();
+  if (lexically_under(data, box)) {  // else not ours to write; where a path fails (a folder, say), no data file
+    std::error_code ec;
+    fs::create_directories(data.parent_path(), ec);
+    std::ofstream(data, std::ios::binary | std::ios::trunc)
+        .write(parts[4].data(), static_cast<std::streamsize>(parts[4].size()));
+  }
+  auto ds = data::robot::open_lerobot_dataset(root.string());
+  if (!lexically_under(data, root) && !ds->episodes().empty())
+    throw std::logic_error("the dataset opened its episodes from " + data.string() + ", outside its folder");
+  check_robot_dataset(*ds, false);
+}
+
+// One HDF5 episode file in ALOHA's layout: opened with open_hdf5_dataset (its features are the file's datasets), then
+// check_robot_dataset with every camera's frames exactly the camera's [H, W, C].
+void hdf5_episode(const uint8_t* d, size_t n) {
+  if (!data::robot::hdf5_available()) return;
+  std::string p = path_in_scratch("episode_0.hdf5");
+  write(p, as_text(d, n));
+  check_robot_dataset(*data::robot::open_hdf5_dataset(p), true);
+}
+
 }  // namespace
 
 const std::string& scratch_dir() {
@@ -332,6 +489,8 @@ const std::vector<Target>& targets() {
       {"image", "PNG / JPEG decoding", image},
       {"parquet", "Parquet file (Arrow C++ reader, our column reads)", parquet},
       {"video", "MP4 probe and decode (FFmpeg)", video},
+      {"lerobot", "LeRobot v2.1 / v3.0 dataset folder (info.json, metadata, data Parquet)", lerobot},
+      {"hdf5_episode", "HDF5 episode file, ALOHA layout (libhdf5, our reads)", hdf5_episode},
   };
   return all;
 }

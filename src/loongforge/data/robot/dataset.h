@@ -97,5 +97,6 @@ std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path);
 std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path, double fps);  // the one-path form: 50 (ALOHA)
 bool is_lerobot_dataset(const std::string& path);  // PATH/meta/info.json exists
 bool is_hdf5_dataset(const std::string& path);      // an .hdf5 / .h5 file, or a folder holding some
+bool hdf5_available();  // this build reads HDF5 (libhdf5 found); without it open_hdf5_dataset throws
 
 }  // namespace lf::data::robot

@@ -35,6 +35,8 @@ std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path, double 
   throw Error(path + ": this build has no HDF5 support (install libhdf5-dev and rebuild)");
 }
 
+bool hdf5_available() { return false; }
+
 #else
 
 namespace {
@@ -444,6 +446,8 @@ class Hdf5Dataset final : public RobotDataset {
 std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path, double fps) {
   return std::make_unique<Hdf5Dataset>(path, fps);
 }
+
+bool hdf5_available() { return true; }
 
 #endif
 
