@@ -194,6 +194,12 @@ struct ParquetFile::Impl {
       }
     }
     if (!table.ok()) fail(where + one_line(table.status().message()));
+    // a corrupt column chunk can decode to fewer values than its row group's rows (found by the lerobot fuzz target)
+    const int64_t rows = groups.empty() ? 0 : starts[groups.back() + 1] - starts[groups.front()];
+    for (int i = 0; i < (*table)->num_columns(); ++i)
+      if ((*table)->column(i)->length() != rows)
+        fail((*table)->field(i)->name(), where + "decodes to " + std::to_string((*table)->column(i)->length()) +
+                                             " values, its row groups hold " + std::to_string(rows) + " rows");
     return (*table)->Slice(begin - (groups.empty() ? begin : starts[groups.front()]), end - begin);
   }
 

@@ -8,7 +8,9 @@
 //       compressed files (root attribute compress = true), uint8 [T, N]: each row one JPEG padded with zeros.
 // The files carry no rate: timestamp = frame / fps (float32), frame_index, episode_index and index are synthesised.
 // Numeric features keep the file's dtype (float32 / float64; integers read as int64).
-// libhdf5 (Debian's serial build) is not thread-safe: every call into it holds one process-wide mutex.
+// libhdf5 (Debian's serial build) is not thread-safe: every call into it holds one process-wide mutex. Nor is it
+// hardened against hostile files: what can be checked from outside is (check_storage, read sizes), but a corrupt group
+// B-tree can still crash libhdf5 1.10.8 inside H5Gget_info (a NULL memcpy in H5F__accum_read; found by fuzzing).
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -93,12 +95,52 @@ bool link_exists(hid_t file, const std::string& path) {
   return H5Lexists(file, path.c_str(), H5P_DEFAULT) > 0;
 }
 
+// Bounds on what a file may declare: a dimension (files are hostile: HDF5 keeps sizes as 64-bit unsigned), and the
+// bytes one read takes (a whole episode of a numeric feature, or one camera frame).
+constexpr hsize_t kMaxDim = hsize_t{1} << 40;
+constexpr int64_t kMaxReadBytes = int64_t{1} << 30;
+
 struct DatasetInfo {
   std::vector<int64_t> dims;
   H5T_class_t cls = H5T_NO_CLASS;
   size_t size = 0;
   bool is_signed = true;
 };
+
+// libhdf5 (1.10) trusts a dataset's storage records: compact data shorter than its dataspace, or an unfiltered chunk
+// stored shorter than a chunk (a corrupt chunk index), make H5Dread copy past libhdf5's own buffer (found by the
+// hdf5_episode fuzz target). Such datasets are refused when the file is opened, before any read.
+void check_storage(hid_t d, hid_t space, hid_t type, const std::string& fname, int64_t episode,
+                   const std::string& path) {
+  Handle plist(H5Dget_create_plist(d), H5Pclose);
+  if (!plist.ok()) throw ep_error(fname, episode, path, "unreadable storage layout (corrupt file)");
+  const hsize_t size = H5Tget_size(type);
+  const H5D_layout_t layout = H5Pget_layout(plist.id);
+  if (layout == H5D_COMPACT) {
+    const hssize_t points = H5Sget_simple_extent_npoints(space);
+    const hsize_t stored = H5Dget_storage_size(d);
+    if (points < 0 || size == 0 || stored / size < static_cast<hsize_t>(points))
+      throw ep_error(fname, episode, path, "compact data of " + std::to_string(stored) + " bytes, less than its " +
+                                               std::to_string(points) + " elements (corrupt file)");
+  } else if (layout == H5D_CHUNKED && H5Pget_nfilters(plist.id) == 0) {
+    const int rank = H5Pget_chunk(plist.id, 0, nullptr);
+    std::vector<hsize_t> chunk(rank > 0 ? rank : 0);
+    if (rank <= 0 || H5Pget_chunk(plist.id, rank, chunk.data()) < 0)
+      throw ep_error(fname, episode, path, "unreadable chunk shape (corrupt file)");
+    hsize_t want = size;
+    for (hsize_t c : chunk) want = c == 0 || want <= (hsize_t{1} << 40) / c ? want * c : 0;
+    hsize_t n = 0;
+    if (H5Dget_num_chunks(d, space, &n) < 0) throw ep_error(fname, episode, path, "unreadable chunk index (corrupt file)");
+    for (hsize_t i = 0; i < n; ++i) {
+      unsigned mask = 0;
+      haddr_t addr = 0;
+      hsize_t stored = 0;
+      if (H5Dget_chunk_info(d, space, i, nullptr, &mask, &addr, &stored) < 0 || stored != want)
+        throw ep_error(fname, episode, path, "chunk " + std::to_string(i) + " stored in " + std::to_string(stored) +
+                                                 " bytes, a chunk is " + std::to_string(want) + " (corrupt file)");
+    }
+  }
+}
 
 DatasetInfo dataset_info(hid_t file, const std::string& fname, int64_t episode, const std::string& path) {
   Handle d(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
@@ -111,7 +153,11 @@ DatasetInfo dataset_info(hid_t file, const std::string& fname, int64_t episode, 
   if (rank < 0) throw ep_error(fname, episode, path, "unreadable dataspace");
   std::vector<hsize_t> dims(rank);
   H5Sget_simple_extent_dims(s.id, dims.data(), nullptr);
-  for (auto v : dims) info.dims.push_back(static_cast<int64_t>(v));
+  for (auto v : dims) {
+    if (v > kMaxDim) throw ep_error(fname, episode, path, "dimension " + std::to_string(v) + " out of range");
+    info.dims.push_back(static_cast<int64_t>(v));
+  }
+  check_storage(d.id, s.id, t.id, fname, episode, path);
   info.cls = H5Tget_class(t.id);
   info.size = H5Tget_size(t.id);
   if (info.cls == H5T_INTEGER) info.is_signed = H5Tget_sign(t.id) == H5T_SGN_2;
@@ -140,10 +186,18 @@ at::Tensor read_rows(hid_t file, const std::string& fname, int64_t episode, cons
   std::vector<int64_t> shape{end - begin};
   count[0] = end - begin;
   start[0] = begin;
+  int64_t bytes = (end - begin) * static_cast<int64_t>(at::elementSize(dtype));
   for (int i = 1; i < rank; ++i) {
+    if (dims[i] > kMaxDim) throw ep_error(fname, episode, path, "dimension " + std::to_string(dims[i]) + " out of range");
     count[i] = dims[i];
     shape.push_back(static_cast<int64_t>(dims[i]));
+    bytes = dims[i] == 0 || bytes <= kMaxReadBytes / static_cast<int64_t>(dims[i]) ? bytes * static_cast<int64_t>(dims[i])
+                                                                                   : kMaxReadBytes + 1;
   }
+  if (bytes > kMaxReadBytes)
+    throw ep_error(fname, episode, path, "reading rows [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                             ") as " + shape_str(shape) + " takes more than " +
+                                             std::to_string(kMaxReadBytes) + " bytes (the most one read takes)");
   auto out = at::empty(shape, at::TensorOptions().dtype(dtype));
   if (end == begin) return out;
   H5Sselect_hyperslab(s.id, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
@@ -424,6 +478,7 @@ class Hdf5Dataset final : public RobotDataset {
     if (H5Sget_simple_extent_npoints(s.id) != 1) return false;
     // h5py writes a bool as an enum over int8: read the value in its own (native) type, true when not all zero.
     Handle t(H5Aget_type(a.id), H5Tclose);
+    if (!t.ok() || H5Aget_storage_size(a.id) < H5Tget_size(t.id)) return false;  // stored short: corrupt
     Handle nt(H5Tget_native_type(t.id, H5T_DIR_ASCEND), H5Tclose);
     if (!nt.ok()) return false;
     std::vector<unsigned char> v(H5Tget_size(nt.id) + 8, 0);
