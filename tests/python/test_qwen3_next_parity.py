@@ -24,10 +24,12 @@ CASES = {
     "dense_alternating": ("qwen3_next", dict(mlp_only_layers=[0, 1, 2, 3], layer_types=LT * 2), 24),
     # MoE everywhere, transformers' default layout (3 linear + 1 full), 100 tokens: two chunks, the last partial
     "moe_default_layout_long": ("qwen3_next", dict(), 100),
-    # MoE every 2nd layer, linear first and last, tied embeddings, attention biases, 70 tokens
+    # MoE every 2nd layer, linear first and last, tied embeddings, attention biases, 70 tokens. (Seed 1: with seed 0
+    # the per-head decay gradients (dt_bias, A_log) of layer 2 sum with enough cancellation that transformers' own
+    # fp32 result is 1.0e-4 from its float64 one, ours 1.9e-5.)
     "moe_sparse_step_tied": ("qwen3_next", dict(decoder_sparse_step=2, layer_types=LT[:1] + LT[::-1] + LT[:1],
                                                 tie_word_embeddings=True, attention_bias=True, num_key_value_heads=4,
-                                                linear_num_value_heads=2, partial_rotary_factor=0.5), 70),
+                                                linear_num_value_heads=2, partial_rotary_factor=0.5), 70, 1),
     "qwen3_5_text": ("qwen3_5_text", dict(layer_types=LT * 2), 80),
     "qwen3_5_moe_text": ("qwen3_5_moe_text", dict(), 66),
 }
@@ -52,10 +54,14 @@ def make_model(model_type, overrides, seed=0):
     return model
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# The default set: MoE + 3 linear / 1 full over two chunks, and Qwen3.5's split projections; the rest with LF_SLOW=1.
+FAST = {"moe_default_layout_long", "qwen3_5_text"}
+
+
+@pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow) for c in sorted(CASES)])
 def test_qwen3_next_dump_parity(case, tmp_path):
-    model_type, overrides, t = CASES[case]
-    model = make_model(model_type, overrides)
+    model_type, overrides, t, *seed = CASES[case]
+    model = make_model(model_type, overrides, *seed)
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
     ids, labels = make_batch(model.config.vocab_size, t=t)
@@ -64,7 +70,7 @@ def test_qwen3_next_dump_parity(case, tmp_path):
 
 
 def test_qwen3_next_info_counts_parameters(tmp_path):
-    for case in sorted(CASES):
+    for case in ("moe_sparse_step_tied", "qwen3_5_moe_text"):
         model = make_model(*CASES[case][:2])
         model_dir = tmp_path / case
         model.save_pretrained(model_dir)
@@ -72,6 +78,7 @@ def test_qwen3_next_info_counts_parameters(tmp_path):
         assert info["parameters"] == sum(p.numel() for p in model.parameters()), case
 
 
+@pytest.mark.slow
 def test_qwen3_next_export_loads_in_transformers(tmp_path):
     model = make_model(*CASES["moe_default_layout_long"][:2])
     src = tmp_path / "src"
@@ -84,11 +91,11 @@ def test_qwen3_next_export_loads_in_transformers(tmp_path):
         assert rel_err(hf(input_ids=ids).logits, model(input_ids=ids).logits) <= 1e-6
 
 
-@pytest.mark.parametrize("case", ["moe_default_layout_long", "qwen3_5_text"])
+@pytest.mark.parametrize("case", ["moe_default_layout_long", pytest.param("qwen3_5_text", marks=pytest.mark.slow)])
 def test_qwen3_next_generate_greedy_matches_transformers(case, tmp_path):
     """Greedy ids: the prompt chunk-wise, then one token at a time from the conv + recurrent state cache (and the
     key/value cache of the full-attention layers)."""
-    model_type, overrides, _ = CASES[case]
+    model_type, overrides = CASES[case][:2]
     model = make_model(model_type, dict(overrides, bos_token_id=1, eos_token_id=2))
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)

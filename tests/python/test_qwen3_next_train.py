@@ -1,5 +1,5 @@
 """`loongforge train` on a tiny Qwen3-Next (linear + full attention, MoE with a gated shared expert): the loss falls,
-a run stopped at step 3 and resumed equals the straight run bitwise, dp2 with ZeRO-1 follows one process, and the
+a run stopped at step 3 and resumed equals the straight run bitwise (slow set), dp2 with ZeRO-1 follows one process, and the
 layouts the linear-attention layers do not support yet (tensor, context parallelism) are one-line errors naming the
 key."""
 import json
@@ -56,10 +56,16 @@ def tiny(tmp_path):
     return tmp_path
 
 
-def test_loss_falls_and_resume_is_bitwise(tiny):
+def test_loss_falls(tiny):
     run_lf("train", write_recipe(tiny, "straight"))
     straight = metrics(tiny / "straight")
     assert len(straight) == 6 and straight[-1]["loss"] < 0.8 * straight[0]["loss"], straight
+
+
+@pytest.mark.slow
+def test_resume_is_bitwise(tiny):
+    run_lf("train", write_recipe(tiny, "straight"))
+    straight = metrics(tiny / "straight")
     r = write_recipe(tiny, "resumed")
     run_lf("train", r, "--set", "train.steps=3")
     run_lf("train", r, "--resume")
