@@ -175,10 +175,16 @@ def loongforge_run(shape, steps, warmup, threads, tmp):
            "max_position_embeddings": shape["seq"] + 1, "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
     (tmp / "model.json").write_text(json.dumps(cfg))
     write_random_shard(tmp / "rand", shape["vocab"], (warmup + steps + 2) * shape["batch"] * (shape["seq"] + 1) * 2)
+    return train_tokens_per_s(tmp, f"{{config: {tmp / 'model.json'}}}", shape, steps, warmup, threads)
+
+
+def train_tokens_per_s(tmp, model, shape, steps, warmup, threads):
+    """`loongforge train` of `model` (the recipe's model value) on the random shard tmp/rand (write_random_shard):
+    tokens/s at the median step time after the warm-up steps."""
     recipe = tmp / "bench.yaml"
     recipe.write_text(f"""
 output_dir: {tmp / 'run'}
-model: {{config: {tmp / 'model.json'}}}
+model: {model}
 data: {{train: [{{path: {tmp / 'rand'}}}], seq_len: {shape['seq']}}}
 train: {{steps: {warmup + steps}, micro_batch_size: {shape['batch']}, threads: {threads}}}
 optim: {{lr: 3.0e-4, weight_decay: 0.1, clip: 1.0}}

@@ -10,16 +10,13 @@ LoongForge's ratio; with --out, writes it as markdown too.
 Each round runs both sides once per shape (the order alternating), the table shows medians over the rounds.
 """
 import argparse
-import json
 import os
 import pathlib
 import statistics
-import subprocess
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-LF = pathlib.Path(os.environ.get("LOONGFORGE_BIN", ROOT / "build" / "loongforge"))
+# (LOONGFORGE_BIN: as bench/cpu_train.py, whose recipe runner this uses)
 
 COMMON = dict(max_position_embeddings=4096, rms_norm_eps=1e-6, head_dim=64, linear_conv_kernel_dim=4,
               linear_key_head_dim=64, linear_value_head_dim=64, tie_word_embeddings=False)
@@ -66,26 +63,11 @@ def transformers_run(shape, model_dir, steps, warmup, threads):
 
 
 def loongforge_run(shape, model_dir, steps, warmup, threads, tmp):
-    from cpu_train import write_random_shard
+    from cpu_train import train_tokens_per_s, write_random_shard
     tmp = pathlib.Path(tmp)
     write_random_shard(tmp / "rand", shape["cfg"]["vocab_size"],
                        (warmup + steps + 2) * shape["batch"] * (shape["seq"] + 1) * 2)
-    run = tmp / "run"
-    recipe = tmp / "bench.yaml"
-    recipe.write_text(f"""
-output_dir: {run}
-model: {{path: {model_dir}}}
-data: {{train: [{{path: {tmp / 'rand'}}}], seq_len: {shape['seq']}}}
-train: {{steps: {warmup + steps}, micro_batch_size: {shape['batch']}, threads: {threads}}}
-optim: {{lr: 3.0e-4, weight_decay: 0.1, clip: 1.0}}
-log: {{progress: off, tensorboard: false, plot: false}}
-checkpoint: {{every: 0}}
-""")
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    subprocess.run([str(LF), "train", str(recipe), "--set", f"output_dir={run}"], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
-    m = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"step_time_s"' in l]
-    return shape["batch"] * shape["seq"] / statistics.median([x["step_time_s"] for x in m[warmup:]])
+    return train_tokens_per_s(tmp, f"{{path: {model_dir}}}", shape, steps, warmup, threads)
 
 
 def main():

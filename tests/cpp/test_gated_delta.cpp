@@ -150,7 +150,7 @@ TEST(GatedDelta, ChunkGradientsMatchFiniteDifferences) {
       minus[i].view(-1)[j] -= eps;
       at::NoGradGuard ng;
       const double fd = (loss(plus).item<double>() - loss(minus).item<double>()) / (2 * eps);
-      EXPECT_NEAR(grads[i].view(-1)[j].item<double>(), fd, 1e-6 * std::max(1.0, std::abs(fd))) << "input " << i << " entry " << j;
+      EXPECT_NEAR(grads[i].reshape(-1)[j].item<double>(), fd, 1e-6 * std::max(1.0, std::abs(fd))) << "input " << i << " entry " << j;
     }
   }
 }
