@@ -1,5 +1,5 @@
 """`loongforge train` on a tiny Qwen3-Next (linear + full attention, MoE with a gated shared expert): the loss falls,
-a run stopped at step 3 and resumed equals the straight run bitwise (slow set), dp2 with ZeRO-1 follows one process, and the
+a run stopped at step 3 and resumed equals the straight run bitwise (slow set), dp2 with ZeRO-1 (and expert parallelism) follows one process, and the
 layouts the linear-attention layers do not support yet (tensor, context parallelism) are one-line errors naming the
 key."""
 import json
@@ -76,9 +76,11 @@ def test_resume_is_bitwise(tiny):
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_dp2_zero1_follows_one_process(tiny):
+@pytest.mark.parametrize("layout", ["zero: 1", pytest.param("ep: 2", marks=pytest.mark.slow)])
+def test_dp2_follows_one_process(tiny, layout):
+    """dp2 with ZeRO-1, and (slow set) with expert parallelism over the two ranks."""
     run_lf("train", write_recipe(tiny, "one", steps=3))
-    res = launch_ranks(2, [LF_BIN, "train", write_recipe(tiny, "dp2", steps=3, extra="parallel:\n  dp: 2\n  zero: 1"),
+    res = launch_ranks(2, [LF_BIN, "train", write_recipe(tiny, "dp2", steps=3, extra=f"parallel:\n  dp: 2\n  {layout}"),
                            "--set", "train.micro_batch_size=1"], threads=1)
     for r in res:
         assert r.returncode == 0, r.stderr[-3000:]
