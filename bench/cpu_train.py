@@ -155,29 +155,36 @@ def torch_reference(shape, steps, warmup, threads, compile_mode=None):
                 compile_s=sum(warm) - len(warm) * med if compile_mode else 0.0)
 
 
-def loongforge_run(shape, steps, warmup, threads, tmp):
+def write_random_shard(prefix, vocab, n_tokens, docs=64):
+    """A token shard of random ids in 64 documents (the .bin/.idx layout of docs/data_format.md)."""
     import numpy as np
+    np.random.default_rng(0).integers(0, vocab, n_tokens, dtype=np.uint16).tofile(f"{prefix}.bin")
+    offsets = np.linspace(0, n_tokens, docs + 1).astype(np.uint64)
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"LFIDX\0\0\0")
+        f.write(np.array([1, 2], dtype=np.uint32).tobytes())
+        f.write(np.array([docs, n_tokens], dtype=np.uint64).tobytes())
+        f.write(offsets.tobytes())
+
+
+def loongforge_run(shape, steps, warmup, threads, tmp):
     tmp = pathlib.Path(tmp)
     cfg = {"model_type": "llama", "vocab_size": shape["vocab"], "hidden_size": shape["d"],
            "intermediate_size": shape["ffn"], "num_hidden_layers": shape["layers"],
            "num_attention_heads": shape["heads"], "num_key_value_heads": shape["kv"],
            "max_position_embeddings": shape["seq"] + 1, "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
     (tmp / "model.json").write_text(json.dumps(cfg))
-    # a token shard of random ids (the .bin/.idx layout of docs/data_format.md)
-    n_tokens = (warmup + steps + 2) * shape["batch"] * (shape["seq"] + 1) * 2
-    ids = np.random.default_rng(0).integers(0, shape["vocab"], n_tokens, dtype=np.uint16)
-    ids.tofile(tmp / "rand.bin")
-    docs = 64
-    offsets = np.linspace(0, n_tokens, docs + 1).astype(np.uint64)
-    with open(tmp / "rand.idx", "wb") as f:
-        f.write(b"LFIDX\0\0\0")
-        f.write(np.array([1, 2], dtype=np.uint32).tobytes())
-        f.write(np.array([docs, n_tokens], dtype=np.uint64).tobytes())
-        f.write(offsets.tobytes())
+    write_random_shard(tmp / "rand", shape["vocab"], (warmup + steps + 2) * shape["batch"] * (shape["seq"] + 1) * 2)
+    return train_tokens_per_s(tmp, f"{{config: {tmp / 'model.json'}}}", shape, steps, warmup, threads)
+
+
+def train_tokens_per_s(tmp, model, shape, steps, warmup, threads):
+    """`loongforge train` of `model` (the recipe's model value) on the random shard tmp/rand (write_random_shard):
+    tokens/s at the median step time after the warm-up steps."""
     recipe = tmp / "bench.yaml"
     recipe.write_text(f"""
 output_dir: {tmp / 'run'}
-model: {{config: {tmp / 'model.json'}}}
+model: {model}
 data: {{train: [{{path: {tmp / 'rand'}}}], seq_len: {shape['seq']}}}
 train: {{steps: {warmup + steps}, micro_batch_size: {shape['batch']}, threads: {threads}}}
 optim: {{lr: 3.0e-4, weight_decay: 0.1, clip: 1.0}}

@@ -175,6 +175,77 @@ double mla_softmax_scale(const json& j, const DecoderConfig& c) {
   return scale * m * m;
 }
 
+// Qwen3-Next / Qwen3.5 text decoders, with transformers' config defaults: layer kinds, linear-attention shapes,
+// gated attention, zero-centred norms and (qwen3_next, qwen3_5_moe_text) MoE with a gated shared expert.
+void parse_gated_deltanet(const JsonReader& rd, DecoderConfig& c) {
+  const std::string& file = rd.file();
+  const auto str = [](int64_t v) { return std::to_string(v); };
+  const int64_t layers = c.num_hidden_layers;
+  if (!rd.has("head_dim")) c.head_dim = 256;
+  if (!rd.has("max_position_embeddings")) c.max_position_embeddings = 32768;
+  c.q_bias = c.k_bias = c.v_bias = c.o_bias = rd.boolean("attention_bias", false);
+  c.qk_norm = c.attn_output_gate = c.zero_centered_norm = true;
+  c.linear_split_projections = c.model_type != "qwen3_next";
+  if (c.hidden_act != "silu")  // the short convolution's activation is hidden_act; only SiLU is implemented
+    throw file_error(file, "hidden_act", "must be silu for " + c.model_type + ", got '" + c.hidden_act + "'");
+  c.linear_conv_kernel_dim = rd.integer("linear_conv_kernel_dim", 4);
+  c.linear_key_head_dim = rd.integer("linear_key_head_dim", 128);
+  c.linear_value_head_dim = rd.integer("linear_value_head_dim", 128);
+  c.linear_num_key_heads = rd.integer("linear_num_key_heads", 16);
+  c.linear_num_value_heads = rd.integer("linear_num_value_heads", 32);
+  for (auto [k, v] : {std::pair{"linear_conv_kernel_dim", c.linear_conv_kernel_dim}, {"linear_key_head_dim", c.linear_key_head_dim},
+                      {"linear_value_head_dim", c.linear_value_head_dim}, {"linear_num_key_heads", c.linear_num_key_heads},
+                      {"linear_num_value_heads", c.linear_num_value_heads}})
+    if (v <= 0) throw file_error(file, k, "must be positive, got " + str(v));
+  if (c.linear_num_value_heads % c.linear_num_key_heads)
+    throw file_error(file, "linear_num_value_heads", str(c.linear_num_value_heads) + " is not a multiple of linear_num_key_heads " +
+                                                         str(c.linear_num_key_heads));
+  c.layer_linear.assign(layers, 0);
+  if (rd.has("layer_types")) {
+    const json& lt = rd.json().at("layer_types");
+    if (!lt.is_array() || static_cast<int64_t>(lt.size()) != layers)
+      throw file_error(file, "layer_types", "expected a list of num_hidden_layers strings");
+    for (int64_t i = 0; i < layers; ++i) {
+      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
+      if (t == "linear_attention") c.layer_linear[i] = 1;
+      else if (t != "full_attention")
+        throw file_error(file, "layer_types", "unsupported layer type " + lt[i].dump() + " (linear_attention, full_attention)");
+    }
+  } else {  // transformers: every full_attention_interval-th layer is full attention
+    const int64_t every = rd.integer("full_attention_interval", 4);
+    if (every <= 0) throw file_error(file, "full_attention_interval", "must be positive, got " + str(every));
+    for (int64_t i = 0; i < layers; ++i) c.layer_linear[i] = (i + 1) % every ? 1 : 0;
+  }
+  if (c.model_type == "qwen3_5_text") return;  // dense MLPs
+  const bool next = c.model_type == "qwen3_next";
+  c.num_experts = rd.integer("num_experts", next ? 512 : 256);
+  c.num_experts_per_tok = rd.integer("num_experts_per_tok", next ? 10 : 8);
+  c.moe_intermediate_size = rd.integer("moe_intermediate_size", 512);
+  c.shared_expert_intermediate_size = rd.integer("shared_expert_intermediate_size", 512);
+  c.norm_topk_prob = next ? rd.boolean("norm_topk_prob", true) : true;  // Qwen3.5-MoE always renormalises
+  c.router_aux_loss_coef = rd.number("router_aux_loss_coef", 0.001);
+  c.layer_moe.assign(layers, next ? 0 : 1);
+  if (next) {  // qwen3_moe's rule: MoE unless in mlp_only_layers, every decoder_sparse_step-th layer
+    const int64_t step = rd.integer("decoder_sparse_step", 1);
+    if (step <= 0) throw file_error(file, "decoder_sparse_step", "must be positive, got " + str(step));
+    const std::vector<int64_t> dense = rd.int_list("mlp_only_layers");
+    for (int64_t i : dense)
+      if (i < 0 || i >= layers) throw file_error(file, "mlp_only_layers", "layer " + str(i) + " out of range");
+    for (int64_t i = 0; i < layers; ++i)
+      c.layer_moe[i] = std::find(dense.begin(), dense.end(), i) == dense.end() && c.num_experts > 0 && (i + 1) % step == 0;
+  }
+  if (c.num_experts <= 0) {
+    if (!next) throw file_error(file, "num_experts", "must be positive, got " + str(c.num_experts));
+    c.num_experts = 0;
+    return;
+  }
+  if (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)
+    throw file_error(file, "num_experts_per_tok", "must be in [1, num_experts = " + str(c.num_experts) + "], got " + str(c.num_experts_per_tok));
+  if (c.moe_intermediate_size <= 0) throw file_error(file, "moe_intermediate_size", "must be positive, got " + str(c.moe_intermediate_size));
+  if (c.shared_expert_intermediate_size <= 0)
+    throw file_error(file, "shared_expert_intermediate_size", "must be positive, got " + str(c.shared_expert_intermediate_size));
+}
+
 }  // namespace
 
 DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
@@ -183,10 +254,12 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   DecoderConfig c;
   c.raw = j;
   c.model_type = rd.string("model_type");
-  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" && c.model_type != "qwen3" &&
+  const bool gdn = gated_deltanet_family(c.model_type);
+  if (!gdn && c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" && c.model_type != "qwen3" &&
       c.model_type != "deepseek_v3" && c.model_type != "qwen3_moe" && c.model_type != "mixtral")
     throw file_error(file, "model_type", "unsupported model type '" + c.model_type +
-                                             "' (decoders: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3)");
+                                             "' (decoders: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3, "
+                                             "qwen3_next, qwen3_5_text, qwen3_5_moe_text)");
   c.vocab_size = rd.integer("vocab_size");
   c.hidden_size = rd.integer("hidden_size");
   c.intermediate_size = rd.integer("intermediate_size");
@@ -264,11 +337,17 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
     c.layer_window.assign(c.num_hidden_layers, w);
   }
   if (c.model_type == "qwen3_moe" || c.model_type == "mixtral") parse_moe(rd, c);
+  if (gdn) parse_gated_deltanet(rd, c);
   c.rope = parse_rope(j, file, c.max_position_embeddings);
+  if (gdn && !c.rope.partial_rotary_factor) {  // transformers' default for these families
+    c.rope.partial_rotary_factor = 0.25;
+    c.rope.partial_rotary_field = "partial_rotary_factor";
+  }
+  if (gdn) c.rope.mrope_section.clear();  // Qwen3.5's text positions are 1D: its multimodal sections rotate as plain RoPE
   // Partial rotary (transformers: dim = int(head_dim * partial_rotary_factor)); families with a default of their own
   // set it when the file has none.
   // The families whose transformers modeling rotates part of each head (the others' apply_rotary_pos_emb would fail).
-  const bool partial_ok = false;
+  const bool partial_ok = gdn;
   const double partial = c.rope.partial_rotary_factor.value_or(1.0);
   c.rotary_dim = c.head_dim;
   if (partial != 1.0) {
@@ -310,6 +389,17 @@ int64_t DecoderConfig::num_parameters() const {
   const int64_t moe = num_experts * d + num_experts * 3 * d * moe_intermediate_size + 3 * d * moe_intermediate_size * n_shared_experts;
   for (int64_t i = 0; i < num_hidden_layers; ++i)
     if (is_moe_layer(i)) total += moe - mlp;
+  if (gated_deltanet_family(model_type)) {
+    // attention's output gate (q_proj twice as wide); a linear-attention layer instead of attention; the shared
+    // expert's gate
+    const int64_t kd = linear_num_key_heads * linear_key_head_dim, vd = linear_num_value_heads * linear_value_head_dim;
+    const int64_t linear = d * (2 * kd + 2 * vd) + d * 2 * linear_num_value_heads + (2 * kd + vd) * linear_conv_kernel_dim +
+                           2 * linear_num_value_heads + linear_value_head_dim + vd * d;
+    for (int64_t i = 0; i < num_hidden_layers; ++i) {
+      total += is_linear_layer(i) ? linear - attn : d * q + (q_bias ? q : 0);
+      if (is_moe_layer(i)) total += d + 3 * d * shared_expert_intermediate_size;
+    }
+  }
   return total;
 }
 

@@ -68,6 +68,21 @@ struct DecoderConfig {
   double routed_scaling_factor = 1.0;
   double router_aux_loss_coef = 0.0;  // transformers' load-balancing coefficient (used by training only)
   bool is_moe_layer(int64_t i) const { return i < static_cast<int64_t>(layer_moe.size()) && layer_moe[i] != 0; }
+  // Qwen3-Next / Qwen3.5 text decoders (gated_deltanet_family(); models/llama/gated_deltanet.h): per layer_types a
+  // layer mixes tokens by Gated DeltaNet linear attention ("linear_attn") or by full attention whose q_proj also gives
+  // a sigmoid gate of its output (attn_output_gate); every RMSNorm outside the linear attention scales by
+  // (1 + weight) (zero_centered_norm); MoE layers add a shared expert of shared_expert_intermediate_size behind a
+  // sigmoid gate ("shared_expert", "shared_expert_gate"). Qwen3.5 projects q/k/v, z, b and a separately
+  // (linear_split_projections) where Qwen3-Next packs them per key head (in_proj_qkvz, in_proj_ba).
+  std::vector<int64_t> layer_linear;  // per layer: 1 = linear attention, 0 = full attention (empty: none)
+  int64_t linear_conv_kernel_dim = 0, linear_key_head_dim = 0, linear_value_head_dim = 0;
+  int64_t linear_num_key_heads = 0, linear_num_value_heads = 0;
+  bool linear_split_projections = false, zero_centered_norm = false, attn_output_gate = false;
+  int64_t shared_expert_intermediate_size = 0;
+  bool is_linear_layer(int64_t i) const { return i < static_cast<int64_t>(layer_linear.size()) && layer_linear[i] != 0; }
+  static bool gated_deltanet_family(const std::string& model_type) {
+    return model_type == "qwen3_next" || model_type == "qwen3_5_text" || model_type == "qwen3_5_moe_text";
+  }
   nlohmann::json raw;                   // the config.json as read, written back on export
 
   // Parses config.json's JSON; `file` names the file in errors. Fields that change the math and are not supported

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 
+#include <algorithm>
+
 #include "loongforge/core/error.h"
 #include "loongforge/kernels/linear_ce.h"
 #include "loongforge/models/llama/family.h"
@@ -68,6 +70,13 @@ void CausalLMImpl::init_weights(double std) {
     else p.normal_(0.0, std);
   }
   if (config_.pad_token_id) model->embed_tokens->weight[*config_.pad_token_id].zero_();
+  // Qwen3-Next / Qwen3.5: zero-centred norms start at 0; linear attention's dt_bias at 1 and A_log = log U(0.01, 16)
+  if (config_.zero_centered_norm) zero_centered_norms_to_zero();
+  for (auto& item : named_modules())
+    if (auto* la = item.value()->as<GatedDeltaNetImpl>()) {
+      la->dt_bias.fill_(1.0);
+      la->A_log.uniform_(0.01, 16.0).log_();
+    }
 }
 
 BatchSchema CausalLMImpl::batch_schema() const {
@@ -150,6 +159,10 @@ Split CausalLMImpl::split() const {
 
 TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
   const DecoderConfig& c = config_;
+  // (asked for only when parallel.tp > 1)
+  if (std::count(c.layer_linear.begin(), c.layer_linear.end(), 1) > 0)
+    throw OptionError("tp", std::to_string(c.num_hidden_layers) + "-layer " + c.model_type +
+                                ": its linear-attention layers have no tensor-parallel plan yet (use dp / zero / pp / ep)");
   TensorParallelSpec t;
   const std::string L = R"(model\.layers\.\d+\.)";
   t.rules = {
@@ -186,6 +199,7 @@ std::vector<nn::AttentionHook*> CausalLMImpl::attention_modules() {
   for (auto& m : *model->layers) {
     auto* l = m->as<DecoderLayerImpl>();
     if (l->mla) out.push_back(l->mla.get());
+    else if (l->linear_attn) out.push_back(l->linear_attn.get());  // refuses an attention_fn (context parallelism)
     else out.push_back(l->self_attn.get());
   }
   return out;
@@ -207,13 +221,15 @@ std::string CausalLMImpl::reference_name(const std::string& n) const {
 
 bool CausalLMImpl::ignorable_checkpoint_tensor(const std::string& name) const {
   // buffers older transformers versions saved; a tied checkpoint may still carry lm_head.weight
-  return name.ends_with("rotary_emb.inv_freq") || (config_.tie_word_embeddings && name == "lm_head.weight");
+  return name.ends_with("rotary_emb.inv_freq") || (config_.tie_word_embeddings && name == "lm_head.weight") ||
+         (DecoderConfig::gated_deltanet_family(config_.model_type) && name.starts_with("mtp."));  // Qwen3-Next's MTP head
 }
 
 Family family() {
   Family f;
   f.name = "decoder_lm";
   f.model_types = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"};
+  for (const char* t : {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}) f.model_types.push_back(t);
   f.build = [](const nlohmann::json& j, const std::string& file) -> std::shared_ptr<Model> {
     return CausalLM(DecoderConfig::from_json(j, file)).ptr();
   };

@@ -6,6 +6,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/kernels/add_rms_norm.h"
+#include "loongforge/kernels/rms_norm.h"
 #include "loongforge/kernels/swiglu.h"
 #include "loongforge/nn/recompute.h"
 
@@ -13,6 +14,12 @@ namespace lf::models::llama {
 
 namespace {
 nn::Linear linear(int64_t in, int64_t out, bool bias) { return nn::Linear(in, out, bias); }
+
+// The factor of an RMSNorm: its weight, or 1 + weight for a zero-centred one (Qwen3-Next; its weight starts at 0).
+at::Tensor norm_scale(const nn::RMSNorm& n, bool zero_centered) { return zero_centered ? n->weight + 1.0 : n->weight; }
+at::Tensor apply_norm(const nn::RMSNorm& n, const at::Tensor& x, bool zero_centered) {
+  return kernels::rms_norm(x, zero_centered ? n->weight + 1.0 : n->weight, n->eps);  // = RMSNormImpl::forward when not
+}
 }  // namespace
 
 nn::RopeSpec rope_spec(const DecoderConfig& c) {
@@ -57,8 +64,8 @@ nn::MoEOptions moe_options(const DecoderConfig& c) {
 
 AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t idx)
     : nn::AttentionHook(c.num_attention_heads, c.num_key_value_heads, c.layer_window.at(idx)), layer_idx(idx),
-      head_dim(c.head_dim) {
-  q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim, c.q_bias));
+      head_dim(c.head_dim), output_gate(c.attn_output_gate), zero_centered(c.zero_centered_norm) {
+  q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim * (output_gate ? 2 : 1), c.q_bias));
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, c.k_bias));
   v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, c.v_bias));
   o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.o_bias));
@@ -73,12 +80,18 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   at::Tensor q = q_proj->forward(x);
   // b, t from the projection (a sequence-parallel input_fn gathers the sequence: t can exceed x.size(1)).
   const int64_t b = q.size(0), t = q.size(1);
+  at::Tensor gate;
+  if (output_gate) {
+    at::Tensor qg = q.view({b, t, heads, 2 * head_dim});
+    gate = qg.narrow(3, head_dim, head_dim).reshape({b, t, heads * head_dim});
+    q = qg.narrow(3, 0, head_dim);
+  }
   q = q.view({b, t, heads, head_dim});
   at::Tensor k = k_proj->forward(x).view({b, t, kv_heads, head_dim});
   at::Tensor v = v_proj->forward(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
   if (q_norm) {
-    q = q_norm->forward(q);
-    k = k_norm->forward(k);
+    q = apply_norm(q_norm, q, zero_centered);
+    k = apply_norm(k_norm, k, zero_centered);
   }
   q = nn::apply_rotary(q.transpose(1, 2), cos, sin);
   k = nn::apply_rotary(k.transpose(1, 2), cos, sin);
@@ -89,6 +102,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   at::Tensor o = attend(q, k, v, offset, scale, segment_ids);
+  if (output_gate) return o_proj->forward(o.transpose(1, 2).reshape({b, t, heads * head_dim}) * at::sigmoid(gate));
   return o_proj->forward(o.transpose(1, 2).reshape({b, t, heads * head_dim}));
 }
 
@@ -108,25 +122,37 @@ at::Tensor MLPImpl::forward(const at::Tensor& x) {
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t idx) {
-  if (c.mla) mla = register_module("self_attn", MLA(c, idx));
+  if (c.is_linear_layer(idx)) linear_attn = register_module("linear_attn", GatedDeltaNet(c, idx));
+  else if (c.mla) mla = register_module("self_attn", MLA(c, idx));
   else self_attn = register_module("self_attn", Attention(c, idx));
   if (c.is_moe_layer(idx)) moe = register_module(c.moe_module_name, nn::MoE(moe_options(c)));
   else mlp = register_module("mlp", MLP(c));
+  if (moe && c.shared_expert_intermediate_size > 0) {
+    shared_expert = moe->register_module("shared_expert", nn::SharedExpert(c.hidden_size, c.shared_expert_intermediate_size, c.hidden_act));
+    shared_expert_gate = moe->register_module("shared_expert_gate", linear(c.hidden_size, 1, false));
+  }
   input_layernorm = register_module("input_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+  zero_centered = c.zero_centered_norm;
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                      nn::KVCache* cache, const at::Tensor& segment_ids) {
-  at::Tensor a = input_layernorm->forward(x);
-  at::Tensor attn = mla ? mla->forward(a, cos, sin, cache, segment_ids) : self_attn->forward(a, cos, sin, cache, segment_ids);
+  at::Tensor a = apply_norm(input_layernorm, x, zero_centered);
+  if (linear_attn && segment_ids.defined())
+    throw Error("decoder: packed documents (segment_ids) are not supported by linear-attention layers (layer " +
+                std::to_string(linear_attn->layer_idx) + "); train without document masking");
+  at::Tensor attn = linear_attn ? linear_attn->forward(a, cache)
+                    : mla       ? mla->forward(a, cos, sin, cache, segment_ids)
+                                : self_attn->forward(a, cos, sin, cache, segment_ids);
   at::Tensor h, n;
   if (attn.scalar_type() == x.scalar_type() && attn.sizes() == x.sizes()) {  // fused residual add + RMSNorm
-    std::tie(h, n) = kernels::add_rms_norm(attn, x, post_attention_layernorm->weight, post_attention_layernorm->eps);
+    std::tie(h, n) = kernels::add_rms_norm(attn, x, norm_scale(post_attention_layernorm, zero_centered), post_attention_layernorm->eps);
   } else {
     h = x + attn;
-    n = post_attention_layernorm->forward(h);
+    n = apply_norm(post_attention_layernorm, h, zero_centered);
   }
+  if (shared_expert) return h + (moe->forward(n) + at::sigmoid(shared_expert_gate->forward(n)) * shared_expert->forward(n));
   return h + (moe ? moe->forward(n) : mlp->forward(n));
 }
 
@@ -143,6 +169,13 @@ CausalLMImpl::CausalLMImpl(DecoderConfig c) : config_(std::move(c)), rotary_(rop
   router_aux_loss_coef_ = config_.router_aux_loss_coef;
   model = register_module("model", DecoderModel(config_));
   if (!config_.tie_word_embeddings) lm_head = register_module("lm_head", linear(config_.hidden_size, config_.vocab_size, false));
+  if (config_.zero_centered_norm) zero_centered_norms_to_zero();
+}
+
+void CausalLMImpl::zero_centered_norms_to_zero() {
+  at::NoGradGuard no_grad;
+  for (auto& item : named_parameters())
+    if (item.key().ends_with("norm.weight") && item.key().find("linear_attn.") == std::string::npos) item.value().zero_();
 }
 
 void CausalLMImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
@@ -240,7 +273,7 @@ std::vector<CheckpointTensor> CausalLMImpl::checkpoint_tensors() const {
   return out;
 }
 
-at::Tensor CausalLMImpl::final_norm(const at::Tensor& h) { return model->norm->forward(h); }
+at::Tensor CausalLMImpl::final_norm(const at::Tensor& h) { return apply_norm(model->norm, h, config_.zero_centered_norm); }
 
 at::Tensor CausalLMImpl::output_weight() const {
   return lm_head ? lm_head->weight : model->embed_tokens->weight;

@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "loongforge/models/llama/config.h"
+#include "loongforge/models/llama/gated_deltanet.h"
 #include "loongforge/models/llama/mla.h"
 #include "loongforge/models/model.h"
 #include "loongforge/nn/attention.h"
@@ -31,6 +32,8 @@ class AttentionImpl : public torch::nn::Module, public nn::AttentionHook {
   nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   nn::RMSNorm q_norm{nullptr}, k_norm{nullptr};
   int64_t layer_idx, head_dim;
+  bool output_gate = false;  // Qwen3-Next: q_proj gives [q | gate] per head; the output is times sigmoid(gate)
+  bool zero_centered = false;  // q_norm / k_norm scale by 1 + weight (DecoderConfig::zero_centered_norm)
 };
 TORCH_MODULE(Attention);
 
@@ -55,6 +58,12 @@ class DecoderLayerImpl : public torch::nn::Module {
   MLP mlp{nullptr};  // null in MoE layers (config.is_moe_layer): then moe, registered as config.moe_module_name
   nn::MoE moe{nullptr};
   nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  GatedDeltaNet linear_attn{nullptr};  // config.is_linear_layer: the token mixer instead of self_attn
+  // Qwen3-Next's MoE layers: a shared expert behind a sigmoid gate, registered inside the MoE block (as
+  // mlp.shared_expert, mlp.shared_expert_gate) and added to its output here.
+  nn::SharedExpert shared_expert{nullptr};
+  nn::Linear shared_expert_gate{nullptr};
+  bool zero_centered = false;  // the layer's norms scale by 1 + weight (DecoderConfig::zero_centered_norm)
 };
 TORCH_MODULE(DecoderLayer);
 
@@ -146,6 +155,7 @@ class CausalLMImpl : public models::Model {
  private:
   DecoderConfig config_;
   nn::Rotary rotary_;
+  void zero_centered_norms_to_zero();  // Qwen3-Next's (1 + weight) norms start at 0 (the gated one at 1)
 };
 TORCH_MODULE(CausalLM);
 

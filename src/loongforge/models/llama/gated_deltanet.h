@@ -1,0 +1,52 @@
+// Gated DeltaNet linear attention of Qwen3-Next / Qwen3.5 (transformers' Qwen3NextGatedDeltaNet /
+// Qwen3_5GatedDeltaNet), with their parameter names:
+//   qwen3_next: in_proj_qkvz [2Kd + 2Vd, d], in_proj_ba [2Hv, d] (packed per key head: q, k, its value heads' v and
+//               z; its value heads' b and a)
+//   qwen3_5:    in_proj_qkv [2Kd + Vd, d], in_proj_z [Vd, d], in_proj_b [Hv, d], in_proj_a [Hv, d]
+//   conv1d.weight [2Kd + Vd, 1, K] (depthwise, causal, SiLU), dt_bias [Hv], A_log [Hv], norm.weight [Dv] (gated
+//   RMSNorm), out_proj [d, Vd]
+// (Kd = Hk x Dk, Vd = Hv x Dv). q, k are L2-normalised and q scaled by Dk^-1/2; beta = sigmoid(b), the log decay
+// g = -exp(A_log) softplus(a + dt_bias); the gated delta rule (nn/gated_delta.h) runs chunk-wise over a sequence and
+// token by token when a cache holds the layer's state (conv inputs + recurrent state).
+//
+// The layer is an nn::AttentionHook (heads: value heads, kv_heads: key heads) so that layouts see it, but it refuses
+// an attention_fn: context parallelism would have to pass the recurrent state between ranks (not done yet).
+// In an nn::KVCache the layer keeps its recurrent state [B, Hv, Dk, Dv] in values[layer] and the last K - 1
+// convolution inputs [B, K - 1, C] in keys[layer], viewed (no copy) as [B, K - 1, T, C] with a zero stride over the T
+// tokens seen, so that the cache's length() counts tokens as for attention layers.
+#pragma once
+#include <torch/nn/module.h>
+
+#include "loongforge/models/llama/config.h"
+#include "loongforge/nn/attention.h"
+#include "loongforge/nn/linear.h"
+#include "loongforge/nn/rms_norm.h"
+
+namespace lf::models::llama {
+
+// The conv1d's weight under transformers' name (conv1d.weight).
+class DepthwiseConvWeightImpl : public torch::nn::Module {
+ public:
+  DepthwiseConvWeightImpl(int64_t channels, int64_t kernel);
+  at::Tensor weight;
+};
+TORCH_MODULE(DepthwiseConvWeight);
+
+class GatedDeltaNetImpl : public torch::nn::Module, public nn::AttentionHook {
+ public:
+  GatedDeltaNetImpl(const DecoderConfig& c, int64_t layer_idx);
+  // x [B,T,d] -> [B,T,d]. With a cache: continues from and updates the layer's states there.
+  at::Tensor forward(const at::Tensor& x, nn::KVCache* cache = nullptr);
+
+  nn::Linear in_proj_qkvz{nullptr}, in_proj_ba{nullptr};                          // qwen3_next
+  nn::Linear in_proj_qkv{nullptr}, in_proj_z{nullptr}, in_proj_b{nullptr}, in_proj_a{nullptr};  // qwen3_5
+  nn::Linear out_proj{nullptr};
+  DepthwiseConvWeight conv1d{nullptr};
+  nn::RMSNorm norm{nullptr};  // the gated norm's weight and eps
+  at::Tensor dt_bias, A_log;
+  int64_t layer_idx, key_heads, value_heads, key_dim, value_dim, kernel;
+  int64_t chunk = 64;  // transformers' torch_chunk_gated_delta_rule chunk size
+};
+TORCH_MODULE(GatedDeltaNet);
+
+}  // namespace lf::models::llama

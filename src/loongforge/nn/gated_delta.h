@@ -1,0 +1,44 @@
+// The gated delta rule (Gated DeltaNet's linear attention, Yang et al. 2024) and the small ops around it (layer nn;
+// generic, no model includes). Per value head, with a state S [Dk, Dv] that starts at S0 (zeros by default):
+//   S_t = exp(g_t) S_{t-1};  S_t += k_t (beta_t (v_t - S_t^T k_t))^T;  o_t = S_t^T q_t
+// q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv] (g: the log decay, <= 0). Each query/key head serves
+// Hv / Hk consecutive value heads. Nothing is normalised or scaled here (the caller L2-normalises q and k and scales
+// q). The math runs in float32 (float64 stays float64); outputs [B, T, Hv, Dv] come back in v's dtype, states
+// [B, Hv, Dk, Dv] in the compute dtype.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+
+namespace lf::nn {
+
+// Chunk-wise form for whole sequences (training, prefill): within a chunk of `chunk` tokens the delta-rule updates
+// are condensed by a unit-lower-triangular solve (the WY / UT transform) into batched GEMMs; only the state passes
+// sequentially from chunk to chunk. Any T (the last chunk is padded). Autograd runs through ATen ops. Returns the
+// outputs and the final state (undefined unless final_state).
+std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                         const at::Tensor& g, const at::Tensor& beta,
+                                                         const at::Tensor& initial_state = {}, int64_t chunk = 64,
+                                                         bool final_state = false);
+
+// Token by token (generation steps with a cached state): the same math, one update per token. Returns the outputs
+// and the final state.
+std::pair<at::Tensor, at::Tensor> recurrent_gated_delta_rule(const at::Tensor& q, const at::Tensor& k,
+                                                             const at::Tensor& v, const at::Tensor& g,
+                                                             const at::Tensor& beta,
+                                                             const at::Tensor& initial_state = {});
+
+// x * rsqrt(sum(x^2, -1) + eps) (the FLA library's l2norm, as transformers).
+at::Tensor l2_normalize(const at::Tensor& x, double eps = 1e-6);
+
+// Causal depthwise convolution over time with SiLU: x [B, T, C], weight [C, 1, K] (torch.nn.Conv1d's layout, no
+// bias); y_t = silu(sum_j weight[:, 0, j] * x_{t - K + 1 + j}), x before the start being `past` [B, K - 1, C] (zeros
+// when undefined). Written as K shifted multiply-adds (no CPU convolution kernel: its backward is not safe on
+// several threads). Returns y and the last K - 1 inputs (the state a next call continues from).
+std::pair<at::Tensor, at::Tensor> causal_depthwise_conv_silu(const at::Tensor& x, const at::Tensor& weight,
+                                                             const at::Tensor& past = {});
+
+// Gated RMSNorm of the linear-attention output: weight * rms_norm(x) * silu(gate), statistics in float32.
+at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight, double eps);
+
+}  // namespace lf::nn

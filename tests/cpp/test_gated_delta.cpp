@@ -1,0 +1,178 @@
+// The gated delta rule (nn/gated_delta.h): the chunk-wise form against a float64 token-by-token reference written
+// here (values, final state and every input's gradient), for lengths below, at and above the chunk and not a
+// multiple of it, grouped key heads, an initial state; the recurrent form (generation) against the same reference;
+// the causal depthwise convolution against at::conv1d, also when continued from its state; and a float64
+// finite-difference check of the chunk-wise gradients.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "loongforge/nn/gated_delta.h"
+
+namespace {
+
+using at::Tensor;
+
+// Token by token in float64, straight from the definition: S = e^g S; S += k (beta (v - S^T k))^T; o = S^T q.
+std::pair<Tensor, Tensor> reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                    const Tensor& beta, const Tensor& s0) {
+  const int64_t b = k.size(0), t = k.size(1), hk = k.size(2), dk = k.size(3), h = v.size(2), dv = v.size(3);
+  Tensor s = s0.defined() ? s0 : at::zeros({b, h, dk, dv}, v.options());
+  std::vector<Tensor> outs;
+  for (int64_t i = 0; i < t; ++i) {
+    std::vector<Tensor> heads;
+    std::vector<Tensor> states;
+    for (int64_t j = 0; j < h; ++j) {
+      const int64_t kh = j / (h / hk);
+      Tensor qi = q.select(1, i).select(1, kh), ki = k.select(1, i).select(1, kh);  // [b, dk]
+      Tensor sj = s.select(1, j) * g.select(1, i).select(1, j).exp().view({b, 1, 1});
+      Tensor pred = at::bmm(ki.unsqueeze(1), sj).squeeze(1);  // S^T k  [b, dv]
+      Tensor delta = (v.select(1, i).select(1, j) - pred) * beta.select(1, i).select(1, j).unsqueeze(1);
+      sj = sj + at::bmm(ki.unsqueeze(2), delta.unsqueeze(1));
+      heads.push_back(at::bmm(qi.unsqueeze(1), sj).squeeze(1));
+      states.push_back(sj);
+    }
+    s = at::stack(states, 1);
+    outs.push_back(at::stack(heads, 1));
+  }
+  return {at::stack(outs, 1), s};
+}
+
+struct Inputs {
+  Tensor q, k, v, g, beta, s0;
+  std::vector<Tensor> all() const { return {q, k, v, g, beta, s0}; }
+};
+
+Inputs make(int64_t b, int64_t t, int64_t hk, int64_t h, int64_t dk, int64_t dv, bool with_state, int seed) {
+  at::manual_seed(seed);
+  auto o = at::TensorOptions().dtype(at::kDouble);
+  Inputs in;
+  // L2-normalised keys (as the layers feed them: the delta rule is stable for |k| <= 1, beta in (0, 1))
+  in.q = (at::randn({b, t, hk, dk}, o) * 0.5).requires_grad_();
+  in.k = lf::nn::l2_normalize(at::randn({b, t, hk, dk}, o)).detach().requires_grad_();
+  in.v = at::randn({b, t, h, dv}, o).requires_grad_();
+  in.g = (-at::rand({b, t, h}, o) * 0.5).requires_grad_();
+  in.beta = at::sigmoid(at::randn({b, t, h}, o)).detach().requires_grad_();
+  if (with_state) in.s0 = (at::randn({b, h, dk, dv}, o) * 0.3).requires_grad_();
+  return in;
+}
+
+double rel(const Tensor& a, const Tensor& b) {
+  return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item<double>();
+}
+
+// Chunk-wise vs reference for one shape: outputs, final state and the gradients of a random projection of both.
+void check_chunk(int64_t t, int64_t chunk, int64_t hk, int64_t h, bool with_state) {
+  SCOPED_TRACE("t=" + std::to_string(t) + " chunk=" + std::to_string(chunk) + " hk=" + std::to_string(hk) +
+               " h=" + std::to_string(h) + " state=" + std::to_string(with_state));
+  Inputs in = make(2, t, hk, h, 5, 3, with_state, static_cast<int>(t * 7 + chunk));
+  auto [o_ref, s_ref] = reference(in.q, in.k, in.v, in.g, in.beta, in.s0);
+  auto [o, s] = lf::nn::chunk_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, in.s0, chunk, true);
+  ASSERT_EQ(o.sizes(), o_ref.sizes());
+  EXPECT_LT(rel(o, o_ref), 1e-12);
+  EXPECT_LT(rel(s, s_ref), 1e-12);
+  Tensor wo = at::randn_like(o_ref), ws = at::randn_like(s_ref);
+  std::vector<Tensor> inputs;
+  for (const Tensor& x : in.all())
+    if (x.defined()) inputs.push_back(x);
+  auto g_ref = torch::autograd::grad({(o_ref * wo).sum() + (s_ref * ws).sum()}, inputs);
+  auto g = torch::autograd::grad({(o * wo).sum() + (s * ws).sum()}, inputs);
+  for (size_t i = 0; i < inputs.size(); ++i) EXPECT_LT(rel(g[i], g_ref[i]), 1e-10) << "input " << i;
+}
+
+TEST(GatedDelta, ChunkMatchesSequentialReference) {
+  check_chunk(1, 64, 2, 2, false);
+  check_chunk(37, 64, 2, 2, false);     // shorter than a chunk
+  check_chunk(64, 64, 1, 2, true);      // exactly one chunk, grouped key heads, initial state
+  check_chunk(100, 64, 2, 4, false);    // not a multiple of the chunk, longer than one
+  check_chunk(130, 64, 2, 2, true);     // three chunks, the last of 2 tokens
+  check_chunk(45, 8, 1, 3, true);       // many small chunks
+}
+
+TEST(GatedDelta, Float32ChunkCloseToFloat64) {
+  Inputs in = make(1, 150, 2, 4, 16, 8, false, 3);
+  auto [o_ref, s_ref] = reference(in.q, in.k, in.v, in.g, in.beta, {});
+  auto f = [](const Tensor& x) { return x.detach().to(at::kFloat); };
+  auto [o, s] = lf::nn::chunk_gated_delta_rule(f(in.q), f(in.k), f(in.v), f(in.g), f(in.beta), {}, 64, true);
+  EXPECT_EQ(o.scalar_type(), at::kFloat);
+  EXPECT_LT(rel(o.to(at::kDouble), o_ref), 1e-5);
+  EXPECT_LT(rel(s.to(at::kDouble), s_ref), 1e-5);
+}
+
+TEST(GatedDelta, RecurrentMatchesReferenceAndContinuesChunk) {
+  Inputs in = make(2, 20, 1, 2, 4, 6, true, 5);
+  at::NoGradGuard ng;
+  auto [o_ref, s_ref] = reference(in.q, in.k, in.v, in.g, in.beta, in.s0);
+  auto [o, s] = lf::nn::recurrent_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, in.s0);
+  EXPECT_LT(rel(o, o_ref), 1e-12);
+  EXPECT_LT(rel(s, s_ref), 1e-12);
+  // prefill 13 tokens chunk-wise, then step the remaining 7 one at a time from its state (generation)
+  auto part = [](const Tensor& x, int64_t a, int64_t n) { return x.narrow(1, a, n); };
+  auto [o1, s1] = lf::nn::chunk_gated_delta_rule(part(in.q, 0, 13), part(in.k, 0, 13), part(in.v, 0, 13),
+                                                 part(in.g, 0, 13), part(in.beta, 0, 13), in.s0, 64, true);
+  std::vector<Tensor> outs{o1};
+  for (int64_t i = 13; i < 20; ++i) {
+    auto [oi, si] = lf::nn::recurrent_gated_delta_rule(part(in.q, i, 1), part(in.k, i, 1), part(in.v, i, 1),
+                                                       part(in.g, i, 1), part(in.beta, i, 1), s1);
+    outs.push_back(oi);
+    s1 = si;
+  }
+  EXPECT_LT(rel(at::cat(outs, 1), o_ref), 1e-12);
+  EXPECT_LT(rel(s1, s_ref), 1e-12);
+}
+
+TEST(GatedDelta, ChunkGradientsMatchFiniteDifferences) {
+  Inputs in = make(1, 11, 1, 2, 3, 2, true, 9);
+  std::vector<Tensor> inputs;
+  for (const Tensor& x : in.all()) inputs.push_back(x);
+  Tensor wo = at::randn({1, 11, 2, 2}, at::kDouble), ws = at::randn({1, 2, 3, 2}, at::kDouble);
+  auto loss = [&](const std::vector<Tensor>& x) {
+    auto [o, s] = lf::nn::chunk_gated_delta_rule(x[0], x[1], x[2], x[3], x[4], x[5], 4, true);
+    return (o * wo).sum() + (s * ws).sum();
+  };
+  auto grads = torch::autograd::grad({loss(inputs)}, inputs);
+  const double eps = 1e-6;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Tensor base = inputs[i].detach().clone();
+    Tensor flat = base.view(-1);
+    for (int64_t j = 0; j < flat.numel(); j += 3) {  // every third entry
+      std::vector<Tensor> plus, minus;
+      for (size_t m = 0; m < inputs.size(); ++m) {
+        plus.push_back(inputs[m].detach().clone());
+        minus.push_back(inputs[m].detach().clone());
+      }
+      plus[i].view(-1)[j] += eps;
+      minus[i].view(-1)[j] -= eps;
+      at::NoGradGuard ng;
+      const double fd = (loss(plus).item<double>() - loss(minus).item<double>()) / (2 * eps);
+      EXPECT_NEAR(grads[i].reshape(-1)[j].item<double>(), fd, 1e-6 * std::max(1.0, std::abs(fd))) << "input " << i << " entry " << j;
+    }
+  }
+}
+
+TEST(GatedDelta, CausalConvMatchesConv1dAndContinues) {
+  at::manual_seed(2);
+  auto o = at::TensorOptions().dtype(at::kDouble);
+  const int64_t b = 2, t = 9, c = 5, kernel = 4;
+  Tensor x = at::randn({b, t, c}, o), w = at::randn({c, 1, kernel}, o);
+  Tensor ref = at::silu(at::conv1d(x.transpose(1, 2), w, {}, 1, kernel - 1, 1, c).narrow(2, 0, t)).transpose(1, 2);
+  auto [y, state] = lf::nn::causal_depthwise_conv_silu(x, w);
+  EXPECT_LT(rel(y, ref), 1e-14);
+  // 6 tokens, then 1 at a time from the state
+  auto [y1, s1] = lf::nn::causal_depthwise_conv_silu(x.narrow(1, 0, 6), w);
+  std::vector<Tensor> ys{y1};
+  for (int64_t i = 6; i < t; ++i) {
+    auto [yi, si] = lf::nn::causal_depthwise_conv_silu(x.narrow(1, i, 1), w, s1);
+    ys.push_back(yi);
+    s1 = si;
+  }
+  EXPECT_LT(rel(at::cat(ys, 1), ref), 1e-14);
+  EXPECT_TRUE(at::equal(s1, state));
+}
+
+}  // namespace
