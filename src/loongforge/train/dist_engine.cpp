@@ -368,11 +368,17 @@ class DistEngine : public Engine {
         }
       }
     }
-    // tp ranks hold the same value, pp ranks too (the pipeline broadcasts it); sum over data and context ranks.
-    at::Tensor t = at::full({1}, local_sum, at::kDouble);
+    // tp ranks hold the same value, pp ranks too (the pipeline broadcasts it); sum over data and context ranks,
+    // with the model's loss parts (the multi-token prediction loss) in the same reduction.
+    parts_ = b_.model->take_loss_parts();
+    at::Tensor t = at::zeros({1 + static_cast<int64_t>(parts_.size())}, at::kDouble);
+    t[0] = local_sum;
+    for (size_t i = 0; i < parts_.size(); ++i) t[static_cast<int64_t>(i) + 1] = parts_[i].second;
     dp_cp_->all_reduce(t);
-    return t.item<double>();
+    for (size_t i = 0; i < parts_.size(); ++i) parts_[i].second = t[static_cast<int64_t>(i) + 1].item<double>();
+    return t[0].item<double>();
   }
+  std::vector<std::pair<std::string, double>> loss_parts() override { return parts_; }
 
   double clip_grad_norm(double max_norm) override {
     if (!eopt_) return opt_->clip_grad_norm(max_norm);
@@ -567,6 +573,7 @@ class DistEngine : public Engine {
   int64_t dp_index_ = 0, mb_ = 1;
   parallel::TensorParallelPlan plan_;
   std::unique_ptr<parallel::Pipeline> pipe_;
+  std::vector<std::pair<std::string, double>> parts_;  // the last forward_backward's loss parts, summed over dp / cp
   std::shared_ptr<parallel::FullyShardedModel> fsdp_;
   std::unique_ptr<optim::DataParallelOptimizer> opt_, eopt_;  // eopt_: expert slices under parallel.ep (else null)
   parallel::ExpertParallelPlan ep_plan_;
