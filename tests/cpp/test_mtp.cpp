@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -37,6 +38,12 @@ CausalLM make_model() {
   m->to(at::kDouble);
   at::NoGradGuard ng;  // non-trivial norms, spread routers
   for (auto& p : m->parameters()) p.copy_(p.dim() == 1 ? 1 + 0.3 * at::randn_like(p) : 0.4 * at::randn_like(p));
+  // the head's cross-entropy in float64 (the model's own runs in float32), through the layouts' hook
+  m->vocab_loss_fn = [](const at::Tensor& h, const at::Tensor& w, const at::Tensor& t) {
+    at::Tensor logits = at::linear(h, w);
+    return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), t.reshape({-1}), {}, at::Reduction::Sum,
+                                  lf::nn::kIgnoreIndex);
+  };
   return m;
 }
 
@@ -66,7 +73,7 @@ TEST(Mtp, LossIsMainPlusWeightedDepthLosses) {
   at::Tensor loss = m->head_loss_sum(m->forward_hidden(d.batch), d.batch);
   // the same from the labels: depth k at position i predicts labels[i+k+2]
   at::Tensor h = m->hidden_states(d.ids);
-  double want = lf::nn::token_loss_sum(m->logits(h), d.batch.at("targets")).item<double>();
+  double want = m->vocab_loss_fn(h, m->output_weight(), d.batch.at("targets")).item<double>();
   const int64_t t = 7;
   at::Tensor pos = at::arange(t, at::kLong).unsqueeze(0).expand({2, t});
   double depth_sum = 0;
@@ -90,7 +97,7 @@ TEST(Mtp, LossIsMainPlusWeightedDepthLosses) {
   // without gradients (validation) the loss is the main model's
   at::NoGradGuard ng;
   at::Tensor main = m->head_loss_sum(m->forward_hidden(d.batch), d.batch);
-  EXPECT_NEAR(main.item<double>(), lf::nn::token_loss_sum(m->logits(m->hidden_states(d.ids)), d.batch.at("targets")).item<double>(), 1e-12);
+  EXPECT_NEAR(main.item<double>(), m->vocab_loss_fn(m->hidden_states(d.ids), m->output_weight(), d.batch.at("targets")).item<double>(), 1e-12);
 }
 
 TEST(Mtp, GradientsMatchFiniteDifferences) {
@@ -102,11 +109,12 @@ TEST(Mtp, GradientsMatchFiniteDifferences) {
   f().backward();
   at::manual_seed(2);
   int checked = 0;
+  double worst = 0;
   for (auto& item : m->named_parameters()) {
     at::Tensor p = item.value();
     ASSERT_TRUE(p.grad().defined()) << item.key();
     at::Tensor flat = p.detach().view(-1), g = p.grad().view(-1);
-    for (int r = 0; r < 3; ++r) {
+    for (int r = 0; r < 2; ++r) {
       const int64_t i = at::randint(0, flat.numel(), {1}, at::kLong).item<int64_t>();
       const double x = flat[i].item<double>(), eps = 1e-6;
       double lp, lm;
@@ -129,10 +137,12 @@ TEST(Mtp, GradientsMatchFiniteDifferences) {
       }
       const double fd = (lp - lm) / (2 * eps), an = g[i].item<double>();
       EXPECT_NEAR(an, fd, 1e-6 * std::max(1.0, std::abs(fd))) << item.key() << "[" << i << "]";
+      worst = std::max(worst, std::abs(an - fd) / std::max(1.0, std::abs(fd)));
       ++checked;
     }
   }
-  EXPECT_GT(checked, 60);
+  EXPECT_GT(checked, 40);
+  std::printf("mtp gradients: %d entries, max |analytic - fd| / max(1, |fd|) = %.2e\n", checked, worst);
 }
 
 TEST(Mtp, CheckpointNamesAndAbsentLayers) {

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -175,6 +176,13 @@ ModelBundle build_model(const json& r) {
         throw Error(std::string("recipe: field 'parallel.") + k + "': the multi-token prediction loss (model.mtp_loss_weight > 0) trains under data parallelism only (dp, zero 0 / 1)");
     if (w > 0 && par["zero"].get<int64_t>() == 3)
       throw Error("recipe: field 'parallel.zero': the multi-token prediction loss (model.mtp_loss_weight > 0) trains under data parallelism only (dp, zero 0 / 1)");
+    if (par["zero"].get<int64_t>() == 3) {
+      // FSDP units come from the model's split, which the MTP layers are not part of: left out, said on stderr
+      const size_t before = b.model->named_parameters().size();
+      b.model->drop_absent_parts({});
+      if (b.model->named_parameters().size() != before)
+        std::fprintf(stderr, "model: the multi-token prediction layers are left out under parallel.zero 3 (FSDP): checkpoints will not hold them\n");
+    }
   }
   std::string rc = m["recompute"];
   b.model->set_recompute(rc == "full" ? 1 : rc == "per_layer" ? 2 : 0);
