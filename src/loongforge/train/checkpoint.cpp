@@ -210,10 +210,10 @@ nlohmann::json load_checkpoint(const std::string& dir, models::Model& model,
 }
 
 // The buffers that are checkpoint tensors (the MoE routers' correction biases), as the model lists them.
-std::set<std::string> checkpoint_buffers(const models::Model& model) {
-  std::set<std::string> out;
+std::map<std::string, std::string> checkpoint_buffers(const models::Model& model) {
+  std::map<std::string, std::string> out;
   for (const auto& e : model.checkpoint_tensors())
-    if (e.buffer) out.insert(e.param);
+    if (e.buffer) out[e.param] = e.name;
   return out;
 }
 

@@ -480,7 +480,7 @@ class DistEngine : public Engine {
     if (!b_.trainable.lora) {
       const auto saved = checkpoint_buffers(*b_.model);
       for (const auto& item : b_.model->named_buffers())
-        if (saved.count(item.key())) weights[item.key()] = item.value().detach();
+        if (saved.count(item.key())) weights[saved.at(item.key())] = item.value().detach();
     }
     std::map<std::string, at::Tensor> m = whole(full_state("exp_avg")), v = whole(full_state("exp_avg_sq")), e;
     if (opt_->has_ema()) e = whole(full_state("ema"));
@@ -543,14 +543,15 @@ class DistEngine : public Engine {
       if (lora || trained.count(n) || item.value().numel() == 0) continue;
       bool stored = ckpt->contains(n);
       for (const auto& e : map)
-        stored = stored || (e.param == n && e.index >= 0 && ckpt->contains(e.name));
+        stored = stored || (e.param == n && ckpt->contains(e.name));  // per-expert or renamed (MTP layers)
       if (!stored) continue;
       item.value().copy_(local_of(n, read_whole(*ckpt, *b_.model, n, dir).to(at::kFloat)));
     }
     if (!lora) {
       const auto saved = checkpoint_buffers(*b_.model);
       for (auto& item : b_.model->named_buffers())
-        if (saved.count(item.key()) && ckpt->contains(item.key())) item.value().copy_(ckpt->tensor(item.key()));
+        if (saved.count(item.key()) && ckpt->contains(saved.at(item.key())))
+          item.value().copy_(ckpt->tensor(saved.at(item.key())));
     }
     // The RNG continues where this rank left it when the layout's world size is the same.
     if (st.saved_world() == comm_->world()) {
