@@ -240,3 +240,19 @@ def test_speculative_generate_equals_greedy(tmp_path):
     assert got == want and len(want) >= 8
     line = spec.stderr.strip().splitlines()[-1]
     assert line.startswith("generate: mtp drafts accepted ") and f"for {len(got)} tokens" in line
+
+
+@pytest.mark.slow
+def test_train_resume_is_bitwise(tmp_path):
+    """A run stopped at step 3 and resumed (its checkpoint holds the MTP layers under the checkpoint's names) gives
+    the uninterrupted run's losses, MTP losses and weights."""
+    write_model_and_data(tmp_path)
+    run_lf("train", write_recipe(tmp_path, tmp_path / "model", "a"), "--set", "train.steps=5")
+    rb = write_recipe(tmp_path, tmp_path / "model", "b")
+    run_lf("train", rb, "--set", "train.steps=5", "--set", "train.stop_at_step=3")
+    run_lf("train", rb, "--set", "train.steps=5", "--resume")
+    ma, mb = metrics(tmp_path / "a"), metrics(tmp_path / "b")
+    assert [m["step"] for m in mb] == [1, 2, 3, 4, 5]
+    assert [(m["loss"], m["mtp_loss"]) for m in ma] == [(m["loss"], m["mtp_loss"]) for m in mb]
+    wa, wb = (load_file(str(tmp_path / r / "checkpoints" / "step_00000005" / "model.safetensors")) for r in "ab")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
