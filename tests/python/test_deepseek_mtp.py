@@ -16,6 +16,7 @@ from conftest import LF_BIN, launch_ranks, run_lf
 from test_deepseek_parity import make_model
 from test_model_parity import make_batch, rel_err, run_dump
 from test_moe_parity import write_periodic_shard
+from test_moe_train import write_recipe
 
 L = 2  # main layers of the tiny models (test_deepseek_parity's BASE); layer 0 dense, the rest and the MTP blocks MoE
 
@@ -138,36 +139,9 @@ def test_folder_without_mtp_weights_loads_the_main_model(tmp_path):
     assert p.returncode == 1 and "generate --mtp: the model has no multi-token prediction layers" in p.stderr
 
 
-def write_recipe(tmp, model_dir, out, extra=""):
-    r = tmp / f"{out}.yaml"
-    r.write_text(f"""
-output_dir: {tmp / out}
-seed: 3
-model:
-  path: {model_dir}
-  mtp_loss_weight: 0.5
-data:
-  train:
-    - path: {tmp / 'train'}
-  seq_len: 16
-train:
-  steps: 12
-  micro_batch_size: 2
-  grad_accum: 1
-optim:
-  lr: 1.0e-2
-  weight_decay: 0.0
-schedule:
-  kind: constant
-checkpoint:
-  every: 6
-log:
-  progress: lines
-  plot: false
-  tensorboard: false
-{extra}
-""")
-    return r
+# test_moe_train's recipe (tiny DeepSeek-V3, periodic token shard) with the MTP loss on, 12 steps, a checkpoint at 6
+MTP = ["--set", "model.mtp_loss_weight=0.5", "--set", "train.steps=12", "--set", "train.grad_accum=1",
+       "--set", "moe.bias_update_rate=0", "--set", "checkpoint.every=6"]
 
 
 def metrics(run):
@@ -183,7 +157,7 @@ def write_model_and_data(tmp_path):
 
 def test_train_mtp_loss_goes_down_and_drafts_get_accepted(tmp_path):
     sd, pattern = write_model_and_data(tmp_path)
-    run_lf("train", write_recipe(tmp_path, tmp_path / "model", "one"))
+    run_lf("train", write_recipe(tmp_path, tmp_path / "model", "one"), *MTP)
     one = metrics(tmp_path / "one")
     mtp = [m["mtp_loss"] for m in one]
     assert mtp[-1] < 0.5 * mtp[0], mtp
@@ -204,9 +178,9 @@ def test_train_mtp_loss_goes_down_and_drafts_get_accepted(tmp_path):
 @pytest.mark.slow
 def test_train_dp2_equals_one_process(tmp_path):
     write_model_and_data(tmp_path)
-    run_lf("train", write_recipe(tmp_path, tmp_path / "model", "one"), "--set", "train.steps=3")
+    run_lf("train", write_recipe(tmp_path, tmp_path / "model", "one"), *MTP, "--set", "train.steps=3")
     res = launch_ranks(2, [LF_BIN, "train", write_recipe(tmp_path, tmp_path / "model", "dp2", "parallel:\n  dp: 2"),
-                           "--set", "train.micro_batch_size=1", "--set", "train.steps=3"], threads=1)
+                           *MTP, "--set", "train.micro_batch_size=1", "--set", "train.steps=3"], threads=1)
     for r in res:
         assert r.returncode == 0, r.stderr
     one = metrics(tmp_path / "one")
@@ -224,7 +198,7 @@ def test_train_dp2_equals_one_process(tmp_path):
 def test_mtp_layout_errors(tmp_path):
     write_mtp_folder(tmp_path / "model", {}, 1)
     r = write_recipe(tmp_path, tmp_path / "model", "o")
-    p = run_lf("train", r, "--set", "parallel.tp=2", check=False)
+    p = run_lf("train", r, *MTP, "--set", "parallel.tp=2", check=False)
     assert p.returncode == 1 and p.stderr.strip().splitlines()[-1].startswith(
         "loongforge: error: recipe: field 'parallel.tp': the multi-token prediction loss")
 
@@ -247,10 +221,10 @@ def test_train_resume_is_bitwise(tmp_path):
     """A run stopped at step 3 and resumed (its checkpoint holds the MTP layers under the checkpoint's names) gives
     the uninterrupted run's losses, MTP losses and weights."""
     write_model_and_data(tmp_path)
-    run_lf("train", write_recipe(tmp_path, tmp_path / "model", "a"), "--set", "train.steps=5")
+    run_lf("train", write_recipe(tmp_path, tmp_path / "model", "a"), *MTP, "--set", "train.steps=5")
     rb = write_recipe(tmp_path, tmp_path / "model", "b")
-    run_lf("train", rb, "--set", "train.steps=5", "--set", "train.stop_at_step=3")
-    run_lf("train", rb, "--set", "train.steps=5", "--resume")
+    run_lf("train", rb, *MTP, "--set", "train.steps=5", "--set", "train.stop_at_step=3")
+    run_lf("train", rb, *MTP, "--set", "train.steps=5", "--resume")
     ma, mb = metrics(tmp_path / "a"), metrics(tmp_path / "b")
     assert [m["step"] for m in mb] == [1, 2, 3, 4, 5]
     assert [(m["loss"], m["mtp_loss"]) for m in ma] == [(m["loss"], m["mtp_loss"]) for m in mb]
