@@ -84,7 +84,14 @@ void run_generate(GenerateArgs a) {
           if (x.is_number_integer()) a.opts.stop_ids.push_back(x.get<int64_t>());
     }
   }
+  models::DraftStats drafts;
+  if (a.opts.mtp) a.opts.draft_stats = &drafts;
   std::vector<int64_t> out = models::generate(*model, prompt, a.opts);
+  if (a.opts.mtp)  // speculative decoding's statistics (stderr: stdout stays the output)
+    std::fprintf(stderr, "generate: mtp drafts accepted %lld of %lld (%.1f%%); %lld main-model forwards for %zu tokens\n",
+                 static_cast<long long>(drafts.accepted), static_cast<long long>(drafts.drafted),
+                 drafts.drafted ? 100.0 * static_cast<double>(drafts.accepted) / static_cast<double>(drafts.drafted) : 0.0,
+                 static_cast<long long>(drafts.main_forwards), out.size());
   if (a.print_ids || !tok) {
     nlohmann::json j = out;
     std::printf("%s\n", j.dump().c_str());
@@ -114,6 +121,8 @@ void add_generate(CLI::App& app) {
                                           "image token of the prompt (e.g. <image>) stands for one image, in order "
                                           "(none: the images come first); preprocessed as the folder's "
                                           "preprocessor_config.json says");
+  sub->add_flag("--mtp", args->opts.mtp, "speculative decoding: the model's multi-token prediction layers draft, the "
+                                        "main model verifies (greedy; same output as without; stats on stderr)");
   sub->add_flag("--ids", args->print_ids, "print the generated ids as a JSON array instead of text");
   sub->callback([args] { run_generate(*args); });
 }

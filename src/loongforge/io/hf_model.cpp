@@ -99,6 +99,9 @@ std::shared_ptr<models::Model> load_model(const std::string& dir, at::ScalarType
   std::shared_ptr<models::Model> model = models::build_model_from_file(cfg.string(), family);
   model->to(dtype);
   SafetensorsCheckpoint ckpt = SafetensorsCheckpoint::open(dir);
+  std::set<std::string> stored;  // optional parts the folder lacks (multi-token prediction layers) are dropped
+  for (const auto& item : stored_names(*model, ckpt, dir)) stored.insert(item.first);
+  model->drop_absent_parts(stored);
   std::set<std::string> expected;
   for (const auto& e : model->checkpoint_tensors()) {
     expected.insert(e.name);

@@ -2,6 +2,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/models/llama/model.h"
+#include "loongforge/models/llama/mtp.h"
 #include "loongforge/models/vlm/base.h"
 
 #include <ATen/ATen.h>
@@ -86,6 +87,10 @@ std::vector<int64_t> generate(Model& any, const std::vector<int64_t>& prompt, co
   auto* vlm = dynamic_cast<vlm::VisionLanguageModel*>(&any);
   if (!opts.images.empty() && !vlm)
     throw Error("generate: the " + any.family() + " family (" + any.model_type() + ") takes no images");
+  if (opts.mtp) {  // speculative decoding with the multi-token prediction layers (llama/mtp.h)
+    if (vlm) throw Error("generate --mtp: the " + any.model_type() + " model has no multi-token prediction layers");
+    return llama::generate_with_mtp(model, prompt, opts, on_token);
+  }
   int64_t next_position = 0, planes = 0;  // a VLM's positions go on from its prompt's (multimodal RoPE)
   for (int64_t i = 0; i < opts.max_new_tokens; ++i) {
     at::Tensor h;

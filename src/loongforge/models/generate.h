@@ -9,6 +9,11 @@
 
 namespace lf::models {
 
+// Speculative decoding's counts: drafted tokens, drafts the main model accepted, main-model forwards.
+struct DraftStats {
+  int64_t drafted = 0, accepted = 0, main_forwards = 0;
+};
+
 struct GenerateOptions {
   int64_t max_new_tokens = 32;
   double temperature = 0.0;  // 0: greedy
@@ -18,6 +23,10 @@ struct GenerateOptions {
   // Vision-language models: the prompt's images as the model's batch schema takes them (pixel_values, and
   // image_grid_thw for patch models), in the order of its image runs (empty: none).
   Batch images;
+  // Speculative decoding: the model's multi-token prediction layers draft, the main model verifies (greedy only; the
+  // output equals plain greedy decoding). Counts go to draft_stats when set.
+  bool mtp = false;
+  DraftStats* draft_stats = nullptr;
 };
 
 // Returns the new token ids (prompt excluded). on_token, when set, is called with each new id as it is produced.

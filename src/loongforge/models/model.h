@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -287,6 +288,19 @@ class Model : public torch::nn::Module {
   // ("bias_update_rate") when a block cannot take it.
   void set_moe_training(double aux_loss_coef, double seq_aux_loss_coef, double z_loss_coef, double bias_update_rate,
                         double capacity_factor);
+
+  // ---- optional parts and extra losses (DeepSeek-V3's multi-token prediction layers) ----
+  // Loading calls this with every tensor name the checkpoint stores (after canonical_checkpoint_name) before it checks
+  // them: the model drops the optional parts the checkpoint lacks (an empty set drops every optional part: a run from
+  // scratch that does not train them). Default: none.
+  virtual void drop_absent_parts(const std::set<std::string>& stored) {}
+  // The weight of the multi-token prediction loss in training (0: not trained): "" when taken, else why not (one line).
+  virtual std::string set_mtp_loss_weight(double weight) {
+    return weight == 0 ? "" : "the " + model_type() + " model has no multi-token prediction layers";
+  }
+  // The loss parts the training forwards added since the last call (name, summed over their terms, detached), for the
+  // metrics line (divided by the step's counted tokens there); the same names on every rank.
+  virtual std::vector<std::pair<std::string, double>> take_loss_parts() { return {}; }
 
  protected:
   Model() = default;

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -145,6 +146,7 @@ ModelBundle build_model(const json& r) {
       b.model = io::load_model(path, at::kFloat, family);
     } else {
       b.model = models::build_model_from_file(cfg, family);
+      if (m["mtp_loss_weight"].get<double>() == 0) b.model->drop_absent_parts({});  // untrained MTP layers: none
       b.model->init_weights(m["init_std"].get<double>());
     }
     b.tokenizer = m["tokenizer"].get<std::string>();
@@ -163,6 +165,24 @@ ModelBundle build_model(const json& r) {
     for (const char* k : {"seq_aux_loss_coef", "z_loss_coef", "bias_update_rate", "capacity_factor"})
       if (mo[k].get<double>() != 0.0)
         throw Error(std::string("recipe: field 'moe.") + k + "': the model has no mixture-of-experts layers");
+  }
+  {  // multi-token prediction (DeepSeek-V3's MTP layers): its loss weight; data parallelism only
+    const double w = m["mtp_loss_weight"].get<double>();
+    const std::string why = b.model->set_mtp_loss_weight(w);
+    if (!why.empty()) throw Error("recipe: field 'model.mtp_loss_weight': " + why);
+    const json& par = r["parallel"];
+    for (const char* k : {"tp", "pp", "cp", "ep"})
+      if (w > 0 && par[k].get<int64_t>() > 1)
+        throw Error(std::string("recipe: field 'parallel.") + k + "': the multi-token prediction loss (model.mtp_loss_weight > 0) trains under data parallelism only (dp, zero 0 / 1)");
+    if (w > 0 && par["zero"].get<int64_t>() == 3)
+      throw Error("recipe: field 'parallel.zero': the multi-token prediction loss (model.mtp_loss_weight > 0) trains under data parallelism only (dp, zero 0 / 1)");
+    if (par["zero"].get<int64_t>() == 3) {
+      // FSDP units come from the model's split, which the MTP layers are not part of: left out, said on stderr
+      const size_t before = b.model->named_parameters().size();
+      b.model->drop_absent_parts({});
+      if (b.model->named_parameters().size() != before)
+        std::fprintf(stderr, "model: the multi-token prediction layers are left out under parallel.zero 3 (FSDP): checkpoints will not hold them\n");
+    }
   }
   std::string rc = m["recompute"];
   b.model->set_recompute(rc == "full" ? 1 : rc == "per_layer" ? 2 : 0);

@@ -210,10 +210,10 @@ nlohmann::json load_checkpoint(const std::string& dir, models::Model& model,
 }
 
 // The buffers that are checkpoint tensors (the MoE routers' correction biases), as the model lists them.
-std::set<std::string> checkpoint_buffers(const models::Model& model) {
-  std::set<std::string> out;
+std::map<std::string, std::string> checkpoint_buffers(const models::Model& model) {
+  std::map<std::string, std::string> out;
   for (const auto& e : model.checkpoint_tensors())
-    if (e.buffer) out.insert(e.param);
+    if (e.buffer) out[e.param] = e.name;
   return out;
 }
 
@@ -225,7 +225,7 @@ std::map<std::string, at::Tensor> to_checkpoint_names(const models::Model& model
   std::set<std::string> mapped;
   for (const auto& e : model.checkpoint_tensors()) {
     auto it = by_param.find(e.param);
-    if (e.index < 0 || it == by_param.end()) continue;
+    if (it == by_param.end() || (e.index < 0 && e.name == e.param)) continue;  // renamed whole tensors too (MTP layers)
     out[e.name] = models::checkpoint_slice(it->second, e);
     mapped.insert(e.param);
   }
@@ -239,6 +239,8 @@ std::map<std::string, at::Tensor> to_checkpoint_names(const models::Model& model
 at::Tensor read_whole(const io::SafetensorsCheckpoint& ckpt, const models::Model& model, const std::string& name,
                       const std::string& dir) {
   if (ckpt.contains(name)) return ckpt.tensor(name);
+  for (const auto& e : model.checkpoint_tensors())  // a whole tensor stored under another name (MTP layers)
+    if (e.param == name && e.index < 0 && ckpt.contains(e.name)) return ckpt.tensor(e.name);
   std::vector<models::CheckpointTensor> parts;
   for (const auto& e : model.checkpoint_tensors())
     if (e.param == name && e.index >= 0) parts.push_back(e);

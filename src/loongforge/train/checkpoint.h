@@ -93,7 +93,7 @@ class OptimizerStateReader {
 std::optional<std::string> latest_checkpoint(const std::string& root);
 
 // The buffers that are checkpoint tensors (e.g. MoE routers' correction biases), as the model lists them.
-std::set<std::string> checkpoint_buffers(const models::Model& model);
+std::map<std::string, std::string> checkpoint_buffers(const models::Model& model);  // buffer -> checkpoint name
 // Whole tensors by parameter name -> by checkpoint name (Model::checkpoint_tensors: stacked expert parameters become
 // the per-expert tensors a single-process run and the Hub's checkpoints use).
 std::map<std::string, at::Tensor> to_checkpoint_names(const models::Model& model,

@@ -368,11 +368,17 @@ class DistEngine : public Engine {
         }
       }
     }
-    // tp ranks hold the same value, pp ranks too (the pipeline broadcasts it); sum over data and context ranks.
-    at::Tensor t = at::full({1}, local_sum, at::kDouble);
+    // tp ranks hold the same value, pp ranks too (the pipeline broadcasts it); sum over data and context ranks,
+    // with the model's loss parts (the multi-token prediction loss) in the same reduction.
+    parts_ = b_.model->take_loss_parts();
+    at::Tensor t = at::zeros({1 + static_cast<int64_t>(parts_.size())}, at::kDouble);
+    t[0] = local_sum;
+    for (size_t i = 0; i < parts_.size(); ++i) t[static_cast<int64_t>(i) + 1] = parts_[i].second;
     dp_cp_->all_reduce(t);
-    return t.item<double>();
+    for (size_t i = 0; i < parts_.size(); ++i) parts_[i].second = t[static_cast<int64_t>(i) + 1].item<double>();
+    return t[0].item<double>();
   }
+  std::vector<std::pair<std::string, double>> loss_parts() override { return parts_; }
 
   double clip_grad_norm(double max_norm) override {
     if (!eopt_) return opt_->clip_grad_norm(max_norm);
@@ -474,7 +480,7 @@ class DistEngine : public Engine {
     if (!b_.trainable.lora) {
       const auto saved = checkpoint_buffers(*b_.model);
       for (const auto& item : b_.model->named_buffers())
-        if (saved.count(item.key())) weights[item.key()] = item.value().detach();
+        if (saved.count(item.key())) weights[saved.at(item.key())] = item.value().detach();
     }
     std::map<std::string, at::Tensor> m = whole(full_state("exp_avg")), v = whole(full_state("exp_avg_sq")), e;
     if (opt_->has_ema()) e = whole(full_state("ema"));
@@ -537,14 +543,15 @@ class DistEngine : public Engine {
       if (lora || trained.count(n) || item.value().numel() == 0) continue;
       bool stored = ckpt->contains(n);
       for (const auto& e : map)
-        stored = stored || (e.param == n && e.index >= 0 && ckpt->contains(e.name));
+        stored = stored || (e.param == n && ckpt->contains(e.name));  // per-expert or renamed (MTP layers)
       if (!stored) continue;
       item.value().copy_(local_of(n, read_whole(*ckpt, *b_.model, n, dir).to(at::kFloat)));
     }
     if (!lora) {
       const auto saved = checkpoint_buffers(*b_.model);
       for (auto& item : b_.model->named_buffers())
-        if (saved.count(item.key()) && ckpt->contains(item.key())) item.value().copy_(ckpt->tensor(item.key()));
+        if (saved.count(item.key()) && ckpt->contains(saved.at(item.key())))
+          item.value().copy_(ckpt->tensor(saved.at(item.key())));
     }
     // The RNG continues where this rank left it when the layout's world size is the same.
     if (st.saved_world() == comm_->world()) {
@@ -567,6 +574,7 @@ class DistEngine : public Engine {
   int64_t dp_index_ = 0, mb_ = 1;
   parallel::TensorParallelPlan plan_;
   std::unique_ptr<parallel::Pipeline> pipe_;
+  std::vector<std::pair<std::string, double>> parts_;  // the last forward_backward's loss parts, summed over dp / cp
   std::shared_ptr<parallel::FullyShardedModel> fsdp_;
   std::unique_ptr<optim::DataParallelOptimizer> opt_, eopt_;  // eopt_: expert slices under parallel.ep (else null)
   parallel::ExpertParallelPlan ep_plan_;

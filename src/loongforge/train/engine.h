@@ -76,6 +76,8 @@ class Engine {
   // Extra entries for this step's metrics line (no collectives; called on every rank after step()): the MoE
   // replication plans' mean overload with and without guests, and the tokens replicas computed (parallel.ep).
   virtual nlohmann::json step_metrics() { return nlohmann::json::object(); }
+  // The loss parts of the last forward_backward (models::Model::take_loss_parts), summed over the data-parallel ranks.
+  virtual std::vector<std::pair<std::string, double>> loss_parts() { return {}; }
   // Runs fn on the main process with the whole model as it stands (with the weight average's values instead when
   // `average` and the run keeps one), then puts the weights back; collective. False (fn not run anywhere) when the
   // layout keeps no whole model on the main process (tp, pp, cp, ep, FSDP).

@@ -103,6 +103,7 @@ class SingleEngine : public Engine {
     }
     return loss_sum;
   }
+  std::vector<std::pair<std::string, double>> loss_parts() override { return b_.model->take_loss_parts(); }
   double clip_grad_norm(double max_norm) override {
     // The clipping coefficient is applied inside AdamW's pass over the gradients (optim/adamw.h).
     auto [norm, coef] = optim::grad_norm_and_clip_coef(b_.trainable.params, max_norm);

@@ -187,6 +187,7 @@ TrainOutcome train_run(const json& r, bool resume) {
     std::vector<Batch> micro;
     int64_t counted = 0;
     json balance_metrics = json::object();
+    json loss_parts = json::object();
     double loss = 0;
     try {
       if (place_by_cost) {
@@ -213,6 +214,8 @@ TrainOutcome train_run(const json& r, bool resume) {
       counted = engine->global_counted(counted);
       // The loss of the step averages over every counted token of all its micro-batches (and ranks).
       loss = engine->forward_backward(micro, counted, bf16) / static_cast<double>(std::max<int64_t>(1, counted));
+      // extra loss parts (the multi-token prediction loss), per counted token as the loss
+      for (const auto& [name, sum] : engine->loss_parts()) loss_parts[name] = sum / static_cast<double>(std::max<int64_t>(1, counted));
     } catch (const Error& e) {
       // A model's error on the contents of a batch ("batch: ...") names the file the batch came from.
       const std::string what = e.what();
@@ -262,6 +265,7 @@ TrainOutcome train_run(const json& r, bool resume) {
     }
     if (device.is_cuda()) line["max_memory_allocated"] = kernels::cuda::max_memory_allocated();
     for (auto it = balance_metrics.begin(); it != balance_metrics.end(); ++it) line[it.key()] = it.value();
+    for (auto it = loss_parts.begin(); it != loss_parts.end(); ++it) line[it.key()] = it.value();
     const json extra = engine->step_metrics();
     for (auto it = extra.begin(); it != extra.end(); ++it) line[it.key()] = it.value();
     if (valid && ro.eval_every > 0 && (step % ro.eval_every == 0 || step == steps)) {

@@ -9,6 +9,7 @@
 #include "loongforge/kernels/linear_ce.h"
 #include "loongforge/models/llama/family.h"
 #include "loongforge/models/llama/model.h"
+#include "loongforge/models/llama/mtp.h"
 #include "loongforge/nn/loss.h"
 
 namespace lf::models::llama {
@@ -54,7 +55,9 @@ Model::ReferenceOutput CausalLMImpl::reference_forward(const std::map<std::strin
   if (ids.numel() && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= vocab))
     throw file_error(file, "input_ids", "ids must lie in [0, " + std::to_string(vocab) + ")");
   at::Tensor lg = forward(ids);
-  return {{{"logits", lg}}, nn::causal_lm_loss(lg, labels)};  // transformers' causal-LM loss: shifted inside
+  ReferenceOutput out{{{"logits", lg}}, nn::causal_lm_loss(lg, labels)};  // transformers' causal-LM loss: shifted inside
+  add_mtp_outputs(*this, ids, out.outputs);  // mtp_logits.k when the model has MTP layers (mtp.h)
+  return out;
 }
 
 // transformers' _init_weights for these models: normal(0, std) for Linear and Embedding (padding row zero), zeros
@@ -125,7 +128,7 @@ at::Tensor CausalLMImpl::block_forward(const Batch& in, const at::Tensor& h, int
                                                                                   cache, in.get("segment_ids"));
 }
 
-at::Tensor CausalLMImpl::head_loss_sum(const at::Tensor& hidden, const Batch& b) {
+at::Tensor CausalLMImpl::main_head_loss_sum(const at::Tensor& hidden, const Batch& b) {
   const at::Tensor& targets = b.at("targets");
   if (vocab_loss_fn) return vocab_loss_fn(hidden, output_weight(), targets);
   // The fused linear + cross-entropy (no [N, V] logits kept) computes what logits + cross_entropy compute, as long
@@ -222,7 +225,8 @@ std::string CausalLMImpl::reference_name(const std::string& n) const {
 bool CausalLMImpl::ignorable_checkpoint_tensor(const std::string& name) const {
   // buffers older transformers versions saved; a tied checkpoint may still carry lm_head.weight
   return name.ends_with("rotary_emb.inv_freq") || (config_.tie_word_embeddings && name == "lm_head.weight") ||
-         (DecoderConfig::gated_deltanet_family(config_.model_type) && name.starts_with("mtp."));  // Qwen3-Next's MTP head
+         (DecoderConfig::gated_deltanet_family(config_.model_type) && name.starts_with("mtp.")) ||  // Qwen3-Next's MTP head
+         mtp_shared_copy(name, config_);  // DeepSeek's embedding / head copies beside the MTP layers (mtp.h)
 }
 
 Family family() {

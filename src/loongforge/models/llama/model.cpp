@@ -8,6 +8,7 @@
 #include "loongforge/kernels/add_rms_norm.h"
 #include "loongforge/kernels/rms_norm.h"
 #include "loongforge/kernels/swiglu.h"
+#include "loongforge/models/llama/mtp.h"
 #include "loongforge/nn/recompute.h"
 
 namespace lf::models::llama {
@@ -169,6 +170,7 @@ CausalLMImpl::CausalLMImpl(DecoderConfig c) : config_(std::move(c)), rotary_(rop
   router_aux_loss_coef_ = config_.router_aux_loss_coef;
   model = register_module("model", DecoderModel(config_));
   if (!config_.tie_word_embeddings) lm_head = register_module("lm_head", linear(config_.hidden_size, config_.vocab_size, false));
+  if (mtp_layers_declared(config_) > 0) mtp_ = register_module("mtp", std::make_shared<MtpImpl>(config_));  // mtp.h
   if (config_.zero_centered_norm) zero_centered_norms_to_zero();
 }
 
@@ -270,6 +272,7 @@ std::vector<CheckpointTensor> CausalLMImpl::checkpoint_tensors() const {
   }
   for (const auto& item : m.named_buffers())
     if (item.key().ends_with("e_score_correction_bias")) out.push_back({item.key(), item.key(), -1, 0, 0, true});
+  for (auto& e : out) e.name = mtp_checkpoint_name(e.name, c.num_hidden_layers);  // MTP layers (mtp.h)
   return out;
 }
 

@@ -77,6 +77,8 @@ class DecoderModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DecoderModel);
 
+class MtpImpl;  // models/llama/mtp.h
+
 class CausalLMImpl : public models::Model {
  public:
   explicit CausalLMImpl(DecoderConfig c);
@@ -149,10 +151,30 @@ class CausalLMImpl : public models::Model {
   void to(torch::Device device, bool non_blocking = false) override;
   nn::KVCache new_cache() const { return nn::KVCache(static_cast<size_t>(config_.num_hidden_layers)); }
 
+  // ---- multi-token prediction (DeepSeek-V3's MTP layers; models/llama/mtp.h) ----
+  // The MTP layers (null when the config declares none, the checkpoint lacks them or a run from scratch drops them).
+  MtpImpl* mtp() const { return mtp_.get(); }
+  // MTP depth k on prev [B,T,H] (the main model's final hidden states for k = 0, depth k-1's output after) and the
+  // ids [B,T] of the tokens k+1 ahead of prev's positions, at those tokens' position_ids: depth k's output [B,T,H]
+  // (after its shared_head.norm: what the shared lm_head reads and depth k+1 takes).
+  at::Tensor mtp_forward(int64_t k, const at::Tensor& prev, const at::Tensor& ids, const at::Tensor& position_ids,
+                         nn::KVCache* cache = nullptr, const at::Tensor& segment_ids = {});
+  void drop_absent_parts(const std::set<std::string>& stored) override;
+  std::string set_mtp_loss_weight(double weight) override;
+  std::vector<std::pair<std::string, double>> take_loss_parts() override;
+  bool thread_split_safe() const override { return mtp_loss_weight_ == 0; }
+  // Stacked experts of the MTP blocks stored whole (model.layers.{L+k}.mlp.experts.gate_up_proj) -> their in-memory
+  // names, as the main layers' load under theirs.
+  std::string canonical_checkpoint_name(const std::string& stored) const override;
+
   DecoderModel model{nullptr};
   nn::Linear lm_head{nullptr};  // absent when tie_word_embeddings
 
  private:
+  // The main head's token loss (head_loss_sum adds the MTP loss to it when trained).
+  at::Tensor main_head_loss_sum(const at::Tensor& h, const Batch& b);
+  std::shared_ptr<MtpImpl> mtp_;
+  double mtp_loss_weight_ = 0, mtp_loss_sum_ = 0;
   DecoderConfig config_;
   nn::Rotary rotary_;
   void zero_centered_norms_to_zero();  // Qwen3-Next's (1 + weight) norms start at 0 (the gated one at 1)
