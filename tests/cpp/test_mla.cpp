@@ -206,11 +206,13 @@ TEST(MLA, DeepSeekMoEConfig) {
   EXPECT_EQ(c.moe_n_group, 2);
   EXPECT_EQ(c.moe_topk_group, 1);
   EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 2.5);  // transformers' default
-  // parameter count = the module tree's
+  // parameter count = the module tree's, without the multi-token prediction layer (transformers' count has none;
+  // num_nextn_predict_layers defaults to 1, so the tree holds one under "mtp.")
   lf::models::llama::CausalLM m(c);
-  int64_t n = 0;
-  for (auto& p : m->parameters()) n += p.numel();
+  int64_t n = 0, mtp = 0;
+  for (auto& p : m->named_parameters()) (p.key().rfind("mtp.", 0) == 0 ? mtp : n) += p.value().numel();
   EXPECT_EQ(c.num_parameters(), n);
+  EXPECT_GT(mtp, 0);
   bool bias_buffer = false;
   for (auto& b : m->named_buffers()) bias_buffer |= b.key() == "model.layers.1.mlp.gate.e_score_correction_bias";
   EXPECT_TRUE(bias_buffer);
