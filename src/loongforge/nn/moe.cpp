@@ -28,6 +28,17 @@ at::Tensor contiguous_grad(at::Tensor y) {
   return y;
 }
 
+// Group-limited routing: [N,E] mask (1 = selectable) of the experts in the topk_group best of n_group groups, a
+// group's score being the sum of its 2 best scores.
+at::Tensor group_mask(const at::Tensor& scores, const MoEOptions& o) {
+  const int64_t n = scores.size(0), e = scores.size(1), per = e / o.n_group;
+  at::Tensor v = scores.view({n, o.n_group, per});
+  at::Tensor group_scores = std::get<0>(at::topk(v, std::min<int64_t>(2, per), -1)).sum(-1);
+  at::Tensor group_idx = std::get<1>(at::topk(group_scores, o.topk_group, -1, true, false));
+  at::Tensor groups = at::zeros_like(group_scores).scatter_(1, group_idx, 1.0);
+  return groups.unsqueeze(-1).expand({n, o.n_group, per}).reshape({n, e}).to(at::kBool);
+}
+
 // Router math runs in float32 (float64 stays float64, for gradient checks).
 at::ScalarType router_dtype(const at::Tensor& t) { return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
@@ -47,9 +58,18 @@ bool grouped_mm_ok(const at::Tensor& x, int64_t d, int64_t ffn) {
 Routing route(const at::Tensor& logits, const MoEOptions& o, const at::Tensor& bias) {
   Routing r;
   r.logits = logits;
-  const int64_t n = logits.size(0), e = logits.size(1), k = o.top_k;
+  const int64_t k = o.top_k;
   if (o.scoring == "softmax") {
     r.probs = at::softmax(logits, -1, router_dtype(logits));
+    if (o.n_group > 1) {  // group-limited (Mistral 4): the experts outside the chosen groups score 0
+      at::Tensor idx = std::get<1>(at::topk(r.probs.masked_fill(group_mask(r.probs, o).logical_not(), 0.0), k, -1, true, false));
+      at::Tensor w = r.probs.gather(1, idx);
+      if (o.norm_topk_prob) w = w / (w.sum(-1, true) + 1e-20);
+      r.weights = w.to(logits.scalar_type());
+      r.expert_ids = idx;
+      if (o.routed_scaling_factor != 1.0) r.weights = r.weights * o.routed_scaling_factor;
+      return r;
+    }
     auto [val, idx] = at::topk(r.probs, k, -1);
     if (o.norm_topk_prob) val = val / val.sum(-1, true);
     r.weights = val.to(logits.scalar_type());
@@ -57,15 +77,7 @@ Routing route(const at::Tensor& logits, const MoEOptions& o, const at::Tensor& b
   } else if (o.scoring == "sigmoid") {
     r.probs = at::sigmoid(logits.to(router_dtype(logits)));
     at::Tensor choice = bias.defined() ? r.probs + bias.to(r.probs.scalar_type()) : r.probs;
-    if (o.n_group > 1) {
-      const int64_t per = e / o.n_group;
-      at::Tensor v = choice.view({n, o.n_group, per});
-      at::Tensor group_scores = std::get<0>(at::topk(v, std::min<int64_t>(2, per), -1)).sum(-1);
-      at::Tensor group_idx = std::get<1>(at::topk(group_scores, o.topk_group, -1, true, false));
-      at::Tensor group_mask = at::zeros_like(group_scores).scatter_(1, group_idx, 1.0);
-      at::Tensor score_mask = group_mask.unsqueeze(-1).expand({n, o.n_group, per}).reshape({n, e});
-      choice = choice.masked_fill(score_mask.logical_not(), -std::numeric_limits<double>::infinity());
-    }
+    if (o.n_group > 1) choice = choice.masked_fill(group_mask(choice, o).logical_not(), -std::numeric_limits<double>::infinity());
     at::Tensor idx = std::get<1>(at::topk(choice, k, -1, true, false));
     at::Tensor w = r.probs.gather(1, idx);
     if (o.norm_topk_prob) w = w / (w.sum(-1, true) + 1e-20);
@@ -266,14 +278,17 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
   const bool forced = force_stats && is_training();  // not in evaluation
   const bool grad = at::GradMode::is_enabled() || forced;
   const bool count_load = forced ? !at::GradMode::is_enabled() : at::GradMode::is_enabled();
+  // lb_softmax_topk: the balancing statistics of softmax(logits) and its own top-k (MiniMax-M2 in transformers)
+  const at::Tensor lb_p = grad && o.lb_softmax_topk ? at::softmax(r.logits, -1, router_dtype(r.logits)) : at::Tensor();
   if (grad && (o.aux_loss_coef > 0 || o.bias_update_rate > 0 || o.seq_aux_loss_coef > 0)) {
     at::NoGradGuard ng;
-    lb_counts = count_ids(r.expert_ids, e).to(at::kFloat);
+    const at::Tensor chosen = count_ids(r.expert_ids, e).to(at::kFloat);
+    lb_counts = lb_p.defined() ? count_ids(std::get<1>(at::topk(lb_p, k, -1)), e).to(at::kFloat) : chosen;
     if (o.bias_update_rate > 0 && count_load)
-      load_since_update = load_since_update.defined() ? load_since_update + lb_counts : lb_counts.clone();
+      load_since_update = load_since_update.defined() ? load_since_update + chosen : chosen.clone();
   }
   if (grad) {
-    at::Tensor p = o.scoring == "softmax" ? r.probs : r.probs / r.probs.sum(-1, true);
+    at::Tensor p = lb_p.defined() ? lb_p : o.scoring == "softmax" ? r.probs : r.probs / r.probs.sum(-1, true);
     if (o.aux_loss_coef > 0) {
       lb_prob_sum = p.sum(0);
       lb_rows = n;

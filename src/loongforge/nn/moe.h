@@ -10,7 +10,8 @@
 //
 // Routing (route()):
 //   softmax: probs = softmax(logits, fp32); top-k of probs; with norm_topk_prob the k weights are divided by their
-//            sum (Qwen3-MoE, Mixtral).
+//            sum (Qwen3-MoE, Mixtral). With n_group > 1 the top-k is limited to the topk_group best groups (a
+//            group's score = sum of its 2 best probs; the others count as 0) and the sum gets + 1e-20 (Mistral 4).
 //   sigmoid: scores = sigmoid(logits); selection on scores + e_score_correction_bias, limited to the topk_group
 //            best of n_group groups (a group's score = sum of its 2 best); weights = scores of the chosen experts,
 //            with norm_topk_prob divided by (sum + 1e-20) (DeepSeek-V3).
@@ -54,6 +55,9 @@ struct MoEOptions {
   double routed_scaling_factor = 1.0;
   int64_t shared_ffn = 0;  // 0: no shared experts; else a SwiGLU "shared_experts" of this width
   std::string act = "silu";  // expert activation: silu (fused SwiGLU), gelu, gelu_pytorch_tanh, relu
+  // Load balancing as transformers' load_balancing_loss_func on a router that is not a softmax one (MiniMax-M2):
+  // p = softmax(logits) and the counts of p's own top-k, not of the experts the router chose.
+  bool lb_softmax_topk = false;
   // training
   double aux_loss_coef = 0.0, seq_aux_loss_coef = 0.0, z_loss_coef = 0.0;
   double bias_update_rate = 0.0;

@@ -102,16 +102,27 @@ void parse_moe(const JsonReader& rd, DecoderConfig& c) {
   if (c.num_experts == 0) c.layer_moe.assign(layers, 0);
 }
 
-// DeepSeek-V3 multi-head latent attention fields, with transformers' DeepseekV3Config defaults.
-void parse_mla(const JsonReader& rd, DecoderConfig& c) {
+// Defaults of the DeepSeek-style fields (latent attention, routed experts) where a family's transformers config
+// differs from DeepseekV3Config's.
+struct MlaMoeDefaults {
+  int64_t q_lora_rank = 1536, kv_lora_rank = 512, qk_rope_head_dim = 64, qk_nope_head_dim = 128, v_head_dim = 128;
+  int64_t first_k_dense_replace = 3, n_routed_experts = 256, num_experts_per_tok = 8, moe_intermediate_size = 2048;
+  int64_t n_shared_experts = 1, n_group = 8, topk_group = 4;
+  double routed_scaling_factor = 2.5;
+};
+
+void parse_routed_moe(const JsonReader& rd, DecoderConfig& c, const MlaMoeDefaults& d);
+
+// DeepSeek-V3 multi-head latent attention fields, with transformers' DeepseekV3Config defaults (d: another family's).
+void parse_mla(const JsonReader& rd, DecoderConfig& c, const MlaMoeDefaults& d = {}) {
   const std::string& file = rd.file();
   c.mla = true;
   // q_lora_rank: null = a plain q_proj; absent = the default 1536.
-  c.q_lora_rank = rd.json().contains("q_lora_rank") && rd.json().at("q_lora_rank").is_null() ? 0 : rd.integer("q_lora_rank", 1536);
-  c.kv_lora_rank = rd.integer("kv_lora_rank", 512);
-  c.qk_rope_head_dim = rd.integer("qk_rope_head_dim", 64);
-  c.qk_nope_head_dim = rd.integer("qk_nope_head_dim", 128);
-  c.v_head_dim = rd.integer("v_head_dim", 128);
+  c.q_lora_rank = rd.json().contains("q_lora_rank") && rd.json().at("q_lora_rank").is_null() ? 0 : rd.integer("q_lora_rank", d.q_lora_rank);
+  c.kv_lora_rank = rd.integer("kv_lora_rank", d.kv_lora_rank);
+  c.qk_rope_head_dim = rd.integer("qk_rope_head_dim", d.qk_rope_head_dim);
+  c.qk_nope_head_dim = rd.integer("qk_nope_head_dim", d.qk_nope_head_dim);
+  c.v_head_dim = rd.integer("v_head_dim", d.v_head_dim);
   for (auto [k, v] : {std::pair{"q_lora_rank", c.q_lora_rank}, {"kv_lora_rank", c.kv_lora_rank},
                       {"qk_rope_head_dim", c.qk_rope_head_dim}, {"qk_nope_head_dim", c.qk_nope_head_dim},
                       {"v_head_dim", c.v_head_dim}})
@@ -124,22 +135,30 @@ void parse_mla(const JsonReader& rd, DecoderConfig& c) {
   c.head_dim = c.qk_rope_head_dim;
   c.rope_interleave = rd.boolean("rope_interleave", true);
   c.q_bias = c.k_bias = c.o_bias = rd.boolean("attention_bias", false);
-  // Mixture of experts (nn/moe.h): layers >= first_k_dense_replace; sigmoid scores, selection on scores +
-  // e_score_correction_bias among the topk_group best of n_group groups, shared experts of n_shared_experts *
-  // moe_intermediate_size, weights times routed_scaling_factor. No auxiliary loss in transformers' forward.
+  parse_routed_moe(rd, c, d);
+}
+
+// The DeepSeek-style mixture of experts (nn/moe.h): layers >= first_k_dense_replace; sigmoid scores, selection on
+// scores + e_score_correction_bias among the topk_group best of n_group groups (the caller changes the scoring for
+// families that differ), shared experts of n_shared_experts * moe_intermediate_size, weights times
+// routed_scaling_factor. No auxiliary loss in transformers' forward.
+void parse_routed_moe(const JsonReader& rd, DecoderConfig& c, const MlaMoeDefaults& d) {
+  const std::string& file = rd.file();
   const auto str = [](int64_t v) { return std::to_string(v); };
-  const int64_t first_dense = rd.integer("first_k_dense_replace", 3);
+  const int64_t first_dense = rd.integer("first_k_dense_replace", d.first_k_dense_replace);
   if (first_dense < 0) throw file_error(file, "first_k_dense_replace", "must not be negative, got " + str(first_dense));
-  c.num_experts = rd.integer("n_routed_experts", 256);
-  c.num_experts_per_tok = rd.integer("num_experts_per_tok", 8);
-  c.moe_intermediate_size = rd.integer("moe_intermediate_size", 2048);
-  c.n_shared_experts = rd.integer("n_shared_experts", 1);
+  // num_local_experts: the attribute-map alias of n_routed_experts (GLM-4-MoE, Mistral 4)
+  c.num_experts = rd.has("n_routed_experts") || !rd.has("num_local_experts") ? rd.integer("n_routed_experts", d.n_routed_experts)
+                                                                             : rd.integer("num_local_experts");
+  c.num_experts_per_tok = rd.integer("num_experts_per_tok", d.num_experts_per_tok);
+  c.moe_intermediate_size = rd.integer("moe_intermediate_size", d.moe_intermediate_size);
+  c.n_shared_experts = rd.integer("n_shared_experts", d.n_shared_experts);
   c.norm_topk_prob = rd.boolean("norm_topk_prob", true);
-  c.routed_scaling_factor = rd.number("routed_scaling_factor", 2.5);
+  c.routed_scaling_factor = rd.number("routed_scaling_factor", d.routed_scaling_factor);
   c.moe_scoring = "sigmoid";
   c.moe_score_correction_bias = true;
-  c.moe_n_group = rd.integer("n_group", 8);
-  c.moe_topk_group = rd.integer("topk_group", 4);
+  c.moe_n_group = rd.integer("n_group", d.n_group);
+  c.moe_topk_group = rd.integer("topk_group", d.topk_group);
   c.router_aux_loss_coef = 0.0;
   c.moe_module_name = "mlp";
   c.layer_moe.assign(c.num_hidden_layers, 0);
@@ -246,6 +265,124 @@ void parse_gated_deltanet(const JsonReader& rd, DecoderConfig& c) {
     throw file_error(file, "shared_expert_intermediate_size", "must be positive, got " + str(c.shared_expert_intermediate_size));
 }
 
+// ---- GLM-4-MoE, MiniMax-M2, Mistral 4 ----
+
+// transformers builds GLM-4-MoE's and Mistral 4's shared expert whatever n_shared_experts is (0: zero-width tensors in
+// the checkpoint, which this model does not have).
+void require_shared_experts(const JsonReader& rd, const DecoderConfig& c) {
+  if (c.n_shared_experts == 0 && std::find(c.layer_moe.begin(), c.layer_moe.end(), 1) != c.layer_moe.end())
+    throw file_error(rd.file(), "n_shared_experts", "0 is not supported for " + c.model_type + " (must be positive)");
+}
+
+// GLM-4-MoE (GLM-4.5 / 4.6, transformers' Glm4MoeConfig defaults): GQA attention with q/k/v biases (attention_bias;
+// o_proj has none), optional per-head q/k RMSNorm (use_qk_norm), DeepSeek-style sigmoid routing with the correction
+// bias after first_k_dense_replace dense layers. num_nextn_predict_layers (multi-token prediction) is inference
+// only: transformers' forward never runs those layers.
+void parse_glm4_moe(const JsonReader& rd, DecoderConfig& c) {
+  c.q_bias = c.k_bias = c.v_bias = rd.boolean("attention_bias", false);
+  c.qk_norm = rd.boolean("use_qk_norm", false);
+  if (!rd.has("rms_norm_eps")) c.rms_norm_eps = 1e-5;
+  parse_routed_moe(rd, c, {.first_k_dense_replace = 1, .n_routed_experts = 128, .moe_intermediate_size = 1408,
+                           .n_group = 1, .topk_group = 1, .routed_scaling_factor = 1.0});
+  require_shared_experts(rd, c);
+}
+
+// MiniMax-M2 (transformers' MiniMaxM2Config defaults): GQA attention without biases, q_norm / k_norm RMSNorms over
+// the whole q / k projections; every layer a MoE of num_local_experts experts of width intermediate_size, sigmoid
+// scores, selection on scores + the block's e_score_correction_bias, top-k weights always renormalised, no shared
+// experts. Checkpoints use Mixtral's names (block_sparse_moe, w1 / w3 / w2).
+void parse_minimax_m2(const JsonReader& rd, DecoderConfig& c) {
+  const std::string& file = rd.file();
+  if (!rd.has("head_dim")) c.head_dim = 128;
+  c.qk_norm_whole = true;
+  const char* experts_field = rd.has("num_local_experts") || !rd.has("num_experts") ? "num_local_experts" : "num_experts";
+  c.num_experts = rd.integer(experts_field, 256);
+  c.num_experts_per_tok = rd.integer("num_experts_per_tok", 8);
+  c.moe_intermediate_size = c.intermediate_size;
+  c.norm_topk_prob = true;
+  c.moe_scoring = "sigmoid";
+  c.moe_score_correction_bias = c.moe_bias_on_block = true;
+  c.router_aux_loss_coef = rd.number("router_aux_loss_coef", 0.001);
+  c.lb_softmax_topk = true;
+  if (rd.has("router_jitter_noise") && rd.number("router_jitter_noise") != 0.0)
+    throw file_error(file, "router_jitter_noise", "router jitter noise is not supported (must be 0)");
+  c.moe_checkpoint_name = "block_sparse_moe";
+  c.layer_moe.assign(c.num_hidden_layers, 1);
+  if (c.num_experts <= 0) throw file_error(file, experts_field, "must be positive, got " + std::to_string(c.num_experts));
+  if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > c.num_experts)
+    throw file_error(file, "num_experts_per_tok", "must be in [1, " + std::string(experts_field) + " = " +
+                                                      std::to_string(c.num_experts) + "], got " + std::to_string(c.num_experts_per_tok));
+}
+
+// Mistral 4 (transformers' Mistral4Config defaults): DeepSeek's latent attention with queries scaled by position
+// (llama_4_scaling_beta), softmax routing limited to the topk_group best of n_group groups (no correction bias),
+// shared experts; experts stored stacked (save_pretrained has no per-expert conversion for it); pad_token_id 11.
+void parse_mistral4(const JsonReader& rd, DecoderConfig& c) {
+  parse_mla(rd, c, {.q_lora_rank = 1024, .kv_lora_rank = 256, .qk_nope_head_dim = 64, .first_k_dense_replace = 0,
+                    .n_routed_experts = 128, .num_experts_per_tok = 4, .n_group = 1, .topk_group = 1,
+                    .routed_scaling_factor = 1.0});
+  require_shared_experts(rd, c);
+  c.moe_scoring = "softmax";
+  c.moe_score_correction_bias = false;
+  c.moe_stacked_checkpoint = true;
+  if (!rd.json().contains("pad_token_id")) c.pad_token_id = 11;
+}
+
+// Mistral4Config's rope block when the file has none (yarn, factor 128 over 8192 positions).
+nlohmann::json with_mistral4_rope(const json& j, const DecoderConfig& c) {
+  json out = j;
+  const auto present = [&](const char* k) { return j.contains(k) && !j.at(k).is_null(); };
+  if (present("rope_parameters") || present("rope_scaling")) return out;
+  out["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 128.0},
+                            {"original_max_position_embeddings", 8192}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                            {"mscale_all_dim", 1.0}, {"mscale", 1.0}, {"llama_4_scaling_beta", 0.1},
+                            {"partial_rotary_factor", static_cast<double>(c.qk_rope_head_dim) /
+                                                          static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim)}};
+  return out;
+}
+
+// Mistral 4's rotary width as transformers computes it (default rope: head_dim = qk_nope + qk_rope; the scaled
+// types: int(head_dim x partial_rotary_factor), which defaults to qk_rope / head_dim) must be qk_rope_head_dim; the
+// query scaling by position reads llama_4_scaling_beta and original_max_position_embeddings from the rope block.
+void check_mistral4_rope(const json& j, const std::string& file, DecoderConfig& c) {
+  const int64_t head = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  const double partial = c.rope.partial_rotary_factor.value_or(static_cast<double>(c.qk_rope_head_dim) / static_cast<double>(head));
+  const int64_t width = c.rope.type == "default" ? head : static_cast<int64_t>(static_cast<double>(head) * partial);
+  const std::string block = j.contains("rope_scaling") && !j.at("rope_scaling").is_null() ? "rope_scaling" : "rope_parameters";
+  if (width != c.qk_rope_head_dim)
+    throw file_error(file, c.rope.type == "default" || c.rope.partial_rotary_field.empty() ? block + ".rope_type" : c.rope.partial_rotary_field,
+                     "transformers' Mistral 4 rotates " + std::to_string(width) + " features, qk_rope_head_dim is " +
+                         std::to_string(c.qk_rope_head_dim));
+  c.rope.partial_rotary_factor.reset();  // the latent attention's rope part is the rotary width already
+  JsonReader rd(j, file);
+  JsonReader rb = rd.object(block);
+  if (!rb.has("llama_4_scaling_beta"))
+    throw file_error(file, block + ".llama_4_scaling_beta", "missing (transformers' Mistral 4 attention needs it)");
+  if (!rb.has("original_max_position_embeddings"))
+    throw file_error(file, block + ".original_max_position_embeddings", "missing (Mistral 4's query scaling needs it)");
+  c.llama4_scaling_beta = rb.number("llama_4_scaling_beta");
+  c.llama4_scaling_original = rb.integer("original_max_position_embeddings");
+  if (c.llama4_scaling_original <= 0)
+    throw file_error(file, block + ".original_max_position_embeddings", "must be positive");
+}
+
+// The rotary defaults of these families when the file has none: GLM-4-MoE rotates half of each head; MiniMax-M2's
+// legacy rotary_dim gives the factor (rotary_dim / head_dim) and its rope_theta defaults to 5e6.
+void new_family_rope_defaults(const json& j, const std::string& file, DecoderConfig& c) {
+  JsonReader rd(j, file);
+  if (c.model_type == "glm4_moe" && !c.rope.partial_rotary_factor) {
+    c.rope.partial_rotary_factor = 0.5;
+    c.rope.partial_rotary_field = "partial_rotary_factor";
+  }
+  if (c.model_type != "minimax_m2") return;
+  if (!c.rope.partial_rotary_factor && rd.has("rotary_dim")) {
+    c.rope.partial_rotary_factor = static_cast<double>(rd.integer("rotary_dim")) / static_cast<double>(c.head_dim);
+    c.rope.partial_rotary_field = "rotary_dim";
+  }
+  const auto in_block = [&](const char* b) { return j.contains(b) && j.at(b).is_object() && j.at(b).contains("rope_theta"); };
+  if (!rd.has("rope_theta") && !in_block("rope_parameters") && !in_block("rope_scaling")) c.rope.theta = 5000000.0;
+}
+
 }  // namespace
 
 DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
@@ -255,11 +392,12 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   c.raw = j;
   c.model_type = rd.string("model_type");
   const bool gdn = gated_deltanet_family(c.model_type);
-  if (!gdn && c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" && c.model_type != "qwen3" &&
-      c.model_type != "deepseek_v3" && c.model_type != "qwen3_moe" && c.model_type != "mixtral")
+  const bool new_moe_family = c.model_type == "glm4_moe" || c.model_type == "minimax_m2" || c.model_type == "mistral4";
+  if (!gdn && !new_moe_family && c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
+      c.model_type != "qwen3" && c.model_type != "deepseek_v3" && c.model_type != "qwen3_moe" && c.model_type != "mixtral")
     throw file_error(file, "model_type", "unsupported model type '" + c.model_type +
                                              "' (decoders: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3, "
-                                             "qwen3_next, qwen3_5_text, qwen3_5_moe_text)");
+                                             "glm4_moe, minimax_m2, mistral4, qwen3_next, qwen3_5_text, qwen3_5_moe_text)");
   c.vocab_size = rd.integer("vocab_size");
   c.hidden_size = rd.integer("hidden_size");
   c.intermediate_size = rd.integer("intermediate_size");
@@ -274,6 +412,7 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
     throw file_error(file, "num_key_value_heads", "must divide num_attention_heads");
   int64_t def_head = c.hidden_size / c.num_attention_heads;
   if (c.model_type == "deepseek_v3") parse_mla(rd, c);  // head_dim = qk_rope_head_dim (transformers ignores the field)
+  else if (c.model_type == "mistral4") parse_mistral4(rd, c);  // the same
   else c.head_dim = rd.integer("head_dim", def_head);
   if (c.head_dim <= 0 || c.head_dim % 2) throw file_error(file, "head_dim", "must be positive and even");
   c.max_position_embeddings = rd.integer("max_position_embeddings", c.model_type == "deepseek_v3" ? 4096 : 2048);
@@ -338,7 +477,13 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   }
   if (c.model_type == "qwen3_moe" || c.model_type == "mixtral") parse_moe(rd, c);
   if (gdn) parse_gated_deltanet(rd, c);
-  c.rope = parse_rope(j, file, c.max_position_embeddings);
+  if (c.model_type == "glm4_moe") parse_glm4_moe(rd, c);
+  if (c.model_type == "minimax_m2") parse_minimax_m2(rd, c);
+  const json rope_json = c.model_type == "mistral4" ? with_mistral4_rope(j, c) : json();
+  const json& rj = rope_json.is_null() ? j : rope_json;  // the config with the family's rope block when it has none
+  c.rope = parse_rope(rj, file, c.max_position_embeddings);
+  if (new_moe_family) new_family_rope_defaults(j, file, c);
+  if (c.model_type == "mistral4") check_mistral4_rope(rj, file, c);
   if (gdn && !c.rope.partial_rotary_factor) {  // transformers' default for these families
     c.rope.partial_rotary_factor = 0.25;
     c.rope.partial_rotary_field = "partial_rotary_factor";
@@ -347,7 +492,7 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   // Partial rotary (transformers: dim = int(head_dim * partial_rotary_factor)); families with a default of their own
   // set it when the file has none.
   // The families whose transformers modeling rotates part of each head (the others' apply_rotary_pos_emb would fail).
-  const bool partial_ok = gdn;
+  const bool partial_ok = gdn || c.model_type == "glm4_moe" || c.model_type == "minimax_m2";
   const double partial = c.rope.partial_rotary_factor.value_or(1.0);
   c.rotary_dim = c.head_dim;
   if (partial != 1.0) {
@@ -367,7 +512,7 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
       throw file_error(file, (j.contains("rope_scaling") ? "rope_scaling" : "rope_parameters") + std::string(".mrope_section"),
                        "positive sections summing to rotary_dim / 2 = " + std::to_string(c.rotary_dim / 2) + " expected");
   }
-  if (c.mla) c.attention_scale = mla_softmax_scale(j, c);
+  if (c.mla) c.attention_scale = mla_softmax_scale(rj, c);
   return c;
 }
 
@@ -377,6 +522,7 @@ int64_t DecoderConfig::num_parameters() const {
   int64_t d = hidden_size, q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
   int64_t attn = d * q + 2 * d * kv + q * d + (q_bias ? q : 0) + (k_bias ? kv : 0) + (v_bias ? kv : 0) + (o_bias ? d : 0) +
                  (qk_norm ? 2 * head_dim : 0);
+  if (qk_norm_whole) attn += q + kv;  // MiniMax-M2: norms over the whole projections
   if (mla) {  // models/llama/mla.h
     const int64_t h = num_attention_heads, qk = qk_nope_head_dim + qk_rope_head_dim;
     attn = (q_lora_rank > 0 ? d * q_lora_rank + (q_bias ? q_lora_rank : 0) + q_lora_rank + q_lora_rank * h * qk : d * h * qk) +

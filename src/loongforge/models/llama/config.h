@@ -31,7 +31,7 @@ struct RopeConfig {
 };
 
 struct DecoderConfig {
-  std::string model_type;  // llama | mistral | qwen2 | qwen3 | deepseek_v3
+  std::string model_type;  // llama | mistral | qwen2 | qwen3 | deepseek_v3 | glm4_moe | minimax_m2 | mistral4
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
   int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
   // Partial rotary: the first rotary_dim features of each q / k head rotate, the rest pass (int(head_dim x
@@ -67,6 +67,14 @@ struct DecoderConfig {
   bool moe_score_correction_bias = false;
   double routed_scaling_factor = 1.0;
   double router_aux_loss_coef = 0.0;  // transformers' load-balancing coefficient (used by training only)
+  // GLM-4-MoE, MiniMax-M2, Mistral 4 (parse_glm4_moe / parse_minimax_m2 / parse_mistral4 in config.cpp):
+  bool qk_norm_whole = false;      // MiniMax-M2: q_norm / k_norm over the whole projection (heads x head_dim)
+  bool moe_bias_on_block = false;  // MiniMax-M2: the correction bias is the block's (<block>.e_score_correction_bias)
+  bool moe_stacked_checkpoint = false;  // Mistral 4: experts stored stacked (experts.gate_up_proj / down_proj)
+  bool lb_softmax_topk = false;    // MiniMax-M2: load balancing on softmax(logits) and its own top-k (transformers)
+  // Mistral 4 (rope_parameters.llama_4_scaling_beta): queries times 1 + beta * log(1 + floor(pos / original_max))
+  double llama4_scaling_beta = 0.0;
+  int64_t llama4_scaling_original = 0;
   bool is_moe_layer(int64_t i) const { return i < static_cast<int64_t>(layer_moe.size()) && layer_moe[i] != 0; }
   // Qwen3-Next / Qwen3.5 text decoders (gated_deltanet_family(); models/llama/gated_deltanet.h): per layer_types a
   // layer mixes tokens by Gated DeltaNet linear attention ("linear_attn") or by full attention whose q_proj also gives

@@ -116,7 +116,9 @@ Batch CausalLMImpl::block_inputs(const Batch& b, at::ScalarType dtype) const {
     pos = at::arange(ids.size(1), ids.options().dtype(at::kLong)).unsqueeze(0).expand({ids.size(0), ids.size(1)});
   }
   auto [cos, sin] = rotary(pos, dtype);
-  return Batch{{"cos", cos}, {"sin", sin}, {"segment_ids", b.get("segment_ids")}};
+  Batch in{{"cos", cos}, {"sin", sin}, {"segment_ids", b.get("segment_ids")}};
+  if (at::Tensor s = query_scale(pos, dtype); s.defined()) in.set("q_scale", s);  // Mistral 4
+  return in;
 }
 
 at::Tensor CausalLMImpl::block_forward(const Batch& in, const at::Tensor& h, int64_t i) {
@@ -125,7 +127,7 @@ at::Tensor CausalLMImpl::block_forward(const Batch& in, const at::Tensor& h, int
 
 at::Tensor CausalLMImpl::block_forward(const Batch& in, const at::Tensor& h, int64_t i, nn::KVCache* cache) {
   return (*model->layers)[static_cast<size_t>(i)]->as<DecoderLayerImpl>()->forward(h, in.at("cos"), in.at("sin"),
-                                                                                  cache, in.get("segment_ids"));
+                                                                                  cache, in.get("segment_ids"), in.get("q_scale"));
 }
 
 at::Tensor CausalLMImpl::main_head_loss_sum(const at::Tensor& hidden, const Batch& b) {
@@ -188,6 +190,8 @@ TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
       {L + R"(\w+\.shared_experts\.down_proj)", TpStyle::RowwiseInside},
   };
   t.divisible = {{"num_attention_heads", c.num_attention_heads}};
+  // MiniMax-M2's q/k norms span all heads of the projection: its attention does not split (tp must be 1)
+  if (c.qk_norm_whole) t.divisible.push_back({"the whole-projection q/k norms of minimax_m2 (tp must be 1):", 1});
   if (!c.mla) t.divisible.push_back({"num_key_value_heads", c.num_key_value_heads});
   bool dense = false, moe = false;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) (c.is_moe_layer(i) ? moe : dense) = true;
@@ -223,6 +227,14 @@ std::string CausalLMImpl::reference_name(const std::string& n) const {
 }
 
 bool CausalLMImpl::ignorable_checkpoint_tensor(const std::string& name) const {
+  // GLM-4-MoE's multi-token-prediction layers (model.layers.<num_hidden_layers + i>.*): transformers skips them too
+  if (config_.model_type == "glm4_moe" && name.starts_with("model.layers.")) {
+    const std::string rest = name.substr(13);
+    const size_t dot = rest.find('.');
+    if (dot != std::string::npos && dot > 0 && rest.substr(0, dot).find_first_not_of("0123456789") == std::string::npos &&
+        std::stoll(rest.substr(0, dot)) >= config_.num_hidden_layers)
+      return true;
+  }
   // buffers older transformers versions saved; a tied checkpoint may still carry lm_head.weight
   return name.ends_with("rotary_emb.inv_freq") || (config_.tie_word_embeddings && name == "lm_head.weight") ||
          (DecoderConfig::gated_deltanet_family(config_.model_type) && name.starts_with("mtp.")) ||  // Qwen3-Next's MTP head
@@ -232,7 +244,8 @@ bool CausalLMImpl::ignorable_checkpoint_tensor(const std::string& name) const {
 Family family() {
   Family f;
   f.name = "decoder_lm";
-  f.model_types = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"};
+  f.model_types = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "minimax_m2",
+                   "mistral4"};
   for (const char* t : {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}) f.model_types.push_back(t);
   f.build = [](const nlohmann::json& j, const std::string& file) -> std::shared_ptr<Model> {
     return CausalLM(DecoderConfig::from_json(j, file)).ptr();

@@ -38,7 +38,7 @@ MLAImpl::MLAImpl(const DecoderConfig& c, int64_t idx)
 }
 
 at::Tensor MLAImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, nn::KVCache* cache,
-                            const at::Tensor& segment_ids) {
+                            const at::Tensor& segment_ids, const at::Tensor& q_scale) {
   const int64_t qk = qk_nope_head_dim + qk_rope_head_dim;
   at::Tensor q = q_proj ? q_proj->forward(x) : q_b_proj->forward(q_a_layernorm->forward(q_a_proj->forward(x)));
   // b, t from the projection (a sequence-parallel entry gathers the sequence: t can exceed x.size(1)).
@@ -66,6 +66,7 @@ at::Tensor MLAImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at
   at::Tensor k_nope = kv.narrow(-1, 0, qk_nope_head_dim), v = kv.narrow(-1, qk_nope_head_dim, v_head_dim);
   at::Tensor k = at::cat({k_nope, k_rot.expand({b, heads, tk, qk_rope_head_dim})}, -1);
   q = at::cat({q_pass, q_rot}, -1);
+  if (q_scale.defined()) q = q * q_scale.to(q.scalar_type()).unsqueeze(1).unsqueeze(-1);  // [B,1,T,1]
   at::Tensor o = attend(q, k, v, offset, scale, segment_ids);  // [B,H,T,v_head_dim]
   return o_proj->forward(o.transpose(1, 2).reshape({b, t, heads * v_head_dim}));
 }

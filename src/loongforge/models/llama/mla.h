@@ -18,9 +18,10 @@ class MLAImpl : public torch::nn::Module, public nn::AttentionHook {  // kv_head
  public:
   MLAImpl(const DecoderConfig& c, int64_t layer_idx);
   // x [B,T,hidden]; cos/sin [B,T,qk_rope_head_dim] from the model's rotary (attention scaling included);
-  // segment_ids [B,T] restrict attention to packed documents. Returns [B,T,hidden].
+  // segment_ids [B,T] restrict attention to packed documents; q_scale [B,T] multiplies the queries (Mistral 4's
+  // scaling by position; undefined: none). Returns [B,T,hidden].
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, nn::KVCache* cache,
-                     const at::Tensor& segment_ids = {});
+                     const at::Tensor& segment_ids = {}, const at::Tensor& q_scale = {});
 
   nn::Linear q_proj{nullptr};                            // q_lora_rank null
   nn::Linear q_a_proj{nullptr}, q_b_proj{nullptr};       // q_lora_rank set

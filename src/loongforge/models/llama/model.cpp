@@ -58,6 +58,7 @@ nn::MoEOptions moe_options(const DecoderConfig& c) {
   o.routed_scaling_factor = c.routed_scaling_factor;
   o.shared_ffn = c.n_shared_experts * c.moe_intermediate_size;
   o.act = c.hidden_act;
+  o.lb_softmax_topk = c.lb_softmax_topk;
   // Collect the load-balancing statistics in training; CausalLM::aux_loss pools them across layers.
   o.aux_loss_coef = c.router_aux_loss_coef;
   return o;
@@ -74,6 +75,11 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t idx)
     q_norm = register_module("q_norm", nn::RMSNorm(head_dim, c.rms_norm_eps));
     k_norm = register_module("k_norm", nn::RMSNorm(head_dim, c.rms_norm_eps));
   }
+  if (c.qk_norm_whole) {
+    qk_norm_whole = true;
+    q_norm = register_module("q_norm", nn::RMSNorm(heads * head_dim, c.rms_norm_eps));
+    k_norm = register_module("k_norm", nn::RMSNorm(kv_heads * head_dim, c.rms_norm_eps));
+  }
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -87,10 +93,15 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
     gate = qg.narrow(3, head_dim, head_dim).reshape({b, t, heads * head_dim});
     q = qg.narrow(3, 0, head_dim);
   }
+  at::Tensor k = k_proj->forward(x);
+  if (qk_norm_whole) {
+    q = q_norm->forward(q);
+    k = k_norm->forward(k);
+  }
   q = q.view({b, t, heads, head_dim});
-  at::Tensor k = k_proj->forward(x).view({b, t, kv_heads, head_dim});
+  k = k.view({b, t, kv_heads, head_dim});
   at::Tensor v = v_proj->forward(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
-  if (q_norm) {
+  if (q_norm && !qk_norm_whole) {
     q = apply_norm(q_norm, q, zero_centered);
     k = apply_norm(k_norm, k, zero_centered);
   }
@@ -138,13 +149,13 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t idx) {
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                     nn::KVCache* cache, const at::Tensor& segment_ids) {
+                                     nn::KVCache* cache, const at::Tensor& segment_ids, const at::Tensor& q_scale) {
   at::Tensor a = apply_norm(input_layernorm, x, zero_centered);
   if (linear_attn && segment_ids.defined())
     throw Error("decoder: packed documents (segment_ids) are not supported by linear-attention layers (layer " +
                 std::to_string(linear_attn->layer_idx) + "); train without document masking");
   at::Tensor attn = linear_attn ? linear_attn->forward(a, cache)
-                    : mla       ? mla->forward(a, cos, sin, cache, segment_ids)
+                    : mla       ? mla->forward(a, cos, sin, cache, segment_ids, q_scale)
                                 : self_attn->forward(a, cos, sin, cache, segment_ids);
   at::Tensor h, n;
   if (attn.scalar_type() == x.scalar_type() && attn.sizes() == x.sizes()) {  // fused residual add + RMSNorm
@@ -209,7 +220,7 @@ at::Tensor CausalLMImpl::hidden_states_from(at::Tensor h, const at::Tensor& posi
     position_ids = at::arange(past, past + h.size(1), h.options().dtype(at::kLong)).unsqueeze(0).expand({h.size(0), h.size(1)});
   }
   auto [cos, sin] = rotary(position_ids, h.scalar_type());
-  h = run_layers(h, cos, sin, 0, config_.num_hidden_layers, cache, segment_ids);
+  h = run_layers(h, cos, sin, 0, config_.num_hidden_layers, cache, segment_ids, query_scale(position_ids, h.scalar_type()));
   return final_norm(h);
 }
 
@@ -223,11 +234,23 @@ std::pair<at::Tensor, at::Tensor> CausalLMImpl::rotary(const at::Tensor& positio
 }
 
 at::Tensor CausalLMImpl::run_layers(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin, int64_t begin,
-                                    int64_t end, nn::KVCache* cache, const at::Tensor& segment_ids) {
-  if (!cache) return run_blocks(Batch{{"cos", cos}, {"sin", sin}, {"segment_ids", segment_ids}}, h, begin, end);
+                                    int64_t end, nn::KVCache* cache, const at::Tensor& segment_ids,
+                                    const at::Tensor& q_scale) {
+  if (!cache) {
+    Batch in{{"cos", cos}, {"sin", sin}, {"segment_ids", segment_ids}};
+    if (q_scale.defined()) in.set("q_scale", q_scale);
+    return run_blocks(in, h, begin, end);
+  }
   for (int64_t i = begin; i < end; ++i)
-    h = (*model->layers)[static_cast<size_t>(i)]->as<DecoderLayerImpl>()->forward(h, cos, sin, cache, segment_ids);
+    h = (*model->layers)[static_cast<size_t>(i)]->as<DecoderLayerImpl>()->forward(h, cos, sin, cache, segment_ids, q_scale);
   return h;
+}
+
+at::Tensor CausalLMImpl::query_scale(const at::Tensor& position_ids, at::ScalarType dtype) const {
+  if (config_.llama4_scaling_original <= 0) return {};
+  // as transformers: float32 division of the positions, floor, log; then the query's dtype
+  at::Tensor p = position_ids.to(at::kFloat) / static_cast<double>(config_.llama4_scaling_original);
+  return (1.0 + config_.llama4_scaling_beta * at::log(1.0 + at::floor(p))).to(dtype);
 }
 
 std::vector<std::pair<int64_t, nn::MoEImpl*>> CausalLMImpl::moe_layers() const {
@@ -243,7 +266,7 @@ std::vector<CheckpointTensor> CausalLMImpl::checkpoint_tensors() const {
   std::vector<CheckpointTensor> out;
   const DecoderConfig& c = config_;
   const auto& m = *this;
-  const bool mixtral = c.model_type == "mixtral";
+  const bool mixtral = c.model_type == "mixtral" || c.model_type == "minimax_m2";  // w1 / w3 / w2
   const int64_t f = c.moe_intermediate_size;
   for (const auto& item : m.named_parameters()) {
     const std::string& name = item.key();
@@ -253,7 +276,7 @@ std::vector<CheckpointTensor> CausalLMImpl::checkpoint_tensors() const {
     const std::string from = "." + c.moe_module_name + ".", to = "." + c.moe_checkpoint_name + ".";
     std::string ck = name;
     if (from != to && (is_gu || is_down || name.ends_with(from + "gate.weight"))) ck.replace(ck.rfind(from), from.size(), to);
-    if (!is_gu && !is_down) {
+    if ((!is_gu && !is_down) || c.moe_stacked_checkpoint) {  // Mistral 4: stacked experts under their own names
       out.push_back({ck, name});
       continue;
     }
@@ -270,8 +293,15 @@ std::vector<CheckpointTensor> CausalLMImpl::checkpoint_tensors() const {
       }
     }
   }
-  for (const auto& item : m.named_buffers())
-    if (item.key().ends_with("e_score_correction_bias")) out.push_back({item.key(), item.key(), -1, 0, 0, true});
+  for (const auto& item : m.named_buffers()) {
+    if (!item.key().ends_with("e_score_correction_bias")) continue;
+    std::string ck = item.key();
+    if (c.moe_bias_on_block) {  // MiniMax-M2: the block's bias, <block>.e_score_correction_bias
+      const std::string in = "." + c.moe_module_name + ".gate.", to = "." + c.moe_checkpoint_name + ".";
+      ck.replace(ck.rfind(in), in.size(), to);
+    }
+    out.push_back({ck, item.key(), -1, 0, 0, true});
+  }
   for (auto& e : out) e.name = mtp_checkpoint_name(e.name, c.num_hidden_layers);  // MTP layers (mtp.h)
   return out;
 }

@@ -1,5 +1,5 @@
-// The decoder-LM family (Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral, DeepSeek-V3) as a plain torch::nn::Module tree
-// whose parameter names are the Hugging Face names (model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight,
+// The decoder-LM family (Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral, DeepSeek-V3; GLM-4-MoE, MiniMax-M2, Mistral 4)
+// as a plain torch::nn::Module tree whose parameter names are the Hugging Face names (model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight,
 // ..., lm_head.weight), implementing the model contract (models/model.h). No parallelism inside: parallel layouts are
 // applied from outside through the contract.
 #pragma once
@@ -34,6 +34,7 @@ class AttentionImpl : public torch::nn::Module, public nn::AttentionHook {
   int64_t layer_idx, head_dim;
   bool output_gate = false;  // Qwen3-Next: q_proj gives [q | gate] per head; the output is times sigmoid(gate)
   bool zero_centered = false;  // q_norm / k_norm scale by 1 + weight (DecoderConfig::zero_centered_norm)
+  bool qk_norm_whole = false;  // MiniMax-M2: q_norm / k_norm over the whole projections, before the head split
 };
 TORCH_MODULE(Attention);
 
@@ -50,8 +51,9 @@ TORCH_MODULE(MLP);
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const DecoderConfig& c, int64_t layer_idx);
+  // q_scale [B,T]: Mistral 4's per-position query scale (undefined: none).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, nn::KVCache* cache,
-                     const at::Tensor& segment_ids = {});
+                     const at::Tensor& segment_ids = {}, const at::Tensor& q_scale = {});
 
   Attention self_attn{nullptr};  // null with config.mla: then mla is registered as "self_attn"
   MLA mla{nullptr};
@@ -94,7 +96,7 @@ class CausalLMImpl : public models::Model {
   int64_t loss_terms(const Batch& b) const override;  // targets != -100
   double train_flops_per_sample(int64_t seq) const override;
   at::Tensor embed(const Batch& b) override { return embed(b.at("input_ids")); }
-  Batch block_inputs(const Batch& b, at::ScalarType dtype) const override;  // cos, sin, segment_ids
+  Batch block_inputs(const Batch& b, at::ScalarType dtype) const override;  // cos, sin, segment_ids (, q_scale)
   at::Tensor block_forward(const Batch& inputs, const at::Tensor& h, int64_t i) override;
   // The same with a key/value cache (generation).
   at::Tensor block_forward(const Batch& inputs, const at::Tensor& h, int64_t i, nn::KVCache* cache);
@@ -115,7 +117,8 @@ class CausalLMImpl : public models::Model {
   // Hub checkpoints and save_pretrained store experts one tensor per expert (Qwen3-MoE:
   // model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight; Mixtral: model.layers.L.block_sparse_moe.experts.E.
   // {w1,w3,w2}.weight) while the model stacks them (experts.gate_up_proj [E,2f,d] = [gate; up], experts.down_proj
-  // [E,d,f]); the routers' e_score_correction_bias are buffers saved with the weights.
+  // [E,d,f]); the routers' e_score_correction_bias are buffers saved with the weights. GLM-4-MoE: Qwen3-MoE's
+  // names; MiniMax-M2: Mixtral's, its bias block_sparse_moe.e_score_correction_bias; Mistral 4: stacked, as in memory.
   std::vector<CheckpointTensor> checkpoint_tensors() const override;
   bool ignorable_checkpoint_tensor(const std::string& name) const override;
   // transformers' in-memory name of a checkpoint tensor: Mixtral's checkpoints say block_sparse_moe where the module
@@ -137,7 +140,10 @@ class CausalLMImpl : public models::Model {
   at::Tensor embed(const at::Tensor& input_ids);
   std::pair<at::Tensor, at::Tensor> rotary(const at::Tensor& position_ids, at::ScalarType dtype) const;
   at::Tensor run_layers(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin, int64_t begin, int64_t end,
-                        nn::KVCache* cache = nullptr, const at::Tensor& segment_ids = {});
+                        nn::KVCache* cache = nullptr, const at::Tensor& segment_ids = {}, const at::Tensor& q_scale = {});
+  // Mistral 4's query scale of the positions [B,T]: 1 + beta * log(1 + floor(pos / original_max)) (transformers'
+  // get_llama_4_attn_scale), in dtype; undefined for the other families.
+  at::Tensor query_scale(const at::Tensor& position_ids, at::ScalarType dtype) const;
   at::Tensor final_norm(const at::Tensor& h);
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& position_ids = {}, nn::KVCache* cache = nullptr) {
     return logits(hidden_states(input_ids, position_ids, cache));
