@@ -110,17 +110,8 @@ def write_periodic_shard(prefix, pattern, repeats):
     pathlib.Path(str(prefix) + ".idx").write_bytes(idx)
 
 
-def test_train_first_step_loss_matches_transformers_with_aux(tmp_path):
-    """`loongforge train` on a tiny Qwen3-MoE (dense + sparse layers): the first step's loss is transformers' mean
-    token loss + router_aux_loss_coef * load_balancing_loss on the same batch; 3 steps run and the loss falls."""
-    overrides = dict(CASES["qwen3_moe_sparse_step"][1], router_aux_loss_coef=0.05)
-    model = make_model("qwen3_moe", overrides)
-    model_dir = tmp_path / "model"
-    model.save_pretrained(model_dir)
-    g = torch.Generator().manual_seed(3)
-    pattern = torch.randint(0, BASE["vocab_size"], (16,), generator=g).tolist()
-    write_periodic_shard(tmp_path / "train", pattern, 40)
-    seq, mb = 32, 2
+def train_three_steps(tmp_path, model_dir, seq, mb):
+    """`loongforge train` of model_dir for 3 steps (constant lr 1e-2, no decay) on tmp_path/train; the step losses."""
     (tmp_path / "r.yaml").write_text(f"""
 output_dir: {tmp_path / 'run'}
 seed: 7
@@ -148,6 +139,21 @@ log:
     run_lf("train", tmp_path / "r.yaml")
     losses = [json.loads(l)["loss"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if "loss" in json.loads(l) and "step" in json.loads(l)]
+    return losses
+
+
+def test_train_first_step_loss_matches_transformers_with_aux(tmp_path):
+    """`loongforge train` on a tiny Qwen3-MoE (dense + sparse layers): the first step's loss is transformers' mean
+    token loss + router_aux_loss_coef * load_balancing_loss on the same batch; 3 steps run and the loss falls."""
+    overrides = dict(CASES["qwen3_moe_sparse_step"][1], router_aux_loss_coef=0.05)
+    model = make_model("qwen3_moe", overrides)
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    g = torch.Generator().manual_seed(3)
+    pattern = torch.randint(0, BASE["vocab_size"], (16,), generator=g).tolist()
+    write_periodic_shard(tmp_path / "train", pattern, 40)
+    seq, mb = 32, 2
+    losses = train_three_steps(tmp_path, model_dir, seq, mb)
     assert len(losses) == 3 and losses[2] < losses[0]
     window = torch.tensor((pattern * 3)[: seq + 1])
     ids = window[:seq].unsqueeze(0).repeat(mb, 1)

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from conftest import LF_BIN, launch_ranks, run_lf
 from test_dist_ep import ep_metrics, ep_recipe, write_shard
 from test_model_parity import ADAMW, compare, hf_reference, make_batch, rel_err, run_dump
-from test_moe_parity import write_periodic_shard
+from test_moe_parity import train_three_steps, write_periodic_shard
 
 COMMON = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128,
               bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -216,33 +216,7 @@ def test_minimax_train_first_step_loss_with_router_aux(tmp_path):
     pattern = torch.randint(0, model.config.vocab_size, (16,), generator=g).tolist()
     write_periodic_shard(tmp_path / "train", pattern, 40)
     seq, mb = 32, 2
-    (tmp_path / "r.yaml").write_text(f"""
-output_dir: {tmp_path / 'run'}
-seed: 7
-model:
-  path: {model_dir}
-data:
-  train:
-    - path: {tmp_path / 'train'}
-  seq_len: {seq}
-  valid_fraction: 0.0
-train:
-  steps: 3
-  micro_batch_size: {mb}
-  threads: 2
-optim:
-  lr: 1.0e-2
-  weight_decay: 0.0
-schedule:
-  kind: constant
-  warmup_steps: 0
-log:
-  progress: lines
-  plot: false
-""")
-    run_lf("train", tmp_path / "r.yaml")
-    losses = [json.loads(l)["loss"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-              if "loss" in json.loads(l) and "step" in json.loads(l)]
+    losses = train_three_steps(tmp_path, model_dir, seq, mb)
     assert len(losses) == 3 and losses[2] < losses[0]
     window = torch.tensor((pattern * 3)[: seq + 1])
     ids, tgt = window[:seq].unsqueeze(0).repeat(mb, 1), window[1:].unsqueeze(0).repeat(mb, 1)
