@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from conftest import LF_BIN, launch_ranks, run_lf
 from test_dist_ep import ep_metrics, ep_recipe, write_shard
@@ -234,3 +234,38 @@ def test_minimax_train_first_step_loss_with_router_aux(tmp_path):
     assert any(not torch.equal(c.sort(-1).values, r.softmax(-1).topk(k).indices.sort(-1).values)
                for c, r in zip(chosen, out.router_logits))
     assert abs(losses[0] - want.item()) <= 1e-5 * want.item(), (losses[0], want.item(), token.item())
+
+
+@pytest.mark.slow
+def test_mistral4_defaults_when_the_file_has_none(tmp_path):
+    """A Mistral 4 config.json without rope_parameters or pad_token_id gets Mistral4Config's defaults: its yarn
+    block (factor 128 over 8192 positions, llama_4_scaling_beta 0.1, rotary width qk_rope_head_dim) and pad 11."""
+    cfg = dict(MISTRAL4, pad_token_id=11)
+    del cfg["rope_parameters"]
+    model = make_model(cfg)
+    model.save_pretrained(tmp_path / "model")
+    c = json.loads((tmp_path / "model" / "config.json").read_text())
+    del c["rope_parameters"], c["pad_token_id"]
+    (tmp_path / "model" / "config.json").write_text(json.dumps(c))
+    ids, labels = make_batch(model.config.vocab_size)
+    ours = run_dump(tmp_path / "model", ids, labels, tmp_path, ["--adamw", ADAMW])
+    compare(ours, hf_reference(model, ids, labels))
+
+
+def test_glm4_moe_mtp_layers_skipped_on_load(tmp_path):
+    """GLM-4.5 checkpoints carry their multi-token-prediction layer as model.layers.<num_hidden_layers>.*, which
+    transformers' forward never runs: those tensors load as ignored, any other unknown tensor stays an error."""
+    model = make_model(CASES["glm4_moe_qk_norm_bias"])
+    model.save_pretrained(tmp_path / "model")
+    sd = load_file(str(tmp_path / "model" / "model.safetensors"))
+    sd["model.layers.2.eh_proj.weight"] = torch.zeros(4, 4)
+    sd["model.layers.2.mlp.experts.0.up_proj.weight"] = torch.zeros(2, 2)
+    save_file(sd, str(tmp_path / "model" / "model.safetensors"), metadata={"format": "pt"})
+    ids, labels = make_batch(model.config.vocab_size)
+    ours = run_dump(tmp_path / "model", ids, labels, tmp_path)
+    with torch.no_grad():
+        assert rel_err(ours["logits"], model(input_ids=ids).logits) <= 1e-5
+    sd["model.layers.1.mlp.extra.weight"] = torch.zeros(2)
+    save_file(sd, str(tmp_path / "model" / "model.safetensors"), metadata={"format": "pt"})
+    r = run_lf("convert", "--model", tmp_path / "model", "--out", tmp_path / "out", check=False)
+    assert r.returncode == 1 and "model.layers.1.mlp.extra.weight" in r.stderr, r.stderr
