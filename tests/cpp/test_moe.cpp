@@ -254,19 +254,21 @@ TEST(MoE, BiasUpdateMovesTowardsBalance) {
 
 // Group-limited top-k: the chosen experts lie in the topk_group groups with the best (top-2 sum) scores.
 TEST(MoE, GroupLimitedRoutingStaysInBestGroups) {
-  at::manual_seed(5);
-  MoEOptions o;
-  o.num_experts = 8, o.top_k = 2, o.scoring = "sigmoid", o.n_group = 4, o.topk_group = 1;
-  o.routed_scaling_factor = 2.5;
-  at::Tensor logits = at::randn({20, 8});
-  auto r = lf::nn::route(logits, o);
-  at::Tensor s = at::sigmoid(logits);
-  for (int64_t i = 0; i < 20; ++i) {
-    at::Tensor gs = std::get<0>(at::topk(s[i].view({4, 2}), 2, -1)).sum(-1);
-    int64_t best = gs.argmax().item<int64_t>();
-    for (int64_t j = 0; j < 2; ++j) EXPECT_EQ(r.expert_ids[i][j].item<int64_t>() / 2, best);
-    at::Tensor w = s[i].index_select(0, r.expert_ids[i]);
-    EXPECT_LE(max_rel(r.weights[i], w / w.sum() * 2.5), 1e-6);
+  for (std::string scoring : {"sigmoid", "softmax"}) {  // DeepSeek-V3 / GLM-4-MoE, Mistral 4
+    at::manual_seed(5);
+    MoEOptions o;
+    o.num_experts = 8, o.top_k = 2, o.scoring = scoring, o.n_group = 4, o.topk_group = 1;
+    o.routed_scaling_factor = 2.5;
+    at::Tensor logits = at::randn({20, 8});
+    auto r = lf::nn::route(logits, o);
+    at::Tensor s = scoring == "sigmoid" ? at::sigmoid(logits) : at::softmax(logits, -1);
+    for (int64_t i = 0; i < 20; ++i) {
+      at::Tensor gs = std::get<0>(at::topk(s[i].view({4, 2}), 2, -1)).sum(-1);
+      int64_t best = gs.argmax().item<int64_t>();
+      for (int64_t j = 0; j < 2; ++j) EXPECT_EQ(r.expert_ids[i][j].item<int64_t>() / 2, best) << scoring;
+      at::Tensor w = s[i].index_select(0, r.expert_ids[i]);
+      EXPECT_LE(max_rel(r.weights[i], w / w.sum() * 2.5), 1e-6) << scoring;
+    }
   }
 }
 

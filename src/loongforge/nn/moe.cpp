@@ -288,9 +288,9 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
       load_since_update = load_since_update.defined() ? load_since_update + chosen : chosen.clone();
   }
   if (grad) {
-    at::Tensor p = lb_p.defined() ? lb_p : o.scoring == "softmax" ? r.probs : r.probs / r.probs.sum(-1, true);
+    at::Tensor p = o.scoring == "softmax" ? r.probs : r.probs / r.probs.sum(-1, true);
     if (o.aux_loss_coef > 0) {
-      lb_prob_sum = p.sum(0);
+      lb_prob_sum = (lb_p.defined() ? lb_p : p).sum(0);
       lb_rows = n;
       lb_loss = o.aux_loss_coef * static_cast<double>(e) *
                 (lb_counts.to(p.scalar_type()) / static_cast<double>(n) * (lb_prob_sum / static_cast<double>(n))).sum();
