@@ -1,4 +1,4 @@
-"""DeepSeek-V3 multi-token prediction (MTP) layers (models/llama/mtp.h) against transformers 5.24's MtpModel, fp32 on
+"""DeepSeek-V3 multi-token prediction (MTP) layers (GLM-4-MoE's are the same) (models/llama/mtp.h) against transformers 5.24's MtpModel, fp32 on
 the CPU: a folder whose safetensors hold the MTP layers under the checkpoint's names (model.layers.{L+k}.*) loads
 them, `dump`'s teacher-forced mtp_logits.k equal MtpModel.forward_layer + the shared head, `convert` writes them back
 under the same names, a folder without them loads the main model alone; `loongforge train` with
@@ -21,7 +21,13 @@ from test_moe_train import write_recipe
 L = 2  # main layers of the tiny models (test_deepseek_parity's BASE); layer 0 dense, the rest and the MTP blocks MoE
 
 
-def write_mtp_folder(path, overrides, depths, copies=False):
+def glm4_moe_model(overrides, seed=0):
+    """A tiny GLM-4-MoE (test_new_moe_parity's, L layers, the first dense): the same MTP layers as DeepSeek-V3."""
+    from test_new_moe_parity import CASES as MOE_CASES, make_model as make_moe_model
+    return make_moe_model({**MOE_CASES["glm4_moe_qk_norm_bias"], "num_hidden_layers": L, **overrides}, seed)
+
+
+def write_mtp_folder(path, overrides, depths, copies=False, make_model=make_model):
     """A tiny DeepSeek-V3 folder with `depths` MTP layers in the checkpoint's layout. The MTP blocks are the MoE
     layers L.. of a deeper model saved by transformers (so they carry its checkpoint names), plus enorm / hnorm /
     eh_proj / shared_head.norm; with `copies` also DeepSeek's embed_tokens / shared_head.head copies beside them."""
@@ -81,6 +87,7 @@ def reference_mtp_logits(main, mtp, ids):
 
 CASES = {
     "q_lora_2_depths": (dict(), 2),
+    "glm4_moe_1_depth": (dict(), 1),
     "q_proj_yarn_1_depth": (dict(q_lora_rank=None, rope_parameters=dict(rope_type="yarn", rope_theta=10000.0,
                                                                         factor=4.0, original_max_position_embeddings=32,
                                                                         mscale=0.8, mscale_all_dim=0.7)), 1),
@@ -91,7 +98,8 @@ CASES = {
                                   for c in sorted(CASES)])
 def test_mtp_logits_match_transformers(case, tmp_path):
     overrides, depths = CASES[case]
-    write_mtp_folder(tmp_path / "model", overrides, depths, copies=case.startswith("q_lora"))
+    write_mtp_folder(tmp_path / "model", overrides, depths, copies=case.startswith("q_lora"),
+                     make_model=glm4_moe_model if case.startswith("glm4_moe") else make_model)
     main, mtp = load_reference(tmp_path / "model", depths)
     ids, labels = make_batch(main.config.vocab_size, t=20)
     ref = reference_mtp_logits(main, mtp, ids)

@@ -276,8 +276,8 @@ void require_shared_experts(const JsonReader& rd, const DecoderConfig& c) {
 
 // GLM-4-MoE (GLM-4.5 / 4.6, transformers' Glm4MoeConfig defaults): GQA attention with q/k/v biases (attention_bias;
 // o_proj has none), optional per-head q/k RMSNorm (use_qk_norm), DeepSeek-style sigmoid routing with the correction
-// bias after first_k_dense_replace dense layers. num_nextn_predict_layers (multi-token prediction) is inference
-// only: transformers' forward never runs those layers.
+// bias after first_k_dense_replace dense layers. Its num_nextn_predict_layers multi-token prediction layers are
+// DeepSeek-V3's (mtp.h).
 void parse_glm4_moe(const JsonReader& rd, DecoderConfig& c) {
   c.q_bias = c.k_bias = c.v_bias = rd.boolean("attention_bias", false);
   c.qk_norm = rd.boolean("use_qk_norm", false);

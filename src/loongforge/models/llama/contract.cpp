@@ -227,14 +227,6 @@ std::string CausalLMImpl::reference_name(const std::string& n) const {
 }
 
 bool CausalLMImpl::ignorable_checkpoint_tensor(const std::string& name) const {
-  // GLM-4-MoE's multi-token-prediction layers (model.layers.<num_hidden_layers + i>.*): transformers skips them too
-  if (config_.model_type == "glm4_moe" && name.starts_with("model.layers.")) {
-    const std::string rest = name.substr(13);
-    const size_t dot = rest.find('.');
-    if (dot != std::string::npos && dot > 0 && rest.substr(0, dot).find_first_not_of("0123456789") == std::string::npos &&
-        std::stoll(rest.substr(0, dot)) >= config_.num_hidden_layers)
-      return true;
-  }
   // buffers older transformers versions saved; a tied checkpoint may still carry lm_head.weight
   return name.ends_with("rotary_emb.inv_freq") || (config_.tie_word_embeddings && name == "lm_head.weight") ||
          (DecoderConfig::gated_deltanet_family(config_.model_type) && name.starts_with("mtp.")) ||  // Qwen3-Next's MTP head

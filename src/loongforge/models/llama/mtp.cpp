@@ -39,9 +39,9 @@ void crop_slot(nn::KVCache& cache, size_t slot, int64_t n) {
 }  // namespace
 
 int64_t mtp_layers_declared(const DecoderConfig& c) {
-  if (c.model_type != "deepseek_v3") return 0;
+  if (c.model_type != "deepseek_v3" && c.model_type != "glm4_moe") return 0;
   const char* field = "num_nextn_predict_layers";
-  if (!c.raw.contains(field) || c.raw.at(field).is_null()) return 1;  // transformers' DeepseekV3Config default
+  if (!c.raw.contains(field) || c.raw.at(field).is_null()) return 1;  // transformers' DeepseekV3Config / Glm4MoeConfig default
   const auto& v = c.raw.at(field);
   if (!v.is_number_integer() || v.get<int64_t>() < 0)
     throw file_error("config.json", field, "expected an integer >= 0, got " + v.dump());
@@ -128,7 +128,7 @@ std::string CausalLMImpl::set_mtp_loss_weight(double weight) {
     const int64_t k = mtp_layers_declared(config_);
     if (k == 0)
       return "the " + config_.model_type + " config declares no multi-token prediction layers" +
-             (config_.model_type == "deepseek_v3" ? " (num_nextn_predict_layers = 0)" : "");
+             (config_.raw.contains("num_nextn_predict_layers") ? " (num_nextn_predict_layers = 0)" : "");
     return "the checkpoint lacks the model's " + std::to_string(k) + " multi-token prediction layer(s) (model.layers." +
            std::to_string(config_.num_hidden_layers) + ".* absent)";
   }

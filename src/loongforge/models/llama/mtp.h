@@ -24,8 +24,8 @@
 
 namespace lf::models::llama {
 
-// The MTP layers a config declares: deepseek_v3's num_nextn_predict_layers (transformers' default 1 when absent);
-// 0 for the other families.
+// The MTP layers a config declares: deepseek_v3's and glm4_moe's num_nextn_predict_layers (transformers' default 1
+// when absent); 0 for the other families.
 int64_t mtp_layers_declared(const DecoderConfig& c);
 // The config the MTP blocks are built from: the main one with num_hidden_layers = K and every block MoE
 // (transformers' get_mtp_config).
