@@ -311,4 +311,57 @@ TEST(CPHook, LlamaLossGradsAndTraining) {
   }
 }
 
+// Linear attention (Gated DeltaNet of a tiny Qwen3.5 text decoder, linear and full attention layers) in float64:
+// the recurrent state and the convolution's past passed between the ranks' parts (nn/sequence_parts.h) give the
+// loss and every gradient of one process. 280 tokens: at cp2 each part holds 70 (two delta-rule chunks of 64).
+TEST(CPHook, LinearAttentionFloat64) {
+  if (!hook()) GTEST_SKIP() << "run by tests/python/test_dist_cp.py";
+  const std::string mode = std::getenv("LF_CP_MODE") ? std::getenv("LF_CP_MODE") : "ring";
+  auto comm = par::Comm::init();
+  par::Mesh mesh(comm, {{"cp", comm->world()}});
+  const Group& g = mesh.group("cp");
+  nlohmann::json j = {{"model_type", "qwen3_5_text"}, {"vocab_size", 128}, {"hidden_size", 32},
+                      {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2}, {"head_dim", 8}, {"max_position_embeddings", 512},
+                      {"rms_norm_eps", 1e-6}, {"linear_conv_kernel_dim", 4}, {"linear_key_head_dim", 8},
+                      {"linear_value_head_dim", 6}, {"linear_num_key_heads", 2}, {"linear_num_value_heads", 4},
+                      {"layer_types", {"linear_attention", "full_attention"}}};
+  auto make = [&] {
+    torch::manual_seed(0);
+    CausalLM m(DecoderConfig::from_json(j));
+    m->to(at::kDouble);
+    return m;
+  };
+  auto ref = make();
+  auto cpm = make();
+  par::apply_context_parallel(*cpm, g, mode);
+  at::manual_seed(7);
+  Batch b;
+  const int64_t t = 280 * g.size() / 2;
+  b.ids = at::randint(0, 128, {2, t}, at::kLong);
+  b.pos = at::arange(t, at::kLong).unsqueeze(0).expand({2, t}).contiguous();
+  // the token losses in float64 (ref_step / cp_step's loss helpers sum in float32)
+  auto loss_sum = [](CausalLM& m, const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& targets) {
+    at::Tensor logits = m->logits(m->hidden_states(ids, pos, nullptr, {}));
+    return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), {}, at::Reduction::Sum, -100);
+  };
+  at::Tensor targets = par::next_token_targets(b.ids);
+  const double count = static_cast<double>((targets != -100).sum().item<int64_t>());
+  at::Tensor lr = loss_sum(ref, b.ids, b.pos, targets) / count;
+  lr.backward();
+  at::Tensor lc = loss_sum(cpm, par::cp_shard(b.ids, g), par::cp_shard(b.pos, g), par::cp_shard(targets, g)) / count;
+  lc.backward();
+  at::Tensor total = lc.detach().clone();
+  g.all_reduce(total);
+  EXPECT_LT(std::abs(total.item<double>() - lr.item<double>()), 1e-12 * std::abs(lr.item<double>()))
+      << "loss " << total.item<double>() << " vs " << lr.item<double>();
+  auto rp = ref->named_parameters();
+  for (auto& kv : cpm->named_parameters()) {
+    ASSERT_TRUE(kv.value().grad().defined()) << kv.key();
+    ASSERT_EQ(kv.value().grad().scalar_type(), at::kDouble) << kv.key();
+    g.all_reduce(kv.value().mutable_grad());
+    EXPECT_LT(rel_diff(kv.value().grad(), rp[kv.key()].grad()), 1e-10) << kv.key();
+  }
+}
+
 }  // namespace

@@ -1,7 +1,7 @@
 """`loongforge train` on a tiny Qwen3-Next (linear + full attention, MoE with a gated shared expert): the loss falls,
-a run stopped at step 3 and resumed equals the straight run bitwise (slow set), dp2 with ZeRO-1 (and expert parallelism) follows one process, and the
-layouts the linear-attention layers do not support yet (tensor, context parallelism) are one-line errors naming the
-key."""
+a run stopped at step 3 and resumed equals the straight run bitwise (slow set), dp2 with ZeRO-1 (and expert
+parallelism) and cp2 (ring; a2a in the slow set) follow one process, and tensor parallelism, which the
+linear-attention layers do not support yet, is a one-line error naming the key."""
 import json
 
 import pytest
@@ -89,7 +89,29 @@ def test_dp2_follows_one_process(tiny, layout):
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * abs(a["grad_norm"]), (a, b)
 
 
-@pytest.mark.parametrize("key", ["tp", "cp"])
+@pytest.mark.parametrize("mode", ["ring", pytest.param("a2a", marks=pytest.mark.slow)])
+def test_cp2_follows_one_process(tiny, mode):
+    """Context parallelism: the linear-attention layers pass their recurrent state and convolution past between the
+    ranks' parts of the sequence (nn/sequence_parts.h), the full-attention layers run ring / a2a attention. 264
+    tokens: each rank's two parts of 66 tokens span two 64-token chunks of the delta rule."""
+    seq = ["--set", "data.seq_len=264"]
+    run_lf("train", write_recipe(tiny, "one", steps=3), *seq)
+    res = launch_ranks(2, [LF_BIN, "train", write_recipe(tiny, "cp2", steps=3,
+                                                         extra=f"parallel:\n  cp: 2\n  cp_mode: {mode}"), *seq],
+                       threads=1)
+    for r in res:
+        assert r.returncode == 0, r.stderr[-3000:]
+    one, cp2 = metrics(tiny / "one"), metrics(tiny / "cp2")
+    assert len(one) == len(cp2) == 3
+    # The gradient norm to 1e-4: in fp32 the per-head decay gradients (dt_bias, A_log) sum with heavy cancellation
+    # (test_qwen3_next_parity: transformers' own fp32 result is 1e-4 from its float64 one), and the parts regroup
+    # the sum; in float64 cp equals one process to 1e-10 (test_dist_cp.py's linear-attention test).
+    for a, b in zip(one, cp2):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * abs(a["grad_norm"]), (a, b)
+
+
+@pytest.mark.parametrize("key", ["tp"])
 def test_unsupported_layouts_are_one_line_errors(tiny, key):
     res = launch_ranks(2, [LF_BIN, "train", write_recipe(tiny, key, extra=f"parallel:\n  {key}: 2")], threads=1)
     for r in res:

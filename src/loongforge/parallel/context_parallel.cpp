@@ -11,6 +11,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/nn/attention.h"
 #include "loongforge/nn/loss.h"
+#include "loongforge/nn/sequence_parts.h"
 #include "loongforge/parallel/functional.h"
 
 namespace lf::parallel {
@@ -285,6 +286,7 @@ void apply_context_parallel(models::Model& model, const Group& cp, const std::st
     if (attn->window > 0)
       throw cp_error("sliding-window attention (layer " + std::to_string(i) + ", window " +
                   std::to_string(attn->window) + ") is not supported with context parallelism");
+    if (dynamic_cast<nn::SequencePartsHook*>(attn)) continue;  // linear attention: its parts, whatever the mode
     if (!ring && attn->heads % n != 0)
       throw cp_error(std::to_string(n) + " does not divide num_attention_heads " +
                   std::to_string(attn->heads) + " (cp_mode a2a)");
@@ -294,7 +296,22 @@ void apply_context_parallel(models::Model& model, const Group& cp, const std::st
   }
   const Group* g = &cp;
   if (inside) model.cut_sequence_fn = [g](const at::Tensor& x, int64_t dim) { return cp_cut(x, *g, dim); };
+  // Token mixers with a recurrent state get this rank's parts of the load-balanced layout (chunks i and 2n-1-i of 2n)
+  // and an all-gather that puts every rank's part values in sequence order (nn/sequence_parts.h).
+  const int me = cp.rank();
+  std::vector<int64_t> order(static_cast<size_t>(2 * n));  // sequence index -> position in the gathered tensor
+  for (int r = 0; r < n; ++r) {
+    order[static_cast<size_t>(r)] = 2 * r;
+    order[static_cast<size_t>(2 * n - 1 - r)] = 2 * r + 1;
+  }
   for (auto* attn : attns) {  // installed only once every layer passed the checks
+    if (auto* rec = dynamic_cast<nn::SequencePartsHook*>(attn)) {
+      rec->parts = nn::SequenceParts{{me, 2 * n - 1 - me}, 2 * n, [g, order](const at::Tensor& x) {
+        at::Tensor all = gather_rs(x.contiguous(), *g, 0);
+        return all.index_select(0, at::tensor(order, at::TensorOptions().dtype(at::kLong)).to(all.device()));
+      }};
+      continue;
+    }
     const bool causal = attn->causal;
     attn->attention_fn = [g, ring, causal](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            int64_t q_offset, int64_t window, double scale,

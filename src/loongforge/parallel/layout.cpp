@@ -1,6 +1,7 @@
 #include "loongforge/parallel/layout.h"
 
 #include "loongforge/core/error.h"
+#include "loongforge/nn/sequence_parts.h"
 
 namespace lf::parallel {
 
@@ -56,6 +57,7 @@ void validate(const Layout& l, models::Model& m, int64_t seq_len, int64_t micro_
                                     (l.cp > 1 ? " (2 x cp chunks" + std::string(l.sp ? " x tp" : "") + ")" : " (tp)"));
   if (l.cp > 1 && l.cp_mode == "a2a")
     for (const nn::AttentionHook* a : attn) {
+      if (dynamic_cast<const nn::SequencePartsHook*>(a)) continue;  // linear attention passes states, not heads
       if ((a->heads / l.tp) % l.cp) bad("cp", s(l.cp) + " does not divide the " + s(a->heads / l.tp) + " attention heads per tensor-parallel rank (cp_mode a2a)");
       if ((a->kv_heads / l.tp) % l.cp) bad("cp", s(l.cp) + " does not divide the " + s(a->kv_heads / l.tp) + " key/value heads per tensor-parallel rank (cp_mode a2a)");
     }

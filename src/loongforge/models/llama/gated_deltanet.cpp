@@ -6,6 +6,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/nn/gated_delta.h"
+#include "loongforge/nn/sequence_parts.h"
 
 namespace lf::models::llama {
 
@@ -36,8 +37,7 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const DecoderConfig& c, int64_t idx)
 at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache) {
   if (attention_fn)
     throw Error("linear-attention layer " + std::to_string(layer_idx) +
-                ": context parallelism (parallel.cp) and attention replacements are not supported by Gated DeltaNet "
-                "layers yet (their recurrent state would have to pass between ranks)");
+                ": attention replacements are not supported by Gated DeltaNet layers");
   const int64_t b = x.size(0), t = x.size(1), kd = key_heads * key_dim, vd = value_heads * value_dim;
   at::Tensor mixed, z, beta_in, a;  // mixed: the convolution's input [q | k | v] over all heads
   if (in_proj_qkv) {
@@ -51,17 +51,20 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache) {
     const int64_t r = value_heads / key_heads;
     at::Tensor qkvz = in_proj_qkvz->forward(x).view({b, t, key_heads, 2 * key_dim + 2 * r * value_dim});
     at::Tensor ba = in_proj_ba->forward(x).view({b, t, key_heads, 2 * r});
-    auto parts = qkvz.split_with_sizes({key_dim, key_dim, r * value_dim, r * value_dim}, 3);
-    mixed = at::cat({parts[0].reshape({b, t, kd}), parts[1].reshape({b, t, kd}), parts[2].reshape({b, t, vd})}, -1);
-    z = parts[3];
+    auto pieces = qkvz.split_with_sizes({key_dim, key_dim, r * value_dim, r * value_dim}, 3);
+    mixed = at::cat({pieces[0].reshape({b, t, kd}), pieces[1].reshape({b, t, kd}), pieces[2].reshape({b, t, vd})}, -1);
+    z = pieces[3];
     beta_in = ba.narrow(3, 0, r).reshape({b, t, value_heads});
     a = ba.narrow(3, r, r).reshape({b, t, value_heads});
   }
   z = z.reshape({b, t, value_heads, value_dim});
   const size_t li = static_cast<size_t>(layer_idx);
+  if (parts && cache) throw Error("context parallel: a key/value cache (generation) is not supported");
   const bool cached = cache && cache->keys[li].defined();
   at::Tensor past = cached ? cache->keys[li].select(2, 0) : at::Tensor();
-  auto [conv, conv_state] = nn::causal_depthwise_conv_silu(mixed, conv1d->weight, past);
+  at::Tensor conv, conv_state;
+  if (parts) conv = nn::parts_causal_conv_silu(mixed, conv1d->weight, *parts);
+  else std::tie(conv, conv_state) = nn::causal_depthwise_conv_silu(mixed, conv1d->weight, past);
   auto qkv = conv.split_with_sizes({kd, kd, vd}, -1);
   at::Tensor q = qkv[0].reshape({b, t, key_heads, key_dim}), k = qkv[1].reshape({b, t, key_heads, key_dim});
   at::Tensor v = qkv[2].reshape({b, t, value_heads, value_dim});
@@ -73,7 +76,9 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache) {
   at::Tensor g = -A_log.to(ct).exp() * at::softplus(a.to(ct) + dt_bias);
   at::Tensor state = cached ? cache->values[li] : at::Tensor();
   at::Tensor core;
-  if (state.defined() && t == 1) {
+  if (parts) {
+    core = nn::parts_gated_delta_rule(q, k, v, g, beta, *parts, chunk);
+  } else if (state.defined() && t == 1) {
     std::tie(core, state) = nn::recurrent_gated_delta_rule(q, k, v, g, beta, state);
   } else {
     std::tie(core, state) = nn::chunk_gated_delta_rule(q, k, v, g, beta, state, chunk, cache != nullptr);

@@ -10,7 +10,8 @@
 // token by token when a cache holds the layer's state (conv inputs + recurrent state).
 //
 // The layer is an nn::AttentionHook (heads: value heads, kv_heads: key heads) so that layouts see it, but it refuses
-// an attention_fn: context parallelism would have to pass the recurrent state between ranks (not done yet).
+// an attention_fn: under context parallelism it is an nn::SequencePartsHook instead (nn/sequence_parts.h: the
+// recurrent state and the convolution's past pass between the ranks' parts of the sequence).
 // In an nn::KVCache the layer keeps its recurrent state [B, Hv, Dk, Dv] in values[layer] and the last K - 1
 // convolution inputs [B, K - 1, C] in keys[layer], viewed (no copy) as [B, K - 1, T, C] with a zero stride over the T
 // tokens seen, so that the cache's length() counts tokens as for attention layers.
@@ -21,6 +22,7 @@
 #include "loongforge/nn/attention.h"
 #include "loongforge/nn/linear.h"
 #include "loongforge/nn/rms_norm.h"
+#include "loongforge/nn/sequence_parts.h"
 
 namespace lf::models::llama {
 
@@ -32,7 +34,7 @@ class DepthwiseConvWeightImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DepthwiseConvWeight);
 
-class GatedDeltaNetImpl : public torch::nn::Module, public nn::AttentionHook {
+class GatedDeltaNetImpl : public torch::nn::Module, public nn::AttentionHook, public nn::SequencePartsHook {
  public:
   GatedDeltaNetImpl(const DecoderConfig& c, int64_t layer_idx);
   // x [B,T,d] -> [B,T,d]. With a cache: continues from and updates the layer's states there.
