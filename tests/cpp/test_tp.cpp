@@ -42,6 +42,11 @@ nlohmann::json config_json(const std::string& variant) {
     j["tie_word_embeddings"] = true;
   } else if (variant == "qwen2") {
     j["model_type"] = "qwen2";
+  } else if (variant == "qwen3_5" || variant == "qwen3_next") {  // Gated DeltaNet layers beside gated attention
+    j["model_type"] = variant == "qwen3_5" ? "qwen3_5_text" : "qwen3_next";
+    j.update({{"head_dim", 8}, {"layer_types", {"linear_attention", "full_attention"}}, {"linear_conv_kernel_dim", 4},
+              {"linear_key_head_dim", 8}, {"linear_value_head_dim", 6}, {"linear_num_key_heads", 2},
+              {"linear_num_value_heads", 4}, {"num_experts", 0}});
   }
   return j;
 }
@@ -133,7 +138,7 @@ std::map<std::string, at::Tensor> gathered_grads(CausalLM& m, const par::TensorP
     EXPECT_TRUE(g.defined()) << item.key();
     if (!g.defined()) g = at::zeros_like(item.value());
     int64_t dim = plan.dim_of(item.key());
-    out[item.key()] = dim >= 0 ? tp.all_gather(g.contiguous(), dim) : g;
+    out[item.key()] = dim >= 0 ? par::unshard(item.key(), g, plan, tp) : g;  // (blocks put back in order)
   }
   return out;
 }
@@ -176,7 +181,10 @@ void check_parity(const par::Group& tp, const std::string& variant, bool sp) {
     ASSERT_TRUE(rg.defined()) << item.key();
     double e = rel_err(grads[item.key()], rg);
     worst = std::max(worst, e);
-    EXPECT_LT(e, 1e-5) << item.key();
+    // (linear attention's per-head decay gradients, dt_bias and A_log, sum with heavy cancellation: fp32 rounding
+    // reaches 1e-5 of them, test_qwen3_next_parity.py)
+    const bool decay = item.key().ends_with("dt_bias") || item.key().ends_with("A_log");
+    EXPECT_LT(e, decay ? 1e-4 : 1e-5) << item.key();
   }
   if (tp.rank() == 0) std::printf("[tp] %s sp=%d loss %.6f worst grad rel err %.2e\n", variant.c_str(), sp, r.item<double>(), worst);
   // The pad row gets no gradient (padding_idx), as in the whole model.
@@ -255,7 +263,7 @@ TEST(TpHook, GradientParity) {
   auto comm = par::Comm::init();
   ASSERT_EQ(comm->world(), 2);
   const par::Group& tp = comm->world_group();
-  for (const char* v : {"llama", "qwen3", "tied", "qwen2"})
+  for (const char* v : {"llama", "qwen3", "tied", "qwen2", "qwen3_5", "qwen3_next"})
     for (bool sp : {false, true}) check_parity(tp, v, sp);
 }
 

@@ -68,10 +68,15 @@ enum class TpStyle {
   VocabHead,         // output projection, vocabulary rows split; the loss never gathers whole logits
   ReplicatedWhole,   // a module tree kept whole that runs on whole inputs on every rank before the sequence is cut
                      // (a VLM's vision tower): its gradients are complete on each rank, under sp too
+  ShardedInside,     // a module's own parameters (not a linear layer) split along dim 0 inside a region: per-head
+                     // vectors, a depthwise convolution's channels (linear attention)
 };
 struct TpRule {
   std::string pattern;
   TpStyle style;
+  // The split dimension holds stacked blocks of these sizes (a fused [q | k | v] projection or convolution): each
+  // rank keeps its chunk of every block, stacked the same way. Empty: one block.
+  std::vector<int64_t> blocks = {};
 };
 struct TensorParallelSpec {
   std::vector<TpRule> rules;

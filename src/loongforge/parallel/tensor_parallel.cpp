@@ -49,6 +49,8 @@ std::pair<int64_t, bool> param_dim(models::TpStyle style, const std::string& loc
       return {-1, true};
     case S::ReplicatedWhole:
       return {-1, false};
+    case S::ShardedInside:
+      return {0, false};
   }
   return {-2, false};  // not a parameter this style knows
 }
@@ -179,7 +181,10 @@ TensorParallelPlan apply_tensor_parallel(models::Model& m, const Group& tp_group
     const void* impl = item.value().unsafeGetTensorImpl();
     if (auto it = moe_dim.find(impl); it != moe_dim.end()) {
       plan.shard_dim[name] = it->second;
-      if (it->second == 1) plan.halves.insert(name);
+      if (it->second == 1) {
+        const int64_t f = item.value().size(1) / 2;
+        plan.blocks[name] = {f, f};
+      }
       continue;
     }
     if (moe_gate.count(impl)) {
@@ -212,6 +217,18 @@ TensorParallelPlan apply_tensor_parallel(models::Model& m, const Group& tp_group
                                           "(parameter '" + name + "')");
     }
     plan.shard_dim[name] = dim;
+    if (dim >= 0 && owner && !spec.rules[owner->rule].blocks.empty()) {
+      const std::vector<int64_t>& sizes = spec.rules[owner->rule].blocks;
+      int64_t total = 0;
+      for (int64_t b : sizes) {
+        if (b % n) throw tp_error(std::to_string(n) + " does not divide a block of " + std::to_string(b) + " rows of '" + name + "'");
+        total += b;
+      }
+      if (total != item.value().size(dim))
+        throw Error("tensor parallel: the blocks of '" + name + "' sum to " + std::to_string(total) + ", not its " +
+                    std::to_string(item.value().size(dim)) + " rows");
+      plan.blocks[name] = sizes;
+    }
     if (dim < 0 && partial) plan.partial_grad.push_back(name);
     if (owner && (owner->style == S::VocabEmbedding || owner->style == S::VocabHead) && dim == 0) {
       const int64_t v = item.value().size(0), unit = int64_t{n} * vocab_granule, vp = (v + unit - 1) / unit * unit;
@@ -242,7 +259,7 @@ TensorParallelPlan apply_tensor_parallel(models::Model& m, const Group& tp_group
       vocab = true;
       continue;
     }
-    if (st.style == S::ReplicatedInside || st.style == S::ReplicatedWhole) continue;
+    if (st.style == S::ReplicatedInside || st.style == S::ReplicatedWhole || st.style == S::ShardedInside) continue;
     auto* lin = st.module->as<nn::LinearImpl>();
     if (!lin) throw Error("tensor parallel: module '" + name + "' is not a linear layer (its plan style needs one)");
     if (st.style == S::Colwise || st.style == S::ReplicatedEntry) {
@@ -372,13 +389,15 @@ at::Tensor shard_of(const std::string& name, const at::Tensor& full_in, const Te
   if (full.size(dim) % tp.size() != 0)
     throw tp_error(std::to_string(tp.size()) + " does not divide dimension " + std::to_string(dim) + " (" +
                    std::to_string(full.size(dim)) + ") of '" + name + "'");
-  if (plan.halves.count(name)) {  // [.., 2f, ..]: this rank's chunk of each half, stacked
-    if (full.size(dim) % (2 * tp.size()) != 0)
-      throw tp_error(std::to_string(tp.size()) + " does not divide the halves of dimension " + std::to_string(dim) +
-                     " (" + std::to_string(full.size(dim)) + ") of '" + name + "'");
-    auto h = full.chunk(2, dim);
-    return at::cat({h[0].chunk(tp.size(), dim)[static_cast<size_t>(tp.rank())],
-                    h[1].chunk(tp.size(), dim)[static_cast<size_t>(tp.rank())]}, dim);
+  if (auto it = plan.blocks.find(name); it != plan.blocks.end()) {  // this rank's chunk of every block, stacked
+    std::vector<at::Tensor> mine;
+    for (const at::Tensor& b : full.split_with_sizes(it->second, dim)) {
+      if (b.size(dim) % tp.size() != 0)
+        throw tp_error(std::to_string(tp.size()) + " does not divide a block of " + std::to_string(b.size(dim)) +
+                       " along dimension " + std::to_string(dim) + " of '" + name + "'");
+      mine.push_back(b.chunk(tp.size(), dim)[static_cast<size_t>(tp.rank())]);
+    }
+    return at::cat(mine, dim);
   }
   at::Tensor s = full.chunk(tp.size(), dim)[static_cast<size_t>(tp.rank())];
   return s.is_contiguous() ? s.clone() : s.contiguous();
@@ -389,9 +408,12 @@ at::Tensor unshard(const std::string& name, const at::Tensor& local, const Tenso
   if (dim < 0 || tp.size() == 1) return local;
   if (auto it = plan.padded_rows.find(name); it != plan.padded_rows.end())
     return tp.all_gather(local.contiguous(), dim).narrow(0, 0, it->second).contiguous();
-  if (plan.halves.count(name)) {
-    auto h = local.chunk(2, dim);
-    return at::cat({tp.all_gather(h[0].contiguous(), dim), tp.all_gather(h[1].contiguous(), dim)}, dim);
+  if (auto it = plan.blocks.find(name); it != plan.blocks.end()) {
+    std::vector<int64_t> local_sizes;
+    for (int64_t b : it->second) local_sizes.push_back(b / tp.size());
+    std::vector<at::Tensor> whole;
+    for (const at::Tensor& b : local.split_with_sizes(local_sizes, dim)) whole.push_back(tp.all_gather(b.contiguous(), dim));
+    return at::cat(whole, dim);
   }
   return tp.all_gather(local.contiguous(), dim);
 }

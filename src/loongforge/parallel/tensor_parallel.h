@@ -57,9 +57,10 @@ struct TensorParallelPlan {
   std::map<std::string, int64_t> shard_dim;
   // Replicated parameters whose gradients are partial on each tp rank (need a sum over tp).
   std::vector<std::string> partial_grad;
-  // Parameters made of two stacked halves along their split dimension (MoE experts.gate_up_proj [E, 2f, d]: gate
-  // rows, then up rows): each rank keeps its chunk of each half, stacked the same way.
-  std::set<std::string> halves;
+  // Parameters made of stacked blocks along their split dimension (MoE experts.gate_up_proj [E, 2f, d]: gate rows,
+  // then up rows; a fused [q | k | v] projection): name -> the block sizes; each rank keeps its chunk of every
+  // block, stacked the same way.
+  std::map<std::string, std::vector<int64_t>> blocks;
   // Vocabulary-parallel parameters whose rows were padded (as Megatron pads the vocabulary to a multiple of tp x a
   // granule): name -> the real number of rows. The padding rows are zeros, never looked up, masked out of the loss
   // and logits, and cut off again by unshard (checkpoints and exports hold the real vocabulary only).

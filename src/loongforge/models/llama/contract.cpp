@@ -165,9 +165,6 @@ Split CausalLMImpl::split() const {
 TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
   const DecoderConfig& c = config_;
   // (asked for only when parallel.tp > 1)
-  if (std::count(c.layer_linear.begin(), c.layer_linear.end(), 1) > 0)
-    throw OptionError("tp", std::to_string(c.num_hidden_layers) + "-layer " + c.model_type +
-                                ": its linear-attention layers have no tensor-parallel plan yet (use dp / zero / pp / ep)");
   TensorParallelSpec t;
   const std::string L = R"(model\.layers\.\d+\.)";
   t.rules = {
@@ -189,7 +186,19 @@ TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
       {L + R"(\w+\.shared_experts\.(gate_proj|up_proj))", TpStyle::ColwiseInside},
       {L + R"(\w+\.shared_experts\.down_proj)", TpStyle::RowwiseInside},
   };
-  t.divisible = {{"num_attention_heads", c.num_attention_heads}};
+  // Gated DeltaNet (linear attention): heads split; the [q | k | v] channels of the fused projection and of the
+  // depthwise convolution as three blocks (Qwen3-Next's in_proj_qkvz / in_proj_ba are packed per key head already).
+  if (std::count(c.layer_linear.begin(), c.layer_linear.end(), 1) > 0) {
+    const int64_t kd = c.linear_num_key_heads * c.linear_key_head_dim, vd = c.linear_num_value_heads * c.linear_value_head_dim;
+    t.rules.push_back({L + R"(linear_attn\.in_proj_qkv)", TpStyle::Colwise, {kd, kd, vd}});
+    t.rules.push_back({L + R"(linear_attn\.in_proj_(qkvz|ba|z|b|a))", TpStyle::Colwise});
+    t.rules.push_back({L + R"(linear_attn\.conv1d)", TpStyle::ShardedInside, {kd, kd, vd}});
+    t.rules.push_back({L + R"(linear_attn)", TpStyle::ShardedInside});  // dt_bias, A_log [value heads]
+    t.rules.push_back({L + R"(linear_attn\.norm)", TpStyle::ReplicatedInside});
+    t.rules.push_back({L + R"(linear_attn\.out_proj)", TpStyle::Rowwise});
+    t.divisible.push_back({"linear_num_key_heads", c.linear_num_key_heads});
+  }
+  t.divisible.insert(t.divisible.begin(), {"num_attention_heads", c.num_attention_heads});
   // MiniMax-M2's q/k norms span all heads of the projection: its attention does not split (tp must be 1)
   if (c.qk_norm_whole) t.divisible.push_back({"the whole-projection q/k norms of minimax_m2 (tp must be 1):", 1});
   if (!c.mla) t.divisible.push_back({"num_key_value_heads", c.num_key_value_heads});

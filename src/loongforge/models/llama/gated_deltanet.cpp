@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <functional>
+#include <utility>
+#include <vector>
 
 #include "loongforge/core/error.h"
 #include "loongforge/nn/gated_delta.h"
@@ -34,14 +37,53 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const DecoderConfig& c, int64_t idx)
   out_proj = register_module("out_proj", nn::Linear(vd, d, false));
 }
 
-at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache) {
+namespace {
+
+// The documents of packed rows as [start, end) ranges of the flattened [B*T] tokens (nn::document_ranges); empty
+// when every row is one document (nothing to separate).
+std::vector<std::pair<int64_t, int64_t>> documents(const at::Tensor& segment_ids) {
+  if (!segment_ids.defined()) return {};
+  at::Tensor cu = nn::document_ranges(segment_ids.cpu()).first.to(at::kLong).cpu();
+  const int64_t n = cu.numel() - 1;
+  if (n == segment_ids.size(0)) return {};
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const int64_t* c = cu.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) out.push_back({c[i], c[i + 1]});
+  return out;
+}
+
+// f applied to every document's tokens on its own ([1, len, ...] slices of the flattened tensors), the results put
+// back in place: [B, T, ...].
+at::Tensor per_document(const std::vector<std::pair<int64_t, int64_t>>& docs, const std::vector<at::Tensor>& xs,
+                        const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f) {
+  const int64_t b = xs[0].size(0), t = xs[0].size(1);
+  std::vector<at::Tensor> outs;
+  for (auto [lo, hi] : docs) {
+    std::vector<at::Tensor> slices;
+    for (const at::Tensor& x : xs) slices.push_back(x.flatten(0, 1).narrow(0, lo, hi - lo).unsqueeze(0));
+    outs.push_back(f(slices).squeeze(0));
+  }
+  at::Tensor y = at::cat(outs, 0);
+  std::vector<int64_t> shape{b, t};
+  for (int64_t d = 1; d < y.dim(); ++d) shape.push_back(y.size(d));
+  return y.view(shape);
+}
+
+}  // namespace
+
+at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache, const at::Tensor& segment_ids) {
   if (attention_fn)
     throw Error("linear-attention layer " + std::to_string(layer_idx) +
                 ": attention replacements are not supported by Gated DeltaNet layers");
-  const int64_t b = x.size(0), t = x.size(1), kd = key_heads * key_dim, vd = value_heads * value_dim;
+  // this rank's heads (AttentionHook::heads / kv_heads: value / key heads, divided by tensor parallelism)
+  const int64_t key_heads = kv_heads, value_heads = heads;
+  const int64_t kd = key_heads * key_dim, vd = value_heads * value_dim;
+  int64_t b = 0, t = 0;  // from the projections (a sequence-parallel input_fn gathers the sequence: t can exceed x's)
   at::Tensor mixed, z, beta_in, a;  // mixed: the convolution's input [q | k | v] over all heads
   if (in_proj_qkv) {
     mixed = in_proj_qkv->forward(x);
+    b = mixed.size(0);
+    t = mixed.size(1);
     z = in_proj_z->forward(x);
     beta_in = in_proj_b->forward(x);
     a = in_proj_a->forward(x);
@@ -49,7 +91,10 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache) {
     // Qwen3-Next packs per key head: [q (Dk), k (Dk), v (r x Dv), z (r x Dv)] and [b (r), a (r)], r value heads per
     // key head; the value heads of a key head are consecutive.
     const int64_t r = value_heads / key_heads;
-    at::Tensor qkvz = in_proj_qkvz->forward(x).view({b, t, key_heads, 2 * key_dim + 2 * r * value_dim});
+    at::Tensor proj = in_proj_qkvz->forward(x);
+    b = proj.size(0);
+    t = proj.size(1);
+    at::Tensor qkvz = proj.view({b, t, key_heads, 2 * key_dim + 2 * r * value_dim});
     at::Tensor ba = in_proj_ba->forward(x).view({b, t, key_heads, 2 * r});
     auto pieces = qkvz.split_with_sizes({key_dim, key_dim, r * value_dim, r * value_dim}, 3);
     mixed = at::cat({pieces[0].reshape({b, t, kd}), pieces[1].reshape({b, t, kd}), pieces[2].reshape({b, t, vd})}, -1);
@@ -60,10 +105,20 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache) {
   z = z.reshape({b, t, value_heads, value_dim});
   const size_t li = static_cast<size_t>(layer_idx);
   if (parts && cache) throw Error("context parallel: a key/value cache (generation) is not supported");
+  // Packed documents: the state and the convolution restart at every document (each runs on its own).
+  const std::vector<std::pair<int64_t, int64_t>> docs = documents(segment_ids);
+  if (!docs.empty() && (cache || parts))
+    throw Error("linear-attention layer " + std::to_string(layer_idx) + ": packed documents (segment_ids) are not "
+                "supported " + std::string(cache ? "with a cache (generation)" : "under context parallelism") +
+                "; train without document masking");
   const bool cached = cache && cache->keys[li].defined();
   at::Tensor past = cached ? cache->keys[li].select(2, 0) : at::Tensor();
   at::Tensor conv, conv_state;
   if (parts) conv = nn::parts_causal_conv_silu(mixed, conv1d->weight, *parts);
+  else if (!docs.empty())
+    conv = per_document(docs, {mixed}, [&](const std::vector<at::Tensor>& m) {
+      return nn::causal_depthwise_conv_silu(m[0], conv1d->weight).first;
+    });
   else std::tie(conv, conv_state) = nn::causal_depthwise_conv_silu(mixed, conv1d->weight, past);
   auto qkv = conv.split_with_sizes({kd, kd, vd}, -1);
   at::Tensor q = qkv[0].reshape({b, t, key_heads, key_dim}), k = qkv[1].reshape({b, t, key_heads, key_dim});
@@ -78,6 +133,10 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache) {
   at::Tensor core;
   if (parts) {
     core = nn::parts_gated_delta_rule(q, k, v, g, beta, *parts, chunk);
+  } else if (!docs.empty()) {
+    core = per_document(docs, {q, k, v, g, beta}, [&](const std::vector<at::Tensor>& d) {
+      return nn::chunk_gated_delta_rule(d[0], d[1], d[2], d[3], d[4], {}, chunk).first;
+    });
   } else if (state.defined() && t == 1) {
     std::tie(core, state) = nn::recurrent_gated_delta_rule(q, k, v, g, beta, state);
   } else {

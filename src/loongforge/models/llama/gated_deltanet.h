@@ -9,7 +9,8 @@
 // g = -exp(A_log) softplus(a + dt_bias); the gated delta rule (nn/gated_delta.h) runs chunk-wise over a sequence and
 // token by token when a cache holds the layer's state (conv inputs + recurrent state).
 //
-// The layer is an nn::AttentionHook (heads: value heads, kv_heads: key heads) so that layouts see it, but it refuses
+// The layer is an nn::AttentionHook (heads: value heads, kv_heads: key heads; tensor parallelism splits both, the
+// projections by heads and the convolution's [q | k | v] channels as three blocks) so that layouts see it, but it refuses
 // an attention_fn: under context parallelism it is an nn::SequencePartsHook instead (nn/sequence_parts.h: the
 // recurrent state and the convolution's past pass between the ranks' parts of the sequence).
 // In an nn::KVCache the layer keeps its recurrent state [B, Hv, Dk, Dv] in values[layer] and the last K - 1
@@ -37,8 +38,9 @@ TORCH_MODULE(DepthwiseConvWeight);
 class GatedDeltaNetImpl : public torch::nn::Module, public nn::AttentionHook, public nn::SequencePartsHook {
  public:
   GatedDeltaNetImpl(const DecoderConfig& c, int64_t layer_idx);
-  // x [B,T,d] -> [B,T,d]. With a cache: continues from and updates the layer's states there.
-  at::Tensor forward(const at::Tensor& x, nn::KVCache* cache = nullptr);
+  // x [B,T,d] -> [B,T,d]. With a cache: continues from and updates the layer's states there. segment_ids [B,T]
+  // (packed documents): every document starts from a zero state and convolution past.
+  at::Tensor forward(const at::Tensor& x, nn::KVCache* cache = nullptr, const at::Tensor& segment_ids = {});
 
   nn::Linear in_proj_qkvz{nullptr}, in_proj_ba{nullptr};                          // qwen3_next
   nn::Linear in_proj_qkv{nullptr}, in_proj_z{nullptr}, in_proj_b{nullptr}, in_proj_a{nullptr};  // qwen3_5
@@ -46,7 +48,8 @@ class GatedDeltaNetImpl : public torch::nn::Module, public nn::AttentionHook, pu
   DepthwiseConvWeight conv1d{nullptr};
   nn::RMSNorm norm{nullptr};  // the gated norm's weight and eps
   at::Tensor dt_bias, A_log;
-  int64_t layer_idx, key_heads, value_heads, key_dim, value_dim, kernel;
+  int64_t layer_idx, key_heads, value_heads, key_dim, value_dim, kernel;  // the whole layer's heads (forward: the
+                                                                          // AttentionHook's, this rank's share)
   int64_t chunk = 64;  // transformers' torch_chunk_gated_delta_rule chunk size
 };
 TORCH_MODULE(GatedDeltaNet);

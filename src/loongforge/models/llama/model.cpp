@@ -151,10 +151,7 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t idx) {
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                      nn::KVCache* cache, const at::Tensor& segment_ids, const at::Tensor& q_scale) {
   at::Tensor a = apply_norm(input_layernorm, x, zero_centered);
-  if (linear_attn && segment_ids.defined())
-    throw Error("decoder: packed documents (segment_ids) are not supported by linear-attention layers (layer " +
-                std::to_string(linear_attn->layer_idx) + "); train without document masking");
-  at::Tensor attn = linear_attn ? linear_attn->forward(a, cache)
+  at::Tensor attn = linear_attn ? linear_attn->forward(a, cache, segment_ids)
                     : mla       ? mla->forward(a, cos, sin, cache, segment_ids, q_scale)
                                 : self_attn->forward(a, cos, sin, cache, segment_ids);
   at::Tensor h, n;
