@@ -5,11 +5,14 @@ usage: python lerobot_oracle.py OUT_DIR
   OUT/v30       v3.0, AV1 (lerobot's default encoder, GOP 2): a video camera and an image camera, 3 episodes in one
                 data file and one video file
   OUT/v30h264   v3.0, H.264 (libx264): one video camera, 2 episodes
+  OUT/v30multi  v3.0 split over several files by lerobot's writer (tiny data_files_size_in_mb /
+                video_files_size_in_mb, 2 files per chunk): 2 data files, 4 video files in 2 chunks, the data and
+                video files splitting at different episodes (one video file holds 2 episodes)
   OUT/v21       the v30 dataset in the v2.1 layout (one parquet and one mp4 per episode, jsonl metadata, per-episode
                 stats and no stats.json), written here with pyarrow and lerobot's own video encoder
   OUT/v21conv   OUT/v21 converted to v3.0 by lerobot's convert_dataset_v21_to_v30 (the v2.1 oracle)
-  OUT/NAME.npz  for v30, v30h264, v21conv: every frame of LeRobotDataset(root, video_backend="pyav")[i], stacked
-                per key (cameras as uint8 [N, H, W, C])
+  OUT/NAME.npz  for v30, v30h264, v30multi, v21conv: every frame of LeRobotDataset(root, video_backend="pyav")[i],
+                stacked per key (cameras as uint8 [N, H, W, C])
   OUT/NAME.json tasks and episodes of each
 """
 import json
@@ -40,7 +43,7 @@ def camera_frame(ep, i):
                     -1).astype(np.uint8)
 
 
-def make(root, lengths, codec, image_camera, seed):
+def make(root, lengths, codec, image_camera, seed, file_sizes_mb=None):
     feats = {
         "observation.state": {"dtype": "float32", "shape": (6,), "names": [f"joint{i}" for i in range(6)]},
         "action": {"dtype": "float32", "shape": (6,), "names": None},
@@ -50,8 +53,12 @@ def make(root, lengths, codec, image_camera, seed):
         feats["observation.images.wrist"] = {"dtype": "image", "shape": (H, W, 3),
                                              "names": ["height", "width", "channels"]}
     enc = RGBEncoderConfig(vcodec=codec) if codec else None
+    sizes = {} if file_sizes_mb is None else {"data_files_size_in_mb": file_sizes_mb[0],
+                                              "video_files_size_in_mb": file_sizes_mb[1]}
     ds = LeRobotDataset.create("test/" + root.name, fps=10, features=feats, root=root, use_videos=True,
-                               rgb_encoder=enc)
+                               rgb_encoder=enc, **sizes)
+    if file_sizes_mb is not None:
+        ds.meta.update_chunk_settings(chunks_size=2)
     rng = np.random.default_rng(seed)
     for ep, n in enumerate(lengths):
         for i in range(n):
@@ -133,6 +140,7 @@ def to_v21(src, dst):
 
 make(out / "v30", [12, 20, 9], None, True, 0)
 make(out / "v30h264", [15, 11], "h264", False, 1)
+make(out / "v30multi", [7, 5, 6, 4, 8], None, False, 3, file_sizes_mb=(0.0045, 0.003))
 to_v21(out / "v30", out / "v21")
 shutil.copytree(out / "v21", out / "v21conv")
 
@@ -164,6 +172,6 @@ from lerobot.scripts.convert_dataset_v21_to_v30 import convert_dataset  # noqa: 
 convert_dataset("test/v21conv", root=out / "v21conv", push_to_hub=False)
 shutil.rmtree(out / "v21conv_old")
 
-for name in ["v30", "v30h264", "v21conv"]:
+for name in ["v30", "v30h264", "v30multi", "v21conv"]:
     dump(out / name, name)
 print("ok")

@@ -1,6 +1,7 @@
 """LeRobot datasets (data/robot/lerobot.cpp, video_frames.cpp) checked against lerobot 0.6.1 itself: datasets written
-by lerobot in its environment (lerobot_oracle.py: v3.0 with AV1 video + a PNG image camera, v3.0 with H.264, the
-same data in the v2.1 layout, cross-checked through lerobot's v2.1 -> v3.0 converter), read here through
+by lerobot in its environment (lerobot_oracle.py: v3.0 with AV1 video + a PNG image camera, v3.0 with H.264, v3.0
+split by lerobot's writer over several data and video files and chunks, the same data in the v2.1 layout,
+cross-checked through lerobot's v2.1 -> v3.0 converter), read here through
 `loongforge data export` / `loongforge info` and compared frame by frame with LeRobotDataset(root,
 video_backend="pyav")[i]: states, actions, indices, timestamps equal; decoded video frames and image frames
 bitwise equal; the statistics equal stats.json (v2.1: the per-episode stats aggregated as lerobot's converter does).
@@ -23,7 +24,7 @@ NUMERIC = ["observation.state", "action", "timestamp", "frame_index", "episode_i
 VIDEO = "observation.images.top"
 IMAGE = "observation.images.wrist"
 # dataset folder -> the oracle that read it (v2.1: the converted copy)
-DATASETS = {"v30": "v30", "v30h264": "v30h264", "v21": "v21conv"}
+DATASETS = {"v30": "v30", "v30h264": "v30h264", "v30multi": "v30multi", "v21": "v21conv"}
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,24 @@ def test_frames_equal_lerobot(data, exported, name):
             rows = slice(e["from"], e["from"] + e["length"])
             np.testing.assert_array_equal(x[k][rows], oracle[k][rows], err_msg=f"{name} episode {e} {k}")
     assert {k for k in x if not k.startswith("stats/")} == set(NUMERIC + meta["cameras"])
+
+
+def test_multi_file_layout(data):
+    """v30multi is what test_frames_equal_lerobot needs it to be: lerobot's writer split the data and the videos over
+    several files (two chunks of videos), at different episodes, with a video file shared by two episodes."""
+    d = data / "v30multi"
+    assert len(list((d / "data").rglob("*.parquet"))) >= 2
+    assert len({p.parent.name for p in (d / "videos" / VIDEO).rglob("*.mp4")}) >= 2
+    eps = pq.read_table(next((d / "meta" / "episodes").rglob("*.parquet"))).to_pylist()
+    data_files = [(e["data/chunk_index"], e["data/file_index"]) for e in eps]
+    video_files = [(e[f"videos/{VIDEO}/chunk_index"], e[f"videos/{VIDEO}/file_index"]) for e in eps]
+    assert len(set(data_files)) >= 2 and len(set(video_files)) >= 3
+    assert len(set(video_files)) < len(eps)  # a video file holds two episodes
+
+    def splits(files):
+        return [i for i in range(1, len(files)) if files[i] != files[i - 1]]
+    assert splits(data_files) != splits(video_files)
+    assert any(e[f"videos/{VIDEO}/from_timestamp"] > 0 for e in eps)
 
 
 def test_export_episodes(data, tmp_path):
