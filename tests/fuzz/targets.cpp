@@ -451,7 +451,7 @@ void lerobot(const uint8_t* d, size_t n) {
   check_robot_dataset(*ds, false);
 }
 
-// One HDF5 episode file in ALOHA's layout: opened with open_hdf5_dataset (its features are the file's datasets), then
+// One HDF5 file in ALOHA's or robomimic's layout: opened with open_hdf5_dataset (its features are the file's datasets), then
 // check_robot_dataset with every camera's frames exactly the camera's [H, W, C].
 void hdf5_episode(const uint8_t* d, size_t n) {
   if (!data::robot::hdf5_available()) return;
@@ -490,7 +490,7 @@ const std::vector<Target>& targets() {
       {"parquet", "Parquet file (Arrow C++ reader, our column reads)", parquet},
       {"video", "MP4 probe and decode (FFmpeg)", video},
       {"lerobot", "LeRobot v2.1 / v3.0 dataset folder (info.json, metadata, data Parquet)", lerobot},
-      {"hdf5_episode", "HDF5 episode file, ALOHA layout (libhdf5, our reads)", hdf5_episode},
+      {"hdf5_episode", "HDF5 episode file, ALOHA / robomimic layout (libhdf5, our reads)", hdf5_episode},
   };
   return all;
 }

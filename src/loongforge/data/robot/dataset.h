@@ -1,8 +1,9 @@
 // Robot datasets: episodes of frames recorded at a fixed rate, each frame a set of features (joint state, action,
 // camera images, timestamps, indices, a task). One interface over the formats robot-policy users train on:
 //   - LeRobotDataset v3.0 and v2.1 (data/robot/lerobot.cpp): Parquet frames + mp4 videos + meta/;
-//   - HDF5 episode files in ALOHA's layout (data/robot/hdf5_episodes.cpp): /observations/qpos,
-//     /observations/images/<cam>, /action, one file per episode.
+//   - HDF5 episode files (data/robot/hdf5_episodes.cpp) in ALOHA's layout (/observations/qpos,
+//     /observations/images/<cam>, /action, one file per episode) or robomimic's (/data/demo_N/obs/<key>,
+//     /data/demo_N/actions, many episodes per file).
 // Names are LeRobot's feature names ("observation.state", "action", "observation.images.top", "timestamp",
 // "frame_index", "episode_index", "index", "task_index"), so recipes and exports speak one vocabulary whatever the
 // files are. Sampling (delta_timestamps windows, pad masks), statistics, normalisation, image transforms and the
@@ -51,7 +52,7 @@ class RobotDataset {
  public:
   virtual ~RobotDataset() = default;
 
-  // "LeRobot v3.0", "LeRobot v2.1", "HDF5 (ALOHA layout)"
+  // "LeRobot v3.0", "LeRobot v2.1", "HDF5 (ALOHA layout)", "HDF5 (robomimic layout)"
   virtual std::string format() const = 0;
   // The folder (or file) it was opened from.
   virtual const std::string& root() const = 0;
@@ -94,7 +95,8 @@ std::unique_ptr<RobotDataset> open_robot_dataset(const std::string& path);
 // The formats' own entry points (open_robot_dataset picks one).
 std::unique_ptr<RobotDataset> open_lerobot_dataset(const std::string& folder);
 std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path);
-std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path, double fps);  // the one-path form: 50 (ALOHA)
+// FPS: the frames' rate; the one-path form takes the layout's (ALOHA: 50; robomimic: env_args' control_freq, else 20).
+std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path, double fps);
 bool is_lerobot_dataset(const std::string& path);  // PATH/meta/info.json exists
 bool is_hdf5_dataset(const std::string& path);      // an .hdf5 / .h5 file, or a folder holding some
 bool hdf5_available();  // this build reads HDF5 (libhdf5 found); without it open_hdf5_dataset throws
