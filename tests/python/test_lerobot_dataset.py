@@ -1,10 +1,10 @@
 """LeRobot datasets (data/robot/lerobot.cpp, video_frames.cpp) checked against lerobot 0.6.1 itself: datasets written
 by lerobot in its environment (lerobot_oracle.py: v3.0 with AV1 video + a PNG image camera, v3.0 with H.264, v3.0
-split by lerobot's writer over several data and video files and chunks, the same data in the v2.1 layout,
-cross-checked through lerobot's v2.1 -> v3.0 converter), read here through
+split by lerobot's writer over several data and video files and chunks, v3.0 with a depth video camera, the same
+data in the v2.1 layout, cross-checked through lerobot's v2.1 -> v3.0 converter), read here through
 `loongforge data export` / `loongforge info` and compared frame by frame with LeRobotDataset(root,
-video_backend="pyav")[i]: states, actions, indices, timestamps equal; decoded video frames and image frames
-bitwise equal; the statistics equal stats.json (v2.1: the per-episode stats aggregated as lerobot's converter does).
+video_backend="pyav")[i]: states, actions, indices, timestamps equal; decoded video frames, image frames and depth
+frames (millimetres) bitwise equal; the statistics equal stats.json (v2.1: the per-episode stats aggregated as lerobot's converter does).
 Bad input fails in one line naming the file, the episode and the field."""
 import json
 import pathlib
@@ -24,7 +24,7 @@ NUMERIC = ["observation.state", "action", "timestamp", "frame_index", "episode_i
 VIDEO = "observation.images.top"
 IMAGE = "observation.images.wrist"
 # dataset folder -> the oracle that read it (v2.1: the converted copy)
-DATASETS = {"v30": "v30", "v30h264": "v30h264", "v30multi": "v30multi", "v21": "v21conv"}
+DATASETS = {"v30": "v30", "v30h264": "v30h264", "v30multi": "v30multi", "v30depth": "v30depth", "v21": "v21conv"}
 
 
 @pytest.fixture(scope="module")
@@ -265,3 +265,22 @@ def test_row_groups(data, tmp_path):
     x = export(d, tmp_path / "y.safetensors", "--episode", 1)
     for k in NUMERIC + [VIDEO, IMAGE]:
         np.testing.assert_array_equal(x[k], oracle[k][12:32], err_msg=k)
+
+
+def test_depth_camera_info_and_stats(data, tmp_path):
+    """A depth camera: info marks it; data stats leaves it to stats.json (lerobot computes depth statistics from the
+    raw frames while recording) and refuses it when asked by name, in one line; a depth flag on a 3-channel camera
+    is refused in one line naming info.json and the feature."""
+    feats = {f["name"]: f for f in json.loads(run_lf("info", data / "v30depth").stdout)["features"]}
+    assert feats["observation.images.depth"].get("depth") is True and "depth" not in feats[VIDEO]
+    run_lf("data", "stats", "--dataset", data / "v30depth", "--out", tmp_path / "stats.json")
+    got = json.loads((tmp_path / "stats.json").read_text())
+    assert VIDEO in got and "observation.images.depth" not in got
+    line = fails("data", "stats", "--dataset", data / "v30depth", "--features", "observation.images.depth")
+    assert "observation.images.depth" in line and "depth" in line
+    d = broken_copy(data, tmp_path)
+    info = json.loads((d / "meta" / "info.json").read_text())
+    info["features"][VIDEO].setdefault("info", {})["is_depth_map"] = True
+    (d / "meta" / "info.json").write_text(json.dumps(info))
+    line = fails("info", d)
+    assert str(d / "meta" / "info.json") in line and f"features.{VIDEO}.shape" in line and "one channel" in line

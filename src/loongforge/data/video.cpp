@@ -258,6 +258,48 @@ class RgbConverter {
   std::unique_ptr<uint8_t, AvFree> buf_;
 };
 
+// Frame -> 12-bit grey codes as PyAV's to_ndarray("gray12le"): a gray12le frame's plane as it is, any other format
+// through swscale (SWS_BILINEAR, as PyAV's reformat), into OUT (H * W int16).
+class Gray12Converter {
+ public:
+  void convert(const std::string& path, const AVFrame* f, int16_t* out) {
+    const auto fmt = static_cast<AVPixelFormat>(f->format);
+    const size_t row = static_cast<size_t>(f->width) * 2;
+    if (fmt == AV_PIX_FMT_GRAY12LE) {
+      for (int y = 0; y < f->height; ++y)
+        std::memcpy(reinterpret_cast<uint8_t*>(out) + y * row, f->data[0] + static_cast<ptrdiff_t>(y) * f->linesize[0],
+                    row);
+      return;
+    }
+    if (!sws_.p || fmt != fmt_ || f->width != w_ || f->height != h_) {
+      sws_freeContext(sws_.p);
+      sws_.p = sws_getContext(f->width, f->height, fmt, f->width, f->height, AV_PIX_FMT_GRAY12LE, SWS_BILINEAR,
+                              nullptr, nullptr, nullptr);
+      if (!sws_.p) throw Error(path + ": cannot convert its pixel format " + pix_fmt_name(fmt) + " to gray12le");
+      fmt_ = fmt, w_ = f->width, h_ = f->height;
+      buf_.reset();
+      int err = av_image_alloc(line_data_, linesize_, w_, h_, AV_PIX_FMT_GRAY12LE, 64);
+      if (err < 0) fail(path, "cannot allocate a frame", err);
+      buf_.reset(line_data_[0]);
+    }
+    sws_scale(sws_.p, f->data, f->linesize, 0, h_, line_data_, linesize_);
+    for (int y = 0; y < h_; ++y)
+      std::memcpy(reinterpret_cast<uint8_t*>(out) + y * row, line_data_[0] + static_cast<size_t>(y) * linesize_[0],
+                  row);
+  }
+
+ private:
+  struct AvFree {
+    void operator()(uint8_t* p) const { av_free(p); }
+  };
+  Sws sws_;
+  AVPixelFormat fmt_ = AV_PIX_FMT_NONE;
+  int w_ = 0, h_ = 0;
+  uint8_t* line_data_[4] = {nullptr};
+  int linesize_[4] = {0};
+  std::unique_ptr<uint8_t, AvFree> buf_;
+};
+
 }  // namespace
 
 VideoInfo probe_video(const std::string& path) {
@@ -384,13 +426,15 @@ VideoTimeline read_video_timeline(const std::string& path) {
 struct GopDecoder::Impl {
   std::shared_ptr<const VideoTimeline> t;
   Reader r;
+  FramePixels pixels;
   RgbConverter rgb;
+  Gray12Converter gray;
   int64_t decoded = 0;
-  Impl(std::shared_ptr<const VideoTimeline> tl) : t(std::move(tl)), r(t->path, 1) {}
+  Impl(std::shared_ptr<const VideoTimeline> tl, FramePixels p) : t(std::move(tl)), r(t->path, 1), pixels(p) {}
 };
 
-GopDecoder::GopDecoder(std::shared_ptr<const VideoTimeline> timeline)
-    : impl_(std::make_unique<Impl>(std::move(timeline))) {}
+GopDecoder::GopDecoder(std::shared_ptr<const VideoTimeline> timeline, FramePixels pixels)
+    : impl_(std::make_unique<Impl>(std::move(timeline), pixels)) {}
 GopDecoder::~GopDecoder() = default;
 int64_t GopDecoder::frames_decoded() const { return impl_->decoded; }
 
@@ -402,7 +446,9 @@ at::Tensor GopDecoder::decode(int64_t g) {
     throw Error(t.path + ": GOP " + std::to_string(g) + " out of range (the video has " +
                 std::to_string(t.num_gops()) + ")");
   const int64_t first = t.gop_starts[g], last = t.gop_starts[g + 1], n = last - first;
-  at::Tensor out = at::empty({n, t.height, t.width, 3}, at::kByte);
+  const bool gray = impl_->pixels == FramePixels::gray12;
+  at::Tensor out = gray ? at::empty({n, t.height, t.width, 1}, at::kShort)
+                        : at::empty({n, t.height, t.width, 3}, at::kByte);
   std::vector<char> got(n, 0);
   int64_t remaining = n;
   r.seek(t.gop_key_pts[g]);  // as PyAV's container.seek(..., backward=True): the keyframe at or before
@@ -425,7 +471,10 @@ at::Tensor GopDecoder::decode(int64_t g) {
       throw Error(t.path + ": the frame at pts " + std::to_string(pts) + " is " + std::to_string(f->width) + "x" +
                   std::to_string(f->height) + ", the stream " + std::to_string(t.width) + "x" +
                   std::to_string(t.height));
-    impl_->rgb.convert(t.path, f, out.data_ptr<uint8_t>() + (i - first) * t.height * t.width * 3);
+    if (gray)
+      impl_->gray.convert(t.path, f, out.data_ptr<int16_t>() + (i - first) * t.height * t.width);
+    else
+      impl_->rgb.convert(t.path, f, out.data_ptr<uint8_t>() + (i - first) * t.height * t.width * 3);
     got[i - first] = 1;
     --remaining;
   }
@@ -592,7 +641,7 @@ std::string encode_video(const std::string& path, const at::Tensor&, double) { n
 int64_t VideoTimeline::gop_of(int64_t) const { return 0; }
 VideoTimeline read_video_timeline(const std::string& path) { no_ffmpeg(path); }
 struct GopDecoder::Impl {};
-GopDecoder::GopDecoder(std::shared_ptr<const VideoTimeline> t) { no_ffmpeg(t->path); }
+GopDecoder::GopDecoder(std::shared_ptr<const VideoTimeline> t, FramePixels) { no_ffmpeg(t->path); }
 GopDecoder::~GopDecoder() = default;
 at::Tensor GopDecoder::decode(int64_t) { return {}; }
 int64_t GopDecoder::frames_decoded() const { return 0; }

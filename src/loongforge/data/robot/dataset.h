@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,12 +30,22 @@ enum class FeatureKind {
   text,     // a string per frame (LeRobot's "task", resolved from task_index); not read as a tensor
 };
 
+// A depth camera (LeRobot: a video / image feature whose info says is_depth_map). Videos hold 12-bit codes of the
+// depth (HEVC, gray12le), quantised between depth_min and depth_max (metres), logarithmically after adding shift
+// when use_log: LeRobot's DepthEncoderConfig; images hold the depth itself in UNIT.
+struct DepthMap {
+  double depth_min = 0.01, depth_max = 10.0, shift = 3.5;
+  bool use_log = true;
+  std::string unit = "mm";  // what the recorded frames were in ("mm" or "m"); images are stored so
+};
+
 struct Feature {
   std::string name;
   FeatureKind kind = FeatureKind::numeric;
   std::string dtype;           // info.json's spelling: "float32", "int64", "bool", "video", "image", "string"
   std::vector<int64_t> shape;  // per frame: numeric as stored ({} for a scalar, {6} for a vector); cameras {H, W, C}
   std::vector<std::string> names;  // per-dimension names when the dataset gives them (info.json "names")
+  std::optional<DepthMap> depth;   // cameras: a depth map (one channel)
 };
 
 struct Episode {
@@ -81,9 +92,11 @@ class RobotDataset {
                                                int64_t begin, int64_t end) const = 0;
 
   // Camera CAMERA (a video or image feature) at frames FRAMES (indices into the episode at position EPISODE, any
-  // order, repeats allowed): uint8 [n, H, W, C]. Video cameras decode the frame nearest to each frame's timestamp
-  // (the timestamp column, plus the episode's offset into a shared video file) as LeRobot does, failing when the
-  // nearest decoded frame is TOLERANCE_S or more away.
+  // order, repeats allowed): uint8 [n, H, W, C]; a depth camera (Feature::depth): float32 [n, H, W, 1] in
+  // millimetres, as LeRobotDataset's items (its default depth unit): a video's codes dequantised frame by frame.
+  // Video cameras decode the frame nearest to each frame's timestamp (the timestamp column, plus the episode's
+  // offset into a shared video file) as LeRobot does, failing when the nearest decoded frame is TOLERANCE_S or more
+  // away.
   virtual at::Tensor read_camera(const std::string& camera, int64_t episode, const std::vector<int64_t>& frames,
                                  double tolerance_s = 1e-4) const = 0;
 };
