@@ -134,47 +134,54 @@ std::vector<std::string> group_links(hid_t file, const std::string& fname, int64
   return names;
 }
 
-// Scalar attribute NAME of object PATH: an integer (nullopt when absent), or a string (h5py writes str as a
-// variable-length UTF-8 string; fixed-length ones are read too). A malformed one is an error naming path@name.
-std::optional<int64_t> int_attr(hid_t file, const std::string& fname, int64_t episode, const std::string& path,
-                                const char* name) {
+// Scalar attribute NAME of object PATH, opened and checked to hold one value of class CLS (nullopt when absent); a
+// malformed one is an error naming path@name. h5py writes str as a variable-length UTF-8 string.
+struct ScalarAttr {
+  std::string field;
+  Handle a, type;
+};
+
+std::optional<ScalarAttr> scalar_attr(hid_t file, const std::string& fname, int64_t episode, const std::string& path,
+                                      const char* name, H5T_class_t cls) {
   if (H5Aexists_by_name(file, path.c_str(), name, H5P_DEFAULT) <= 0) return std::nullopt;
   const std::string field = path + "@" + name;
   Handle a(H5Aopen_by_name(file, path.c_str(), name, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   Handle s(a.ok() ? H5Aget_space(a.id) : H5I_INVALID_HID, H5Sclose);
   Handle t(a.ok() ? H5Aget_type(a.id) : H5I_INVALID_HID, H5Tclose);
-  if (!s.ok() || !t.ok() || H5Sget_simple_extent_npoints(s.id) != 1 || H5Tget_class(t.id) != H5T_INTEGER ||
-      H5Aget_storage_size(a.id) < H5Tget_size(t.id))
-    throw ep_error(fname, episode, field, "not one integer");
+  if (!s.ok() || !t.ok() || H5Sget_simple_extent_npoints(s.id) != 1 || H5Tget_class(t.id) != cls ||
+      (H5Tis_variable_str(t.id) <= 0 && H5Aget_storage_size(a.id) < H5Tget_size(t.id)))
+    throw ep_error(fname, episode, field, cls == H5T_INTEGER ? "not one integer" : "not one string");
+  return ScalarAttr{field, std::move(a), std::move(t)};
+}
+
+std::optional<int64_t> int_attr(hid_t file, const std::string& fname, int64_t episode, const std::string& path,
+                                const char* name) {
+  auto attr = scalar_attr(file, fname, episode, path, name, H5T_INTEGER);
+  if (!attr) return std::nullopt;
   int64_t v = 0;
-  if (H5Aread(a.id, H5T_NATIVE_INT64, &v) < 0) throw ep_error(fname, episode, field, "unreadable");
+  if (H5Aread(attr->a.id, H5T_NATIVE_INT64, &v) < 0) throw ep_error(fname, episode, attr->field, "unreadable");
   return v;
 }
 
 std::optional<std::string> string_attr(hid_t file, const std::string& fname, int64_t episode, const std::string& path,
                                        const char* name) {
-  if (H5Aexists_by_name(file, path.c_str(), name, H5P_DEFAULT) <= 0) return std::nullopt;
-  const std::string field = path + "@" + name;
-  Handle a(H5Aopen_by_name(file, path.c_str(), name, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  Handle s(a.ok() ? H5Aget_space(a.id) : H5I_INVALID_HID, H5Sclose);
-  Handle t(a.ok() ? H5Aget_type(a.id) : H5I_INVALID_HID, H5Tclose);
-  if (!s.ok() || !t.ok() || H5Sget_simple_extent_npoints(s.id) != 1 || H5Tget_class(t.id) != H5T_STRING)
-    throw ep_error(fname, episode, field, "not one string");
-  if (H5Tis_variable_str(t.id) > 0) {
+  auto attr = scalar_attr(file, fname, episode, path, name, H5T_STRING);
+  if (!attr) return std::nullopt;
+  const hid_t t = attr->type.id;
+  if (H5Tis_variable_str(t) > 0) {
     Handle mt(H5Tcopy(H5T_C_S1), H5Tclose);
     H5Tset_size(mt.id, H5T_VARIABLE);
-    H5Tset_cset(mt.id, H5Tget_cset(t.id));
+    H5Tset_cset(mt.id, H5Tget_cset(t));
     char* str = nullptr;
-    if (H5Aread(a.id, mt.id, &str) < 0 || !str) throw ep_error(fname, episode, field, "unreadable");
+    if (H5Aread(attr->a.id, mt.id, &str) < 0 || !str) throw ep_error(fname, episode, attr->field, "unreadable");
     std::string out(str);
     H5free_memory(str);
     return out;
   }
-  const size_t size = H5Tget_size(t.id);
-  if (size == 0 || size > (size_t{1} << 24) || H5Aget_storage_size(a.id) < size)
-    throw ep_error(fname, episode, field, "unreadable string");
+  const size_t size = H5Tget_size(t);
+  if (size == 0 || size > (size_t{1} << 24)) throw ep_error(fname, episode, attr->field, "unreadable string");
   std::string out(size, '\0');
-  if (H5Aread(a.id, t.id, out.data()) < 0) throw ep_error(fname, episode, field, "unreadable");
+  if (H5Aread(attr->a.id, t, out.data()) < 0) throw ep_error(fname, episode, attr->field, "unreadable");
   out.resize(std::strlen(out.c_str()));
   return out;
 }
