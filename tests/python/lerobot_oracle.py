@@ -8,8 +8,9 @@ usage: python lerobot_oracle.py OUT_DIR
   OUT/v30multi  v3.0 split over several files by lerobot's writer (tiny data_files_size_in_mb /
                 video_files_size_in_mb, 2 files per chunk): 2 data files, 4 video files in 2 chunks, the data and
                 video files splitting at different episodes (one video file holds 2 episodes)
-  OUT/v30depth  v3.0 with a depth camera (lerobot's depth video: uint16 millimetres quantised to 12-bit codes,
-                HEVC gray12le) beside an RGB video camera, 2 episodes
+  OUT/v30depth  v3.0 with depth cameras beside an RGB video camera, 2 episodes: a depth video (lerobot's: uint16
+                millimetres quantised to 12-bit codes, HEVC gray12le) and depth images (TIFF in the Parquet) of
+                uint16 millimetres and of float32 metres
   OUT/v21       the v30 dataset in the v2.1 layout (one parquet and one mp4 per episode, jsonl metadata, per-episode
                 stats and no stats.json), written here with pyarrow and lerobot's own video encoder
   OUT/v21conv   OUT/v21 converted to v3.0 by lerobot's convert_dataset_v21_to_v30 (the v2.1 oracle)
@@ -61,9 +62,10 @@ def make(root, lengths, codec, image_camera, seed, file_sizes_mb=None, depth_cam
         feats["observation.images.wrist"] = {"dtype": "image", "shape": (H, W, 3),
                                              "names": ["height", "width", "channels"]}
     if depth_camera:
-        feats["observation.images.depth"] = {"dtype": "video", "shape": (H, W, 1),
-                                             "names": ["height", "width", "channels"],
-                                             "info": {"is_depth_map": True}}
+        for key, dtype in [("depth", "video"), ("depth_mm", "image"), ("depth_m", "image")]:
+            feats[f"observation.images.{key}"] = {"dtype": dtype, "shape": (H, W, 1),
+                                                  "names": ["height", "width", "channels"],
+                                                  "info": {"is_depth_map": True}}
     enc = RGBEncoderConfig(vcodec=codec) if codec else None
     sizes = {} if file_sizes_mb is None else {"data_files_size_in_mb": file_sizes_mb[0],
                                               "video_files_size_in_mb": file_sizes_mb[1]}
@@ -82,6 +84,8 @@ def make(root, lengths, codec, image_camera, seed, file_sizes_mb=None, depth_cam
                 frame["observation.images.wrist"] = rng.integers(0, 256, (H, W, 3), dtype=np.uint8)
             if depth_camera:
                 frame["observation.images.depth"] = depth_frame(ep, i)
+                frame["observation.images.depth_mm"] = depth_frame(ep, i + 3)
+                frame["observation.images.depth_m"] = depth_frame(ep, i + 5).astype(np.float32) / np.float32(997)
             ds.add_frame(frame)
         ds.save_episode()
     ds.finalize()

@@ -284,3 +284,18 @@ def test_depth_camera_info_and_stats(data, tmp_path):
     (d / "meta" / "info.json").write_text(json.dumps(info))
     line = fails("info", d)
     assert str(d / "meta" / "info.json") in line and f"features.{VIDEO}.shape" in line and "one channel" in line
+
+
+def test_truncated_depth_image(data, tmp_path):
+    """A depth image (TIFF in the Parquet) cut short: one line naming the data file, the episode, the camera and the
+    frame."""
+    d = broken_copy(data, tmp_path, "v30depth")
+    f = d / "data" / "chunk-000" / "file-000.parquet"
+    t = pq.read_table(f)
+    col = "observation.images.depth_mm"
+    rows = t.column(col).to_pylist()
+    rows[8]["bytes"] = rows[8]["bytes"][:60]  # episode 1 (6 + 5 frames), frame 2
+    t = t.set_column(t.schema.get_field_index(col), col, pa.array(rows, t.schema.field(col).type))
+    pq.write_table(t, f)
+    line = fails("data", "export", "--dataset", d, "--episode", 1, "--out", tmp_path / "x.safetensors")
+    assert str(f) in line and "episode 1" in line and col in line and "frame 2" in line, line

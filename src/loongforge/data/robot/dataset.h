@@ -93,7 +93,8 @@ class RobotDataset {
 
   // Camera CAMERA (a video or image feature) at frames FRAMES (indices into the episode at position EPISODE, any
   // order, repeats allowed): uint8 [n, H, W, C]; a depth camera (Feature::depth): float32 [n, H, W, 1] in
-  // millimetres, as LeRobotDataset's items (its default depth unit): a video's codes dequantised frame by frame.
+  // millimetres, as LeRobotDataset's items (its default depth unit): a video's codes dequantised frame by frame, an
+  // image's stored depth (TIFF) scaled from its unit.
   // Video cameras decode the frame nearest to each frame's timestamp (the timestamp column, plus the episode's
   // offset into a shared video file) as LeRobot does, failing when the nearest decoded frame is TOLERANCE_S or more
   // away.

@@ -427,9 +427,6 @@ class LeRobotDataset final : public RobotDataset {
     auto file = parquet(episode);
     const std::string where = "episode " + std::to_string(ep.index) + ", camera " + camera;
     if (f.kind == FeatureKind::image) {
-      if (f.depth)
-        throw file_error(ef.data, camera, where + ": depth images (16-bit / float TIFF) are not read yet; a depth "
-                                          "video camera is");
       std::vector<std::pair<int64_t, std::shared_ptr<const std::vector<std::string>>>> groups;  // (first row, rows)
       try {
         for (const auto& [g, b, e] : groups_of(*file, ef.row + lo, ef.row + hi))
@@ -444,7 +441,14 @@ class LeRobotDataset final : public RobotDataset {
         size_t k = 0;
         while (k + 1 < groups.size() && groups[k + 1].first <= row) ++k;
         const std::string& bytes = (*groups[k].second)[row - groups[k].first];
-        out.push_back(image::decode_image(bytes, ef.data + ": " + where + ", frame " + std::to_string(i)));
+        const std::string name = ef.data + ": " + where + ", frame " + std::to_string(i);
+        if (!f.depth) {
+          out.push_back(image::decode_image(bytes, name));
+          continue;
+        }
+        // depth: the stored values (TIFF), in millimetres as LeRobotDataset's items (metres times 1000)
+        at::Tensor d = image::decode_depth_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), name);
+        out.push_back(f.depth->unit == "m" ? d * 1000.0 : d);
       }
       try {
         return at::stack(out);
