@@ -174,6 +174,14 @@ def main():
         b = io.BytesIO()
         im.save(b, fmt, **kw)
         add("image", b.getvalue())
+    # depth images as lerobot writes them (Pillow I;16 / F, raw TIFF), an LZW one, and an RGB one (refused)
+    depth = rng.integers(0, 60000, (9, 7)).astype(np.uint16)
+    for im, kw in [(Image.fromarray(depth), {"compression": "raw"}),
+                   (Image.fromarray(depth.astype(np.float32) / 1000), {"compression": "raw"}),
+                   (Image.fromarray(depth), {"compression": "tiff_lzw"}), (rgb, {"compression": "raw"})]:
+        b = io.BytesIO()
+        im.save(b, "TIFF", **kw)
+        add("depth_tiff", b.getvalue())
 
     # ---- Parquet ---------------------------------------------------------------------------------------------------
     import pyarrow as pa
