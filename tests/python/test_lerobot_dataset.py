@@ -299,3 +299,35 @@ def test_truncated_depth_image(data, tmp_path):
     pq.write_table(t, f)
     line = fails("data", "export", "--dataset", d, "--episode", 1, "--out", tmp_path / "x.safetensors")
     assert str(f) in line and "episode 1" in line and col in line and "frame 2" in line, line
+
+
+DEPTH_WINDOWS = r"""
+import sys, torch
+from safetensors.torch import save_file
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+delta = {"observation.images.depth": [-0.1, 0.0], "observation.images.depth_m": [-0.1, 0.0]}
+ds = LeRobotDataset("test/v30depth", root=sys.argv[1], video_backend="pyav", delta_timestamps=delta)
+out = {}
+for i in range(len(ds)):
+    for k, v in ds[i].items():
+        if k.startswith("observation.images.depth"):
+            out[f"sample{i}.{k}"] = v.contiguous()
+save_file(out, sys.argv[2])
+"""
+
+
+def test_depth_windows_equal_lerobot(data, tmp_path):
+    """The loader's delta_timestamps windows of depth cameras (video and image; padded at episode starts) and their
+    pad masks equal LeRobotDataset(..., delta_timestamps=...)[i] bitwise, frames as float32 millimetres."""
+    from safetensors.numpy import load_file as load
+    n = sum(e["length"] for e in json.loads((data / "v30depth.json").read_text())["episodes"])
+    run_lf("data", "bench-loader", data / "v30depth", "--delta", "observation.images.depth=-0.1,0.0",
+           "--delta", "observation.images.depth_m=-0.1,0.0", "--batch", n, "--steps", 1, "--samples",
+           "--dump", tmp_path / "ours.safetensors")
+    run_lerobot(DEPTH_WINDOWS, data / "v30depth", tmp_path / "ref.safetensors")
+    ours, ref = load(str(tmp_path / "ours.safetensors")), load(str(tmp_path / "ref.safetensors"))
+    assert len(ref) == 5 * n  # per item: 3 depth cameras, 2 pad masks
+    for k, want in ref.items():
+        got = ours[k] if k.endswith("_is_pad") else np.moveaxis(ours[k], -1, -3)  # [..., H, W, 1] -> [..., 1, H, W]
+        assert got.dtype == want.dtype and got.shape == want.shape, k
+        np.testing.assert_array_equal(got, want, err_msg=k)
