@@ -316,6 +316,7 @@ save_file(out, sys.argv[2])
 """
 
 
+@pytest.mark.slow  # lerobot decodes ~20 s of HEVC windows item by item
 def test_depth_windows_equal_lerobot(data, tmp_path):
     """The loader's delta_timestamps windows of depth cameras (video and image; padded at episode starts) and their
     pad masks equal LeRobotDataset(..., delta_timestamps=...)[i] bitwise, frames as float32 millimetres."""
