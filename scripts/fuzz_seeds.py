@@ -174,6 +174,14 @@ def main():
         b = io.BytesIO()
         im.save(b, fmt, **kw)
         add("image", b.getvalue())
+    # depth images as lerobot writes them (Pillow I;16 / F, raw TIFF), an LZW one, and an RGB one (refused)
+    depth = rng.integers(0, 60000, (9, 7)).astype(np.uint16)
+    for im, kw in [(Image.fromarray(depth), {"compression": "raw"}),
+                   (Image.fromarray(depth.astype(np.float32) / 1000), {"compression": "raw"}),
+                   (Image.fromarray(depth), {"compression": "tiff_lzw"}), (rgb, {"compression": "raw"})]:
+        b = io.BytesIO()
+        im.save(b, "TIFF", **kw)
+        add("depth_tiff", b.getvalue())
 
     # ---- Parquet ---------------------------------------------------------------------------------------------------
     import pyarrow as pa
@@ -320,7 +328,7 @@ def lerobot_seeds(add, png, quick):
                               parquet_bytes(frames(lengths, 2, True, cams.get("image", False)), **kw)))
 
 
-# ALOHA episode files (as tests/python/test_robot_hdf5.py writes them): argv = folder, quick ("1" or "0").
+# ALOHA episode files and a robomimic file (as tests/python/test_robot_hdf5.py writes them): argv = folder, quick ("1" or "0").
 HDF5_WRITER = r"""
 import io, sys
 import h5py, numpy as np
@@ -348,6 +356,15 @@ with h5py.File(f"{folder}/compressed.hdf5", "w") as f:
     for t, r in enumerate(rows):
         data[t, :len(r)] = r
     f.create_dataset("observations/images/top", data=data, chunks=(1, data.shape[1]))
+with h5py.File(f"{folder}/robomimic.hdf5", "w") as f:  # robomimic's layout: demos in one file
+    data = f.create_group("data")
+    data.attrs["env_args"] = '{"env_name": "Lift", "env_kwargs": {"control_freq": 20}}'
+    for d, n in (("demo_0", T), ("demo_1", T - 1)):
+        g = data.create_group(d)
+        g.attrs["num_samples"] = n
+        g.create_dataset("actions", data=rng.standard_normal((n, 2)))
+        g.create_dataset("obs/eef_pos", data=rng.standard_normal((n, 3)))
+        g.create_dataset("obs/agentview_image", data=rng.integers(0, 256, (n, 4, 4, 3), dtype=np.uint8))
 if not quick:
     with h5py.File(f"{folder}/two_cameras.hdf5", "w") as f:
         arrays(f, np.float32)

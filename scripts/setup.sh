@@ -12,7 +12,7 @@ flock 9
 PKGS="build-essential cmake ninja-build ccache pkg-config python3 python3-venv python3-dev
   libopenblas-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libspdlog-dev
   libfmt-dev libsentencepiece-dev libpcre2-dev libutf8proc-dev libzstd-dev libpng-dev libturbojpeg0-dev
-  libhdf5-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
+  libhdf5-dev libtiff-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
   libavcodec-dev libavformat-dev libavutil-dev libswscale-dev"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

@@ -5,7 +5,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -34,7 +38,6 @@ TEST(RobotHdf5, ReadToSafetensors) {
   if (!path || !out) GTEST_SKIP() << "run by tests/python/test_robot_hdf5.py";
   const char* fps = env("LF_ROBOT_FPS");
   auto ds = fps ? open_hdf5_dataset(path, std::stod(fps)) : open_robot_dataset(path);
-  EXPECT_EQ(ds->format(), "HDF5 (ALOHA layout)");
   const auto& eps = ds->episodes();
   std::vector<lf::io::NamedTensors> per(eps.size());
   std::vector<std::thread> threads;
@@ -79,7 +82,7 @@ TEST(RobotHdf5, ReadToSafetensors) {
     for (auto s : f.shape) shape += (shape.empty() ? "" : ",") + std::to_string(s);
     names += (names.empty() ? "" : ";") + f.name + ":" + f.dtype + ":" + shape;
   }
-  lf::io::save_file(out, all, {{"features", names}});
+  lf::io::save_file(out, all, {{"features", names}, {"format", ds->format()}});
 }
 
 // Normalisation oracle for tests/python/test_robot_transforms.py: LF_NORM_IN holds x.{feature} and
@@ -132,6 +135,24 @@ TEST(RobotTransforms, Oracle) {
     for (double f : {-0.5, -0.25, -0.05, 0.0, 0.05, 0.3, 0.5}) {
       res.emplace_back(k + ".hue." + std::to_string(f).substr(0, f < 0 ? 5 : 4), adjust_hue(x, f));
     }
+    for (double f : {0.0, 0.5, 1.0, 1.5, 2.7})
+      res.emplace_back(k + ".sharpness." + std::to_string(f).substr(0, 3), adjust_sharpness(x, f));
+    // H <= 2: unchanged
+    res.emplace_back(k + ".sharpness.tiny", adjust_sharpness(x.narrow(-2, 0, 2), 0.3).contiguous());
+    res.emplace_back(k + ".sharpness.5d", adjust_sharpness(x.unsqueeze(0), 0.3).contiguous());
+    // affine: (angle, tx, ty, scale, shear x, shear y, bilinear, fill or NaN for none)
+    const std::vector<std::array<double, 8>> affines{{3.7, 1, -2, 1, 0, 0, 0, 0},       {-5, 0, 0, 1, 0, 0, 0, NAN},
+                                                     {90, 0, 0, 1, 0, 0, 0, 0},         {30, 2, 1, 0.8, 0, 0, 1, NAN},
+                                                     {-12.5, -1, 3, 1.3, 10, -5, 1, 0.4}, {7, 0, 0, 1, 0, 0, 0, 1}};
+    for (size_t i = 0; i < affines.size(); ++i) {
+      const auto& a = affines[i];
+      std::optional<double> fill;
+      if (!std::isnan(a[7])) fill = k == "u8" ? a[7] * 255 : a[7];
+      res.emplace_back(k + ".affine." + std::to_string(i),
+                       affine(x, a[0], {a[1], a[2]}, a[3], {a[4], a[5]},
+                              a[6] > 0 ? Interpolation::bilinear : Interpolation::nearest, fill)
+                           .contiguous());
+    }
     res.emplace_back(k + ".center_crop.5x7", center_crop(x, 5, 7).contiguous());
     res.emplace_back(k + ".center_crop.20x9", center_crop(x, 20, 9).contiguous());
     res.emplace_back(k + ".crop.2.3.6x5", crop(x, 2, 3, 6, 5).contiguous());
@@ -143,8 +164,10 @@ TEST(RobotTransforms, Oracle) {
     // Seeded plans: the factors and offsets they drew, and what applying them gave.
     ImageTransformsConfig cfg;
     cfg.enable = true;
-    cfg.max_num_transforms = 4;
+    cfg.max_num_transforms = 5;
     cfg.random_order = true;
+    cfg.degrees = {-20.0, 25.0};
+    cfg.translate = {0.3, 0.2};  // shifts of up to 3 x 2 pixels on the 9x10 crops
     cfg.crop_height = 9;
     cfg.crop_width = 10;
     cfg.random_crop = true;
@@ -156,12 +179,21 @@ TEST(RobotTransforms, Oracle) {
       res.emplace_back(pre + ".crop", at::tensor({plan.crop_top, plan.crop_left}, at::kLong));
       std::vector<double> codes;
       for (const auto& [name, f] : plan.jitters) {
-        codes.push_back(name == "brightness" ? 0 : name == "contrast" ? 1 : name == "saturation" ? 2 : 3);
+        const char* names[] = {"brightness", "contrast", "saturation", "hue", "sharpness", "affine"};
+        codes.push_back(std::find(std::begin(names), std::end(names), name) - std::begin(names));
         codes.push_back(f);
       }
       res.emplace_back(pre + ".jitters", at::tensor(codes, at::kDouble));
+      res.emplace_back(pre + ".shift", at::tensor({plan.affine_tx, plan.affine_ty}, at::kLong));
     }
   }
+  // The defaults, to compare with lerobot's ImageTransformsConfig().
+  ImageTransformsConfig d;
+  std::vector<double> defaults{static_cast<double>(d.max_num_transforms), d.random_order ? 1.0 : 0.0};
+  for (const auto* r : {&d.brightness, &d.contrast, &d.saturation, &d.hue, &d.sharpness, &d.degrees, &d.translate})
+    defaults.insert(defaults.end(), r->begin(), r->end());
+  defaults.insert(defaults.end(), d.weights.begin(), d.weights.end());
+  res.emplace_back("defaults", at::tensor(defaults, at::kDouble));
   lf::io::save_file(out, res);
 }
 
@@ -181,10 +213,14 @@ TEST(RobotTransforms, PlanIsSeeded) {
     differs = differs || a.jitters != c.jitters;
     EXPECT_EQ(a.jitters.size(), 3u);
     EXPECT_TRUE(a.crop_top >= 0 && a.crop_top <= 6 && a.crop_left >= 0 && a.crop_left <= 8);
+    // affine's shift: round(uniform(-0.05 * 4, 0.05 * 4)) pixels on the 4x4 crop -> 0
+    EXPECT_TRUE(a.affine_tx == 0 && a.affine_ty == 0);
     for (const auto& [name, f] : a.jitters) {
-      const auto& r = name == "brightness" ? cfg.brightness
-                      : name == "contrast" ? cfg.contrast
+      const auto& r = name == "brightness"   ? cfg.brightness
+                      : name == "contrast"   ? cfg.contrast
                       : name == "saturation" ? cfg.saturation
+                      : name == "sharpness"  ? cfg.sharpness
+                      : name == "affine"     ? cfg.degrees
                                              : cfg.hue;
       EXPECT_TRUE(f >= r[0] && f <= r[1]) << name << " " << f;
     }

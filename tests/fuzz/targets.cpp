@@ -288,6 +288,13 @@ void image(const uint8_t* d, size_t n) {
   if (t.dim() != 3 || t.size(2) != 3) throw std::logic_error("a decoded image is not [H, W, 3]");
 }
 
+// A depth image (LeRobot's TIFF: one channel of uint16 / float32): decoded through libtiff.
+void depth_tiff(const uint8_t* d, size_t n) {
+  at::Tensor t = data::image::decode_depth_image(d, n, "fuzz.tiff");
+  if (t.dim() != 3 || t.size(2) != 1 || t.scalar_type() != at::kFloat)
+    throw std::logic_error("a decoded depth image is not float32 [H, W, 1]");
+}
+
 // A Parquet file: footer, schema, then every readable column in full.
 void parquet(const uint8_t* d, size_t n) {
   if (!data::parquet_available()) return;
@@ -451,7 +458,7 @@ void lerobot(const uint8_t* d, size_t n) {
   check_robot_dataset(*ds, false);
 }
 
-// One HDF5 episode file in ALOHA's layout: opened with open_hdf5_dataset (its features are the file's datasets), then
+// One HDF5 file in ALOHA's or robomimic's layout: opened with open_hdf5_dataset (its features are the file's datasets), then
 // check_robot_dataset with every camera's frames exactly the camera's [H, W, C].
 void hdf5_episode(const uint8_t* d, size_t n) {
   if (!data::robot::hdf5_available()) return;
@@ -487,10 +494,11 @@ const std::vector<Target>& targets() {
       {"chat_template", "chat template source and render context", chat_template},
       {"moe_plan", "MoE plan input (loads.json)", moe_plan},
       {"image", "PNG / JPEG decoding", image},
+      {"depth_tiff", "TIFF depth images (libtiff, our reads)", depth_tiff},
       {"parquet", "Parquet file (Arrow C++ reader, our column reads)", parquet},
       {"video", "MP4 probe and decode (FFmpeg)", video},
       {"lerobot", "LeRobot v2.1 / v3.0 dataset folder (info.json, metadata, data Parquet)", lerobot},
-      {"hdf5_episode", "HDF5 episode file, ALOHA layout (libhdf5, our reads)", hdf5_episode},
+      {"hdf5_episode", "HDF5 episode file, ALOHA / robomimic layout (libhdf5, our reads)", hdf5_episode},
   };
   return all;
 }

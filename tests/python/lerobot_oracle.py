@@ -5,11 +5,18 @@ usage: python lerobot_oracle.py OUT_DIR
   OUT/v30       v3.0, AV1 (lerobot's default encoder, GOP 2): a video camera and an image camera, 3 episodes in one
                 data file and one video file
   OUT/v30h264   v3.0, H.264 (libx264): one video camera, 2 episodes
+  OUT/v30multi  v3.0 split over several files by lerobot's writer (tiny data_files_size_in_mb /
+                video_files_size_in_mb, 2 files per chunk): 2 data files, 4 video files in 2 chunks, the data and
+                video files splitting at different episodes (one video file holds 2 episodes)
+  OUT/v30depth  v3.0 with depth cameras beside an RGB video camera, 2 episodes: a depth video (lerobot's: uint16
+                millimetres quantised to 12-bit codes, HEVC gray12le) and depth images (TIFF in the Parquet) of
+                uint16 millimetres and of float32 metres
   OUT/v21       the v30 dataset in the v2.1 layout (one parquet and one mp4 per episode, jsonl metadata, per-episode
                 stats and no stats.json), written here with pyarrow and lerobot's own video encoder
   OUT/v21conv   OUT/v21 converted to v3.0 by lerobot's convert_dataset_v21_to_v30 (the v2.1 oracle)
-  OUT/NAME.npz  for v30, v30h264, v21conv: every frame of LeRobotDataset(root, video_backend="pyav")[i], stacked
-                per key (cameras as uint8 [N, H, W, C])
+  OUT/NAME.npz  for v30, v30h264, v30multi, v30depth, v21conv: every frame of LeRobotDataset(root,
+                video_backend="pyav")[i], stacked per key (cameras as uint8 [N, H, W, C], depth cameras as lerobot's
+                float32 millimetres [N, H, W, 1])
   OUT/NAME.json tasks and episodes of each
 """
 import json
@@ -40,7 +47,12 @@ def camera_frame(ep, i):
                     -1).astype(np.uint8)
 
 
-def make(root, lengths, codec, image_camera, seed):
+def depth_frame(ep, i):
+    yy, xx = np.mgrid[0:H, 0:W]
+    return (150 + xx * 61 + yy * 37 + i * 90 + ep * 400).astype(np.uint16)[..., None]  # millimetres
+
+
+def make(root, lengths, codec, image_camera, seed, file_sizes_mb=None, depth_camera=False):
     feats = {
         "observation.state": {"dtype": "float32", "shape": (6,), "names": [f"joint{i}" for i in range(6)]},
         "action": {"dtype": "float32", "shape": (6,), "names": None},
@@ -49,9 +61,18 @@ def make(root, lengths, codec, image_camera, seed):
     if image_camera:
         feats["observation.images.wrist"] = {"dtype": "image", "shape": (H, W, 3),
                                              "names": ["height", "width", "channels"]}
+    if depth_camera:
+        for key, dtype in [("depth", "video"), ("depth_mm", "image"), ("depth_m", "image")]:
+            feats[f"observation.images.{key}"] = {"dtype": dtype, "shape": (H, W, 1),
+                                                  "names": ["height", "width", "channels"],
+                                                  "info": {"is_depth_map": True}}
     enc = RGBEncoderConfig(vcodec=codec) if codec else None
+    sizes = {} if file_sizes_mb is None else {"data_files_size_in_mb": file_sizes_mb[0],
+                                              "video_files_size_in_mb": file_sizes_mb[1]}
     ds = LeRobotDataset.create("test/" + root.name, fps=10, features=feats, root=root, use_videos=True,
-                               rgb_encoder=enc)
+                               rgb_encoder=enc, **sizes)
+    if file_sizes_mb is not None:
+        ds.meta.update_chunk_settings(chunks_size=2)
     rng = np.random.default_rng(seed)
     for ep, n in enumerate(lengths):
         for i in range(n):
@@ -61,6 +82,10 @@ def make(root, lengths, codec, image_camera, seed):
                      "task": ["pick the cube", "place the cube"][ep % 2]}
             if image_camera:
                 frame["observation.images.wrist"] = rng.integers(0, 256, (H, W, 3), dtype=np.uint8)
+            if depth_camera:
+                frame["observation.images.depth"] = depth_frame(ep, i)
+                frame["observation.images.depth_mm"] = depth_frame(ep, i + 3)
+                frame["observation.images.depth_m"] = depth_frame(ep, i + 5).astype(np.float32) / np.float32(997)
             ds.add_frame(frame)
         ds.save_episode()
     ds.finalize()
@@ -69,13 +94,16 @@ def make(root, lengths, codec, image_camera, seed):
 def dump(root, name):
     ds = LeRobotDataset("test/" + root.name, root=root, video_backend="pyav")
     cams = set(ds.meta.camera_keys)
+    depth = set(ds.meta.depth_keys)
     cols = {}
     for i in range(len(ds)):
         item = ds[i]
         for k, v in item.items():
             if not isinstance(v, torch.Tensor):
                 continue
-            if k in cams:  # float32 [C, H, W] in [0, 1] -> uint8 [H, W, C] (exactly: lerobot divided uint8 by 255)
+            if k in depth:  # float32 millimetres [1, H, W] -> [H, W, 1]
+                v = v.permute(1, 2, 0)
+            elif k in cams:  # float32 [C, H, W] in [0, 1] -> uint8 [H, W, C] (exactly: lerobot divided uint8 by 255)
                 u = torch.round(v * 255)
                 assert (u - v * 255).abs().max() < 1e-3, k
                 v = u.to(torch.uint8).permute(1, 2, 0)
@@ -133,6 +161,8 @@ def to_v21(src, dst):
 
 make(out / "v30", [12, 20, 9], None, True, 0)
 make(out / "v30h264", [15, 11], "h264", False, 1)
+make(out / "v30multi", [7, 5, 6, 4, 8], None, False, 3, file_sizes_mb=(0.0045, 0.003))
+make(out / "v30depth", [6, 5], None, False, 4, depth_camera=True)
 to_v21(out / "v30", out / "v21")
 shutil.copytree(out / "v21", out / "v21conv")
 
@@ -164,6 +194,6 @@ from lerobot.scripts.convert_dataset_v21_to_v30 import convert_dataset  # noqa: 
 convert_dataset("test/v21conv", root=out / "v21conv", push_to_hub=False)
 shutil.rmtree(out / "v21conv_old")
 
-for name in ["v30", "v30h264", "v21conv"]:
+for name in ["v30", "v30h264", "v30multi", "v30depth", "v21conv"]:
     dump(out / name, name)
 print("ok")

@@ -27,8 +27,8 @@ def corpus(tmp_path_factory):
 # mutations per seed: model_config describes the config with every family per run (slower), the rest are cheap
 MUTATIONS = {"model_config": 12}
 TARGETS = ["safetensors", "safetensors_index", "model_config", "tokenizer_json", "sentencepiece", "bpe_text",
-           "recipe", "token_shard", "sft_data", "chat_template", "moe_plan", "image", "parquet", "video", "lerobot",
-           "hdf5_episode"]
+           "recipe", "token_shard", "sft_data", "chat_template", "moe_plan", "image", "depth_tiff", "parquet", "video",
+           "lerobot", "hdf5_episode"]
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -1,9 +1,10 @@
 """LeRobot datasets (data/robot/lerobot.cpp, video_frames.cpp) checked against lerobot 0.6.1 itself: datasets written
-by lerobot in its environment (lerobot_oracle.py: v3.0 with AV1 video + a PNG image camera, v3.0 with H.264, the
-same data in the v2.1 layout, cross-checked through lerobot's v2.1 -> v3.0 converter), read here through
+by lerobot in its environment (lerobot_oracle.py: v3.0 with AV1 video + a PNG image camera, v3.0 with H.264, v3.0
+split by lerobot's writer over several data and video files and chunks, v3.0 with a depth video camera, the same
+data in the v2.1 layout, cross-checked through lerobot's v2.1 -> v3.0 converter), read here through
 `loongforge data export` / `loongforge info` and compared frame by frame with LeRobotDataset(root,
-video_backend="pyav")[i]: states, actions, indices, timestamps equal; decoded video frames and image frames
-bitwise equal; the statistics equal stats.json (v2.1: the per-episode stats aggregated as lerobot's converter does).
+video_backend="pyav")[i]: states, actions, indices, timestamps equal; decoded video frames, image frames and depth
+frames (millimetres) bitwise equal; the statistics equal stats.json (v2.1: the per-episode stats aggregated as lerobot's converter does).
 Bad input fails in one line naming the file, the episode and the field."""
 import json
 import pathlib
@@ -23,7 +24,7 @@ NUMERIC = ["observation.state", "action", "timestamp", "frame_index", "episode_i
 VIDEO = "observation.images.top"
 IMAGE = "observation.images.wrist"
 # dataset folder -> the oracle that read it (v2.1: the converted copy)
-DATASETS = {"v30": "v30", "v30h264": "v30h264", "v21": "v21conv"}
+DATASETS = {"v30": "v30", "v30h264": "v30h264", "v30multi": "v30multi", "v30depth": "v30depth", "v21": "v21conv"}
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,24 @@ def test_frames_equal_lerobot(data, exported, name):
             rows = slice(e["from"], e["from"] + e["length"])
             np.testing.assert_array_equal(x[k][rows], oracle[k][rows], err_msg=f"{name} episode {e} {k}")
     assert {k for k in x if not k.startswith("stats/")} == set(NUMERIC + meta["cameras"])
+
+
+def test_multi_file_layout(data):
+    """v30multi is what test_frames_equal_lerobot needs it to be: lerobot's writer split the data and the videos over
+    several files (two chunks of videos), at different episodes, with a video file shared by two episodes."""
+    d = data / "v30multi"
+    assert len(list((d / "data").rglob("*.parquet"))) >= 2
+    assert len({p.parent.name for p in (d / "videos" / VIDEO).rglob("*.mp4")}) >= 2
+    eps = pq.read_table(next((d / "meta" / "episodes").rglob("*.parquet"))).to_pylist()
+    data_files = [(e["data/chunk_index"], e["data/file_index"]) for e in eps]
+    video_files = [(e[f"videos/{VIDEO}/chunk_index"], e[f"videos/{VIDEO}/file_index"]) for e in eps]
+    assert len(set(data_files)) >= 2 and len(set(video_files)) >= 3
+    assert len(set(video_files)) < len(eps)  # a video file holds two episodes
+
+    def splits(files):
+        return [i for i in range(1, len(files)) if files[i] != files[i - 1]]
+    assert splits(data_files) != splits(video_files)
+    assert any(e[f"videos/{VIDEO}/from_timestamp"] > 0 for e in eps)
 
 
 def test_export_episodes(data, tmp_path):
@@ -246,3 +265,70 @@ def test_row_groups(data, tmp_path):
     x = export(d, tmp_path / "y.safetensors", "--episode", 1)
     for k in NUMERIC + [VIDEO, IMAGE]:
         np.testing.assert_array_equal(x[k], oracle[k][12:32], err_msg=k)
+
+
+def test_depth_camera_info_and_stats(data, tmp_path):
+    """A depth camera: info marks it; data stats leaves it to stats.json (lerobot computes depth statistics from the
+    raw frames while recording) and refuses it when asked by name, in one line; a depth flag on a 3-channel camera
+    is refused in one line naming info.json and the feature."""
+    feats = {f["name"]: f for f in json.loads(run_lf("info", data / "v30depth").stdout)["features"]}
+    assert feats["observation.images.depth"].get("depth") is True and "depth" not in feats[VIDEO]
+    run_lf("data", "stats", "--dataset", data / "v30depth", "--out", tmp_path / "stats.json")
+    got = json.loads((tmp_path / "stats.json").read_text())
+    assert VIDEO in got and "observation.images.depth" not in got
+    line = fails("data", "stats", "--dataset", data / "v30depth", "--features", "observation.images.depth")
+    assert "observation.images.depth" in line and "depth" in line
+    d = broken_copy(data, tmp_path)
+    info = json.loads((d / "meta" / "info.json").read_text())
+    info["features"][VIDEO].setdefault("info", {})["is_depth_map"] = True
+    (d / "meta" / "info.json").write_text(json.dumps(info))
+    line = fails("info", d)
+    assert str(d / "meta" / "info.json") in line and f"features.{VIDEO}.shape" in line and "one channel" in line
+
+
+def test_truncated_depth_image(data, tmp_path):
+    """A depth image (TIFF in the Parquet) cut short: one line naming the data file, the episode, the camera and the
+    frame."""
+    d = broken_copy(data, tmp_path, "v30depth")
+    f = d / "data" / "chunk-000" / "file-000.parquet"
+    t = pq.read_table(f)
+    col = "observation.images.depth_mm"
+    rows = t.column(col).to_pylist()
+    rows[8]["bytes"] = rows[8]["bytes"][:60]  # episode 1 (6 + 5 frames), frame 2
+    t = t.set_column(t.schema.get_field_index(col), col, pa.array(rows, t.schema.field(col).type))
+    pq.write_table(t, f)
+    line = fails("data", "export", "--dataset", d, "--episode", 1, "--out", tmp_path / "x.safetensors")
+    assert str(f) in line and "episode 1" in line and col in line and "frame 2" in line, line
+
+
+DEPTH_WINDOWS = r"""
+import sys, torch
+from safetensors.torch import save_file
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+delta = {"observation.images.depth": [-0.1, 0.0], "observation.images.depth_m": [-0.1, 0.0]}
+ds = LeRobotDataset("test/v30depth", root=sys.argv[1], video_backend="pyav", delta_timestamps=delta)
+out = {}
+for i in range(len(ds)):
+    for k, v in ds[i].items():
+        if k.startswith("observation.images.depth"):
+            out[f"sample{i}.{k}"] = v.contiguous()
+save_file(out, sys.argv[2])
+"""
+
+
+@pytest.mark.slow  # lerobot decodes ~20 s of HEVC windows item by item
+def test_depth_windows_equal_lerobot(data, tmp_path):
+    """The loader's delta_timestamps windows of depth cameras (video and image; padded at episode starts) and their
+    pad masks equal LeRobotDataset(..., delta_timestamps=...)[i] bitwise, frames as float32 millimetres."""
+    from safetensors.numpy import load_file as load
+    n = sum(e["length"] for e in json.loads((data / "v30depth.json").read_text())["episodes"])
+    run_lf("data", "bench-loader", data / "v30depth", "--delta", "observation.images.depth=-0.1,0.0",
+           "--delta", "observation.images.depth_m=-0.1,0.0", "--batch", n, "--steps", 1, "--samples",
+           "--dump", tmp_path / "ours.safetensors")
+    run_lerobot(DEPTH_WINDOWS, data / "v30depth", tmp_path / "ref.safetensors")
+    ours, ref = load(str(tmp_path / "ours.safetensors")), load(str(tmp_path / "ref.safetensors"))
+    assert len(ref) == 5 * n  # per item: 3 depth cameras, 2 pad masks
+    for k, want in ref.items():
+        got = ours[k] if k.endswith("_is_pad") else np.moveaxis(ours[k], -1, -3)  # [..., H, W, 1] -> [..., 1, H, W]
+        assert got.dtype == want.dtype and got.shape == want.shape, k
+        np.testing.assert_array_equal(got, want, err_msg=k)

@@ -1,9 +1,11 @@
-"""HDF5 episodes in ALOHA's layout (data/robot/hdf5_episodes.cpp) checked against h5py: files written here with
-h5py (in the lerobot oracle environment, which has it), read through the gtest hook RobotHdf5.ReadToSafetensors
-(every numeric column whole and in part, every camera frame, from 4 threads at once) and compared value for value
-with what h5py reads; timestamps, frame / episode indices and the global index synthesised as LeRobot lays them out
-(timestamp = frame / fps in float32); ALOHA's compressed files (JPEG bytes per frame) decoded as Pillow decodes
-them. Bad files fail in one line naming the file, the episode and the dataset path."""
+"""HDF5 episodes in ALOHA's and robomimic's layouts (data/robot/hdf5_episodes.cpp) checked against h5py: files
+written here with h5py (in the lerobot oracle environment, which has it), read through the gtest hook
+RobotHdf5.ReadToSafetensors (every numeric column whole and in part, every camera frame, from 4 threads at once)
+and compared value for value with what h5py reads; timestamps, frame / episode indices and the global index
+synthesised as LeRobot lays them out (timestamp = frame / fps in float32); ALOHA's compressed files (JPEG bytes
+per frame) decoded as Pillow decodes them. robomimic's one-file layout (/data/demo_N/obs/<key>, actions, rewards,
+dones, states; uint8 [T, H, W, C] image observations as cameras; the rate from env_args) is told apart from
+ALOHA's without an option. Bad files fail in one line naming the file, the episode and the dataset path."""
 import json
 import os
 
@@ -88,7 +90,9 @@ def read_all(tmp_path, dataset, fps=None):
     with safe_open(str(out), "np") as f:
         meta = f.metadata()
     features = [tuple(x.split(":")) for x in meta["features"].split(";")]
-    return load_file(str(out)), features
+    got = load_file(str(out))
+    got["format"] = meta["format"]
+    return got, features
 
 
 NAMES = {"/observations/qpos": "observation.state", "/observations/qvel": "observation.velocity",
@@ -97,6 +101,7 @@ NAMES = {"/observations/qpos": "observation.state", "/observations/qvel": "obser
 
 def check_episodes(got, spec, exp, files, fps):
     """files: [(file name, episode_index)] in the reader's episode order."""
+    assert got["format"] == "HDF5 (ALOHA layout)"
     eps = got["episodes"]
     assert eps[:, 0].tolist() == [i for _, i in files]
     assert eps[:, 1].tolist() == [spec[n]["T"] for n, _ in files]
@@ -198,3 +203,145 @@ def test_truncated_and_foreign_files_one_line(tmp_path):
     err = proc.stderr.strip()
     assert proc.returncode != 0 and len(err.splitlines()) == 1, err
     assert "episode_3.h5" in err and "episode 3" in err, err
+
+
+# robomimic's layout: one file, /data/demo_N groups (written out of order: demo_2, demo_10, demo_0), low-dim and image
+# observations, a 1-channel uint8 camera, a float depth observation [T, H, W, 1], next_obs (not read), masks.
+ROBOMIMIC = r"""
+import json, sys
+import h5py, numpy as np
+path, spec = sys.argv[1], json.loads(sys.argv[2])
+rng = np.random.default_rng(5)
+with h5py.File(path, "w") as f:
+    data = f.create_group("data")
+    if spec.get("env_args") is not None:
+        data.attrs["env_args"] = spec["env_args"]
+    total = 0
+    for name, T in spec["demos"].items():
+        g = data.create_group(name)
+        g.attrs["num_samples"] = spec.get("num_samples", {}).get(name, T)
+        total += T
+        obs, nobs = g.create_group("obs"), g.create_group("next_obs")
+        for key, (dims, dtype) in spec["obs"].items():
+            if dtype == "uint8":
+                arr = rng.integers(0, 256, [T] + dims, dtype=np.uint8)
+            else:
+                arr = rng.standard_normal([T] + dims).astype(dtype)
+            obs.create_dataset(key, data=arr)
+            nobs.create_dataset(key, data=arr[::-1].copy())
+        if name not in spec.get("no_actions", []):
+            g.create_dataset("actions", data=rng.uniform(-1, 1, (T, 7)))
+        g.create_dataset("rewards", data=rng.random(T))
+        g.create_dataset("dones", data=(np.arange(T) == T - 1).astype(np.int64))
+        g.create_dataset("states", data=rng.standard_normal((T, 32)))
+    data.attrs["total"] = total
+    names = sorted(spec["demos"])
+    f.create_dataset("mask/train", data=np.array(names[:-1], dtype="S"))
+    f.create_dataset("mask/valid", data=np.array(names[-1:], dtype="S"))
+exp = {}
+with h5py.File(path, "r") as f:
+    for name in spec["demos"]:
+        g = f["data"][name]
+        for key in g["obs"]:
+            exp[f"{name}:obs/{key}"] = g["obs"][key][:]
+        for key in ["actions", "rewards", "dones", "states"]:
+            if key in g:
+                exp[f"{name}:{key}"] = g[key][:]
+np.savez(path + ".npz", **exp)
+"""
+
+ROBOMIMIC_OBS = {"robot0_eef_pos": [[3], "float64"], "robot0_joint_pos": [[7], "float64"],
+                 "object": [[10], "float32"], "agentview_image": [[12, 16, 3], "uint8"],
+                 "robot0_eye_in_hand_image": [[8, 8, 3], "uint8"], "gray_image": [[6, 5, 1], "uint8"],
+                 "agentview_depth": [[6, 5, 1], "float32"]}
+
+
+def write_robomimic(path, **spec):
+    spec.setdefault("obs", ROBOMIMIC_OBS)
+    spec.setdefault("env_args", json.dumps({"env_name": "Lift", "type": 1, "env_kwargs": {"control_freq": 15}}))
+    run_lerobot(ROBOMIMIC, path, json.dumps(spec))
+    exp = dict(np.load(str(path) + ".npz"))
+    os.remove(str(path) + ".npz")
+    return exp
+
+
+def test_robomimic_every_value(tmp_path):
+    demos = {"demo_2": 6, "demo_10": 9, "demo_0": 1}
+    exp = write_robomimic(tmp_path / "lift.hdf5", demos=demos)
+    got, features = read_all(tmp_path, tmp_path / "lift.hdf5")
+    assert got["format"] == "HDF5 (robomimic layout)"
+    # numeric observations (name order), the simulator state, actions, rewards, dones, the synthesised columns,
+    # then the uint8 [T, H, W, C] observations as cameras
+    assert [f[0] for f in features] == [
+        "observation.agentview_depth", "observation.object", "observation.robot0_eef_pos",
+        "observation.robot0_joint_pos", "observation.environment_state", "action", "next.reward", "next.done",
+        "timestamp", "frame_index", "episode_index", "index", "observation.images.agentview_image",
+        "observation.images.gray_image", "observation.images.robot0_eye_in_hand_image"]
+    kinds = {f[0]: (f[1], f[2]) for f in features}
+    assert kinds["observation.images.agentview_image"] == ("image", "12,16,3")
+    assert kinds["observation.images.gray_image"] == ("image", "6,5,1")
+    assert kinds["observation.agentview_depth"] == ("float32", "6,5,1")
+    assert kinds["observation.object"] == ("float32", "10") and kinds["action"] == ("float64", "7")
+    assert kinds["next.reward"] == ("float64", "") and kinds["next.done"] == ("int64", "")
+    order = ["demo_0", "demo_2", "demo_10"]  # by number, not by name
+    eps = got["episodes"]
+    assert eps[:, 0].tolist() == [0, 2, 10]
+    assert eps[:, 1].tolist() == [demos[d] for d in order]
+    assert eps[:, 2].tolist() == [0, 1, 7]
+    assert got["fps"][0] == 15.0  # env_args' control_freq
+    names = {"actions": "action", "rewards": "next.reward", "dones": "next.done",
+             "states": "observation.environment_state"}
+    for p, demo in enumerate(order):
+        T = demos[demo]
+        checked = 0
+        for key, want in exp.items():
+            d, path = key.split(":")
+            if d != demo:
+                continue
+            obs = path[len("obs/"):] if path.startswith("obs/") else None
+            if obs is not None and ROBOMIMIC_OBS[obs][1] == "uint8":
+                have = got[f"ep{p}.observation.images.{obs}"]
+                assert np.array_equal(got[f"ep{p}.observation.images.{obs}.picked"], want[[T - 1, 0, 0, T // 2]])
+            else:
+                name = f"ep{p}.observation.{obs}" if obs else f"ep{p}.{names[path]}"
+                have = got[name]
+                if T >= 2:
+                    assert np.array_equal(got[name + ".part"], want[1:T - 1]), (demo, path)
+            assert have.dtype == want.dtype and np.array_equal(have, want), (demo, path)
+            checked += 1
+        assert checked == len(ROBOMIMIC_OBS) + 4
+        frames = np.arange(T)
+        assert np.array_equal(got[f"ep{p}.timestamp"], (frames / 15.0).astype(np.float32))
+        assert np.array_equal(got[f"ep{p}.episode_index"], np.full(T, eps[p, 0]))
+        assert np.array_equal(got[f"ep{p}.index"], frames + eps[p, 2])
+
+
+def test_robomimic_rate_default_and_option(tmp_path):
+    # no env_args: robosuite's default 20; an explicit rate overrides env_args'
+    obs = {"robot0_eef_pos": [[3], "float64"]}
+    write_robomimic(tmp_path / "a.hdf5", demos={"demo_1": 3}, env_args=None, obs=obs)
+    got, _ = read_all(tmp_path, tmp_path / "a.hdf5")
+    assert got["fps"][0] == 20.0 and got["episodes"][:, 0].tolist() == [1]
+    write_robomimic(tmp_path / "b.hdf5", demos={"demo_1": 3}, obs=obs)
+    got, _ = read_all(tmp_path, tmp_path / "b.hdf5", fps=40)
+    assert got["fps"][0] == 40.0
+
+
+@pytest.mark.parametrize("case,field", [("num_samples", "/data/demo_1@num_samples"),
+                                        ("no_actions", "/data/demo_1/actions"),
+                                        ("env_args", "/data@env_args")])
+def test_robomimic_bad_one_line(tmp_path, case, field):
+    spec = {"demos": {"demo_0": 4, "demo_1": 5}, "obs": {"robot0_eef_pos": [[3], "float64"]}}
+    if case == "num_samples":
+        spec["num_samples"] = {"demo_1": 7}
+    elif case == "no_actions":
+        spec["no_actions"] = ["demo_1"]
+    else:
+        spec["env_args"] = "{not json"
+    write_robomimic(tmp_path / "bad.hdf5", **spec)
+    proc = run_lf("data", "stats", "--dataset", tmp_path / "bad.hdf5", check=False)
+    err = proc.stderr.strip()
+    assert proc.returncode != 0 and len(err.splitlines()) == 1, err
+    assert str(tmp_path / "bad.hdf5") in err and f"'{field}'" in err, err
+    if case != "env_args":
+        assert "episode 1" in err, err

@@ -3,9 +3,11 @@ image transforms (data/robot/transforms.h) against torchvision.transforms.v2.fun
 resize_with_pad, through the gtest hooks RobotNormalize.Oracle and RobotTransforms.Oracle. Normalisation: every
 mode (IDENTITY, MEAN_STD, MIN_MAX, QUANTILES, QUANTILE10) both ways, for a state vector, an action and a camera
 ([C, 1, 1] stats), with zero ranges and a zero std (LeRobot's eps handling). Transforms: brightness, contrast,
-saturation, hue at several factors, centre / plain crops (inside and past the edges), resize with padding (centred
-and top-left), on uint8 and float images; and seeded plans (random crop + jitters in random order) replayed with
-torchvision's functions from the offsets and factors the plan drew. Bitwise equal throughout."""
+saturation, hue, sharpness at several factors, affine (rotation, shift, scale, shear; nearest and bilinear; with and
+without a fill), centre / plain crops (inside and past the edges), resize with padding (centred and top-left), on
+uint8 and float images; and seeded plans (random crop + jitters in random order) replayed with torchvision's
+functions, lerobot's SharpnessJitter and torchvision's RandomAffine from the offsets and factors the plan drew; the
+jitter defaults are lerobot's ImageTransformsConfig's. Bitwise equal throughout."""
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -86,7 +88,12 @@ spec.loader.exec_module(vla)
 resize_with_pad, resize_with_pad_torch = vla.resize_with_pad, vla.resize_with_pad_torch
 inp, ours = load_file(sys.argv[1]), load_file(sys.argv[2])
 out = {}
-ops = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue]
+from torchvision.transforms import v2, InterpolationMode
+from lerobot.transforms.transforms import ImageTransformsConfig, SharpnessJitter
+ops = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue,
+       lambda y, f: SharpnessJitter((0.0, 3.0)).transform(y, {"sharpness_factor": f})]
+AFFINES = [(3.7, 1, -2, 1, 0, 0, 0, 0), (-5, 0, 0, 1, 0, 0, 0, None), (90, 0, 0, 1, 0, 0, 0, 0),
+           (30, 2, 1, 0.8, 0, 0, 1, None), (-12.5, -1, 3, 1.3, 10, -5, 1, 0.4), (7, 0, 0, 1, 0, 0, 0, 1)]
 for k in ["u8", "f32"]:
     x = inp[k]
     for f in [0.0, 0.5, 0.8, 1.2, 1.7]:
@@ -96,6 +103,15 @@ for k in ["u8", "f32"]:
         out[f"{k}.saturation.{fs}"] = F.adjust_saturation(x, f)
     for f in [-0.5, -0.25, -0.05, 0.0, 0.05, 0.3, 0.5]:
         out[f"{k}.hue.{f:.2f}" if f < 0 else f"{k}.hue.{f:.2f}"] = F.adjust_hue(x, f)
+    for f in [0.0, 0.5, 1.0, 1.5, 2.7]:
+        out[f"{k}.sharpness.{f:.1f}"] = F.adjust_sharpness(x, f)
+    out[f"{k}.sharpness.tiny"] = F.adjust_sharpness(x[..., :2, :], 0.3)
+    out[f"{k}.sharpness.5d"] = F.adjust_sharpness(x.unsqueeze(0), 0.3)
+    for i, (a, tx, ty, sc, shx, shy, bil, fill) in enumerate(AFFINES):
+        if fill is not None and k == "u8":
+            fill = fill * 255
+        out[f"{k}.affine.{i}"] = F.affine(x, a, [tx, ty], sc, [shx, shy], fill=fill, interpolation=(
+            InterpolationMode.BILINEAR if bil else InterpolationMode.NEAREST))
     out[f"{k}.center_crop.5x7"] = F.center_crop(x, [5, 7])
     out[f"{k}.center_crop.20x9"] = F.center_crop(x, [20, 9])
     out[f"{k}.crop.2.3.6x5"] = F.crop(x, 2, 3, 6, 5)
@@ -109,11 +125,27 @@ for k in ["u8", "f32"]:
         top, left = ours[pre + ".crop"].tolist()
         y = F.crop(x, top, left, 9, 10)
         codes = ours[pre + ".jitters"].tolist()
+        tx, ty = ours[pre + ".shift"].tolist()
         for i in range(0, len(codes), 2):
-            y = ops[int(codes[i])](y, codes[i + 1])
+            if int(codes[i]) == 5:  # RandomAffine as lerobot's config builds it, with the drawn parameters
+                affine = v2.RandomAffine(degrees=(-20.0, 25.0), translate=(0.3, 0.2))
+                y = affine.transform(y, {"angle": codes[i + 1], "translate": (tx, ty), "scale": 1.0,
+                                         "shear": (0.0, 0.0)})
+            else:
+                y = ops[int(codes[i])](y, codes[i + 1])
         out[pre + ".out"] = y
-        out[pre + ".crop"] = ours[pre + ".crop"]
-        out[pre + ".jitters"] = ours[pre + ".jitters"]
+        for part in ["crop", "jitters", "shift"]:
+            out[f"{pre}.{part}"] = ours[f"{pre}.{part}"]
+cfg = ImageTransformsConfig()
+tfs = cfg.tfs
+defaults = [cfg.max_num_transforms, float(cfg.random_order)]
+for name, key in [("brightness", "brightness"), ("contrast", "contrast"), ("saturation", "saturation"),
+                  ("hue", "hue"), ("sharpness", "sharpness"), ("affine", "degrees"), ("affine", "translate")]:
+    defaults += list(tfs[name].kwargs[key])
+defaults += [tfs[n].weight for n in ["brightness", "contrast", "saturation", "hue", "sharpness", "affine"]]
+assert [tfs[n].type for n in ["sharpness", "affine"]] == ["SharpnessJitter", "RandomAffine"], tfs
+assert set(tfs) == {"brightness", "contrast", "saturation", "hue", "sharpness", "affine"}, set(tfs)
+out["defaults"] = torch.tensor(defaults, dtype=torch.float64)
 save_file({k: v.contiguous() for k, v in out.items()}, sys.argv[3])
 """
 
@@ -137,4 +169,5 @@ def test_transforms_as_torchvision(tmp_path):
         assert np.array_equal(ours[k], ref[k]), (k, np.abs(ours[k].astype(np.float64) - ref[k]).max())
         if k.endswith(".jitters"):
             kinds.update(int(c) for c in ref[k][0::2])
-    assert kinds == {0, 1, 2, 3}  # the seeded plans drew every jitter
+    assert kinds == {0, 1, 2, 3, 4, 5}  # the seeded plans drew every jitter
+    assert any(ref[k].any() for k in ref if k.endswith(".shift"))  # and an affine shift

@@ -95,6 +95,7 @@ bool print_robot_dataset_info(const std::string& path) {
     x["dtype"] = f.dtype;
     x["shape"] = f.shape;
     if (!f.names.empty()) x["names"] = f.names;
+    if (f.depth) x["depth"] = true;  // frames are float32 millimetres
     j["features"].push_back(x);
   }
   j["cameras"] = ds->camera_names();

@@ -79,7 +79,9 @@ void add_data_stats(CLI::App& data) {
       ->required();
   sub->add_option("--episodes", o->episodes, "episode indices, comma-separated (default: all)");
   sub->add_option("--features", o->features, "feature names, comma-separated (default: every numeric and camera one)");
-  sub->add_option("--fps", o->fps, "HDF5 episodes' frame rate (default 50, ALOHA's)")->check(CLI::PositiveNumber);
+  sub->add_option("--fps", o->fps,
+                  "HDF5 episodes' frame rate (default: ALOHA's 50; robomimic's env_args control_freq, else 20)")
+      ->check(CLI::PositiveNumber);
   sub->add_option("--out", o->out, "the stats.json to write (default: standard output)");
   sub->footer("Example:\n  loongforge data stats --dataset aloha_episodes/ --episodes 0,2,5 --out stats.json");
   sub->callback([o] { run_stats(*o); });

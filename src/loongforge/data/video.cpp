@@ -212,22 +212,30 @@ bool full_range_format(AVPixelFormat f) {
          f == AV_PIX_FMT_YUVJ440P || f == AV_PIX_FMT_YUVJ411P;
 }
 
-// Frame -> RGB24 as PyAV's to_ndarray("rgb24"): SWS_BILINEAR, the frame's colour space (BT.601 when unspecified) and
-// range (limited when unspecified, full for the yuvj formats), into OUT (H * W * 3 bytes).
-class RgbConverter {
+// Frame -> DST pixels as PyAV's to_ndarray(format=DST): a frame already in DST as it is, any other through swscale
+// (SWS_BILINEAR); to RGB24 with the frame's colour space (BT.601 when unspecified) and range (limited when
+// unspecified, full for the yuvj formats). Into OUT: H rows of W * BYTES bytes.
+class FrameConverter {
  public:
+  FrameConverter(AVPixelFormat dst, int bytes) : dst_(dst), bytes_(bytes) {}
+
   void convert(const std::string& path, const AVFrame* f, uint8_t* out) {
     const auto fmt = static_cast<AVPixelFormat>(f->format);
+    const size_t row = static_cast<size_t>(f->width) * bytes_;
+    if (fmt == dst_ && dst_ != AV_PIX_FMT_RGB24) {  // (RGB24 keeps the swscale path it always took)
+      for (int y = 0; y < f->height; ++y)
+        std::memcpy(out + y * row, f->data[0] + static_cast<ptrdiff_t>(y) * f->linesize[0], row);
+      return;
+    }
     if (!sws_.p || fmt != fmt_ || f->width != w_ || f->height != h_ || f->colorspace != cs_ ||
         f->color_range != range_) {
       sws_freeContext(sws_.p);
-      sws_.p = sws_getContext(f->width, f->height, fmt, f->width, f->height, AV_PIX_FMT_RGB24, SWS_BILINEAR, nullptr,
-                              nullptr, nullptr);
+      sws_.p = sws_getContext(f->width, f->height, fmt, f->width, f->height, dst_, SWS_BILINEAR, nullptr, nullptr,
+                              nullptr);
       if (!sws_.p)
-        throw Error(path + ": cannot convert its pixel format " + pix_fmt_name(fmt) +
-                    " to RGB");
+        throw Error(path + ": cannot convert its pixel format " + pix_fmt_name(fmt) + " to " + pix_fmt_name(dst_));
       const AVPixFmtDescriptor* d = av_pix_fmt_desc_get(fmt);
-      if (d && !(d->flags & AV_PIX_FMT_FLAG_RGB) && d->nb_components >= 3) {
+      if (dst_ == AV_PIX_FMT_RGB24 && d && !(d->flags & AV_PIX_FMT_FLAG_RGB) && d->nb_components >= 3) {
         const int src_full = f->color_range == AVCOL_RANGE_JPEG || full_range_format(fmt);
         sws_setColorspaceDetails(sws_.p, sws_getCoefficients(sws_colorspace(f->colorspace)), src_full,
                                  sws_getCoefficients(SWS_CS_DEFAULT), 1, 0, 1 << 16, 1 << 16);
@@ -235,19 +243,21 @@ class RgbConverter {
       fmt_ = fmt, w_ = f->width, h_ = f->height, cs_ = f->colorspace, range_ = f->color_range;
       buf_.reset();
       // an aligned buffer (swscale's SIMD code may write past the end of a row)
-      int err = av_image_alloc(line_data_, linesize_, w_, h_, AV_PIX_FMT_RGB24, 64);
+      int err = av_image_alloc(line_data_, linesize_, w_, h_, dst_, 64);
       if (err < 0) fail(path, "cannot allocate a frame", err);
       buf_.reset(line_data_[0]);
     }
     sws_scale(sws_.p, f->data, f->linesize, 0, h_, line_data_, linesize_);
-    const size_t row = static_cast<size_t>(w_) * 3;
-    for (int y = 0; y < h_; ++y) std::memcpy(out + y * row, line_data_[0] + static_cast<size_t>(y) * linesize_[0], row);
+    for (int y = 0; y < h_; ++y)
+      std::memcpy(out + y * row, line_data_[0] + static_cast<size_t>(y) * linesize_[0], row);
   }
 
  private:
   struct AvFree {
     void operator()(uint8_t* p) const { av_free(p); }
   };
+  const AVPixelFormat dst_;
+  const int bytes_;
   Sws sws_;
   AVPixelFormat fmt_ = AV_PIX_FMT_NONE;
   int w_ = 0, h_ = 0;
@@ -256,6 +266,15 @@ class RgbConverter {
   uint8_t* line_data_[4] = {nullptr};
   int linesize_[4] = {0};
   std::unique_ptr<uint8_t, AvFree> buf_;
+};
+
+// What decode_video and the RGB GopDecoder give (PyAV's to_ndarray("rgb24")), and LeRobot's depth frames
+// (to_ndarray("gray12le"): 12-bit codes in 16 bits).
+struct RgbConverter : FrameConverter {
+  RgbConverter() : FrameConverter(AV_PIX_FMT_RGB24, 3) {}
+};
+struct Gray12Converter : FrameConverter {
+  Gray12Converter() : FrameConverter(AV_PIX_FMT_GRAY12LE, 2) {}
 };
 
 }  // namespace
@@ -384,13 +403,15 @@ VideoTimeline read_video_timeline(const std::string& path) {
 struct GopDecoder::Impl {
   std::shared_ptr<const VideoTimeline> t;
   Reader r;
+  FramePixels pixels;
   RgbConverter rgb;
+  Gray12Converter gray;
   int64_t decoded = 0;
-  Impl(std::shared_ptr<const VideoTimeline> tl) : t(std::move(tl)), r(t->path, 1) {}
+  Impl(std::shared_ptr<const VideoTimeline> tl, FramePixels p) : t(std::move(tl)), r(t->path, 1), pixels(p) {}
 };
 
-GopDecoder::GopDecoder(std::shared_ptr<const VideoTimeline> timeline)
-    : impl_(std::make_unique<Impl>(std::move(timeline))) {}
+GopDecoder::GopDecoder(std::shared_ptr<const VideoTimeline> timeline, FramePixels pixels)
+    : impl_(std::make_unique<Impl>(std::move(timeline), pixels)) {}
 GopDecoder::~GopDecoder() = default;
 int64_t GopDecoder::frames_decoded() const { return impl_->decoded; }
 
@@ -402,7 +423,9 @@ at::Tensor GopDecoder::decode(int64_t g) {
     throw Error(t.path + ": GOP " + std::to_string(g) + " out of range (the video has " +
                 std::to_string(t.num_gops()) + ")");
   const int64_t first = t.gop_starts[g], last = t.gop_starts[g + 1], n = last - first;
-  at::Tensor out = at::empty({n, t.height, t.width, 3}, at::kByte);
+  const bool gray = impl_->pixels == FramePixels::gray12;
+  at::Tensor out = gray ? at::empty({n, t.height, t.width, 1}, at::kShort)
+                        : at::empty({n, t.height, t.width, 3}, at::kByte);
   std::vector<char> got(n, 0);
   int64_t remaining = n;
   r.seek(t.gop_key_pts[g]);  // as PyAV's container.seek(..., backward=True): the keyframe at or before
@@ -425,7 +448,10 @@ at::Tensor GopDecoder::decode(int64_t g) {
       throw Error(t.path + ": the frame at pts " + std::to_string(pts) + " is " + std::to_string(f->width) + "x" +
                   std::to_string(f->height) + ", the stream " + std::to_string(t.width) + "x" +
                   std::to_string(t.height));
-    impl_->rgb.convert(t.path, f, out.data_ptr<uint8_t>() + (i - first) * t.height * t.width * 3);
+    if (gray)
+      impl_->gray.convert(t.path, f, static_cast<uint8_t*>(out.data_ptr()) + (i - first) * t.height * t.width * 2);
+    else
+      impl_->rgb.convert(t.path, f, out.data_ptr<uint8_t>() + (i - first) * t.height * t.width * 3);
     got[i - first] = 1;
     --remaining;
   }
@@ -592,7 +618,7 @@ std::string encode_video(const std::string& path, const at::Tensor&, double) { n
 int64_t VideoTimeline::gop_of(int64_t) const { return 0; }
 VideoTimeline read_video_timeline(const std::string& path) { no_ffmpeg(path); }
 struct GopDecoder::Impl {};
-GopDecoder::GopDecoder(std::shared_ptr<const VideoTimeline> t) { no_ffmpeg(t->path); }
+GopDecoder::GopDecoder(std::shared_ptr<const VideoTimeline> t, FramePixels) { no_ffmpeg(t->path); }
 GopDecoder::~GopDecoder() = default;
 at::Tensor GopDecoder::decode(int64_t) { return {}; }
 int64_t GopDecoder::frames_decoded() const { return 0; }

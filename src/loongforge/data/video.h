@@ -72,15 +72,19 @@ struct VideoTimeline {
 // Errors (one-line lf::Error naming PATH): missing, unreadable or truncated file, no video stream, no frames.
 VideoTimeline read_video_timeline(const std::string& path);
 
+// What a GopDecoder gives per frame: RGB (uint8 [H, W, 3], as decode_video converts), or 12-bit grey codes as
+// PyAV's to_ndarray(format="gray12le") (int16 [H, W, 1], 0..4095): LeRobot's depth videos (HEVC, gray12le).
+enum class FramePixels { rgb24, gray12 };
+
 // One open decoder of one video file (not thread-safe: use one per thread).
 class GopDecoder {
  public:
-  explicit GopDecoder(std::shared_ptr<const VideoTimeline> timeline);
+  explicit GopDecoder(std::shared_ptr<const VideoTimeline> timeline, FramePixels pixels = FramePixels::rgb24);
   ~GopDecoder();
   GopDecoder(const GopDecoder&) = delete;
   GopDecoder& operator=(const GopDecoder&) = delete;
-  // GOP G's frames, uint8 [gop_starts[G + 1] - gop_starts[G], H, W, 3], RGB as decode_video converts: seeks to the
-  // keyframe and decodes forward until every frame of the GOP is out.
+  // GOP G's frames, uint8 [gop_starts[G + 1] - gop_starts[G], H, W, 3], RGB as decode_video converts (gray12:
+  // int16 [..., H, W, 1]): seeks to the keyframe and decodes forward until every frame of the GOP is out.
   at::Tensor decode(int64_t gop);
   // Frames the decoder gave so far (all calls): a GOP's own frames when the seek lands on its keyframe.
   int64_t frames_decoded() const;

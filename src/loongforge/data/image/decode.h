@@ -28,6 +28,10 @@ at::Tensor decode_image(std::string_view bytes, const std::string& name, Alpha a
 // Reads and decodes the file PATH.
 at::Tensor read_image(const std::string& path, Alpha alpha = Alpha::drop);
 
+// A one-channel depth image (LeRobot's depth frames: TIFF of uint16 or float32 samples, Pillow's I;16 / F) as
+// float32 [H, W, 1] holding the stored values (tiff.cpp, libtiff). Throws lf::Error "NAME: WHAT".
+at::Tensor decode_depth_image(const uint8_t* data, size_t size, const std::string& name);
+
 // Whether an image decodes, and its size, without keeping its pixels: the whole file is read through the decoder
 // as decode_image reads it (so a truncated or corrupt file fails the same way, with the same lf::Error "NAME: WHAT"),
 // but into little memory (JPEG scaled down 8x by the decoder, PNG one row at a time). For checking a data set's

@@ -1,12 +1,25 @@
-// HDF5 episode files in ALOHA's layout (dataset.h), through libhdf5's C API. One file per episode (episode_N.hdf5:
-// N is the episode_index when every file is so numbered, else the files' sorted position), or a single file:
+// HDF5 episodes (dataset.h), through libhdf5's C API, in two layouts, told apart per file (a /data group holding
+// demo_N groups: robomimic; else ALOHA), one layout per dataset.
+// ALOHA: one file per episode (episode_N.hdf5: N is the episode_index when every file is so numbered, else the
+// files' sorted position), or a single file:
 //   /observations/qpos   [T, D]          -> observation.state
 //   /observations/qvel   [T, D] (opt.)   -> observation.velocity
 //   /observations/effort [T, D] (opt.)   -> observation.effort
 //   /action              [T, A]          -> action
 //   /observations/images/<cam> uint8 [T, H, W, C] -> observation.images.<cam> (an image feature), or, in ALOHA's
 //       compressed files (root attribute compress = true), uint8 [T, N]: each row one JPEG padded with zeros.
-// The files carry no rate: timestamp = frame / fps (float32), frame_index, episode_index and index are synthesised.
+// robomimic: one file (or several) holding many episodes, /data/demo_N (N is the episode_index when the numbers are
+// distinct over the dataset, else the position; demos in N's order, as robomimic sorts them):
+//   /data/demo_N/obs/<key>   [T, ...] -> observation.<key>, or observation.images.<key> for uint8 [T, H, W, C]
+//                                       (C = 1 or 3; robomimic's image observations); other ranks (depth as float
+//                                       [T, H, W, 1]) stay numeric with their per-frame shape
+//   /data/demo_N/states      [T, S] (opt.) -> observation.environment_state (the simulator state)
+//   /data/demo_N/actions     [T, A]        -> action
+//   /data/demo_N/rewards, dones [T] (opt.) -> next.reward, next.done
+//   attribute num_samples of demo_N must equal T; next_obs and /mask are not read. The rate is /data's env_args
+//   (JSON) env_kwargs.control_freq when given, else 20 (robosuite's default).
+// The files carry no timestamps: timestamp = frame / fps (float32), frame_index, episode_index and index are
+// synthesised.
 // Numeric features keep the file's dtype (float32 / float64; integers read as int64).
 // libhdf5 (Debian's serial build) is not thread-safe: every call into it holds one process-wide mutex. Nor is it
 // hardened against hostile files: what can be checked from outside is (check_storage, read sizes), but a corrupt group
@@ -16,15 +29,19 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <cstring>
 #include <initializer_list>
-#include <utility>
 #include <mutex>
+#include <optional>
+#include <utility>
 
 #include "loongforge/core/error.h"
 #include "loongforge/data/robot/dataset.h"
 
 #ifdef LF_HAVE_HDF5
 #include <hdf5.h>
+
+#include <nlohmann/json.hpp>
 
 #include "loongforge/data/image/decode.h"
 #endif
@@ -33,9 +50,11 @@ namespace lf::data::robot {
 
 #ifndef LF_HAVE_HDF5
 
-std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path, double fps) {
+std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path, double) {
   throw Error(path + ": this build has no HDF5 support (install libhdf5-dev and rebuild)");
 }
+
+std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path) { return open_hdf5_dataset(path, 0.0); }
 
 bool hdf5_available() { return false; }
 
@@ -65,14 +84,17 @@ struct Handle {
   bool ok() const { return id >= 0; }
 };
 
-// One source dataset of a feature: its path in the file and how it maps.
+// One source dataset of a feature: its path under the episode's group and how it maps.
 struct Source {
   std::string feature, path;
   bool compressed = false;  // a camera stored as JPEG bytes per frame
 };
 
-struct EpisodeFile {
-  std::string file;
+enum class Layout { aloha, robomimic };
+
+// Where an episode lives: a file, and the group of its datasets ("" for ALOHA's one episode per file).
+struct EpisodeRef {
+  std::string file, group;
 };
 
 // Per-file errors: "FILE: episode E: field 'PATH': WHAT".
@@ -93,6 +115,75 @@ bool link_exists(hid_t file, const std::string& path) {
   while ((pos = path.find('/', pos + 1)) != std::string::npos)
     if (H5Lexists(file, path.substr(0, pos).c_str(), H5P_DEFAULT) <= 0) return false;
   return H5Lexists(file, path.c_str(), H5P_DEFAULT) > 0;
+}
+
+// The names of the links in group PATH (in name order).
+std::vector<std::string> group_links(hid_t file, const std::string& fname, int64_t episode, const std::string& path) {
+  Handle g(H5Gopen2(file, path.c_str(), H5P_DEFAULT), H5Gclose);
+  if (!g.ok()) throw ep_error(fname, episode, path, "not a group");
+  H5G_info_t ginfo;
+  if (H5Gget_info(g.id, &ginfo) < 0) throw ep_error(fname, episode, path, "unreadable group");
+  std::vector<std::string> names;
+  for (hsize_t k = 0; k < ginfo.nlinks; ++k) {
+    ssize_t n = H5Lget_name_by_idx(g.id, ".", H5_INDEX_NAME, H5_ITER_INC, k, nullptr, 0, H5P_DEFAULT);
+    if (n < 0 || n > 4096) throw ep_error(fname, episode, path, "unreadable group");
+    std::string s(static_cast<size_t>(n), '\0');
+    H5Lget_name_by_idx(g.id, ".", H5_INDEX_NAME, H5_ITER_INC, k, s.data(), s.size() + 1, H5P_DEFAULT);
+    names.push_back(s);
+  }
+  return names;
+}
+
+// Scalar attribute NAME of object PATH, opened and checked to hold one value of class CLS (nullopt when absent); a
+// malformed one is an error naming path@name. h5py writes str as a variable-length UTF-8 string.
+struct ScalarAttr {
+  std::string field;
+  Handle a, type;
+};
+
+std::optional<ScalarAttr> scalar_attr(hid_t file, const std::string& fname, int64_t episode, const std::string& path,
+                                      const char* name, H5T_class_t cls) {
+  if (H5Aexists_by_name(file, path.c_str(), name, H5P_DEFAULT) <= 0) return std::nullopt;
+  const std::string field = path + "@" + name;
+  Handle a(H5Aopen_by_name(file, path.c_str(), name, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  Handle s(a.ok() ? H5Aget_space(a.id) : H5I_INVALID_HID, H5Sclose);
+  Handle t(a.ok() ? H5Aget_type(a.id) : H5I_INVALID_HID, H5Tclose);
+  if (!s.ok() || !t.ok() || H5Sget_simple_extent_npoints(s.id) != 1 || H5Tget_class(t.id) != cls ||
+      (H5Tis_variable_str(t.id) <= 0 && H5Aget_storage_size(a.id) < H5Tget_size(t.id)))
+    throw ep_error(fname, episode, field, cls == H5T_INTEGER ? "not one integer" : "not one string");
+  return ScalarAttr{field, std::move(a), std::move(t)};
+}
+
+std::optional<int64_t> int_attr(hid_t file, const std::string& fname, int64_t episode, const std::string& path,
+                                const char* name) {
+  auto attr = scalar_attr(file, fname, episode, path, name, H5T_INTEGER);
+  if (!attr) return std::nullopt;
+  int64_t v = 0;
+  if (H5Aread(attr->a.id, H5T_NATIVE_INT64, &v) < 0) throw ep_error(fname, episode, attr->field, "unreadable");
+  return v;
+}
+
+std::optional<std::string> string_attr(hid_t file, const std::string& fname, int64_t episode, const std::string& path,
+                                       const char* name) {
+  auto attr = scalar_attr(file, fname, episode, path, name, H5T_STRING);
+  if (!attr) return std::nullopt;
+  const hid_t t = attr->type.id;
+  if (H5Tis_variable_str(t) > 0) {
+    Handle mt(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mt.id, H5T_VARIABLE);
+    H5Tset_cset(mt.id, H5Tget_cset(t));
+    char* str = nullptr;
+    if (H5Aread(attr->a.id, mt.id, &str) < 0 || !str) throw ep_error(fname, episode, attr->field, "unreadable");
+    std::string out(str);
+    H5free_memory(str);
+    return out;
+  }
+  const size_t size = H5Tget_size(t);
+  if (size == 0 || size > (size_t{1} << 24)) throw ep_error(fname, episode, attr->field, "unreadable string");
+  std::string out(size, '\0');
+  if (H5Aread(attr->a.id, t, out.data()) < 0) throw ep_error(fname, episode, attr->field, "unreadable");
+  out.resize(std::strlen(out.c_str()));
+  return out;
 }
 
 // Bounds on what a file may declare: a dimension (files are hostile: HDF5 keeps sizes as 64-bit unsigned), and the
@@ -213,14 +304,18 @@ at::Tensor read_rows(hid_t file, const std::string& fname, int64_t episode, cons
 
 class Hdf5Dataset final : public RobotDataset {
  public:
+  // FPS <= 0: the layout's own rate (robomimic: env_args' control_freq, else 20; ALOHA: 50).
   Hdf5Dataset(std::string root, double fps) : root_(std::move(root)), fps_(fps) {
-    if (!(fps_ > 0)) throw Error(root_ + ": fps must be positive (got " + std::to_string(fps_) + ")");
+    if (std::isnan(fps_)) throw Error(root_ + ": fps must be positive (got nan)");
     std::lock_guard<std::mutex> lock(hdf5_mutex());
-    list_files();
-    for (size_t i = 0; i < files_.size(); ++i) scan(i);
+    list_episodes();
+    for (size_t i = 0; i < refs_.size(); ++i) scan(i);
+    if (fps_ <= 0) fps_ = layout_ == Layout::robomimic ? file_rate_ : 50.0;
   }
 
-  std::string format() const override { return "HDF5 (ALOHA layout)"; }
+  std::string format() const override {
+    return layout_ == Layout::robomimic ? "HDF5 (robomimic layout)" : "HDF5 (ALOHA layout)";
+  }
   const std::string& root() const override { return root_; }
   double fps() const override { return fps_; }
   const std::vector<Feature>& features() const override { return features_; }
@@ -231,8 +326,9 @@ class Hdf5Dataset final : public RobotDataset {
   std::vector<at::Tensor> read_numeric(const std::vector<std::string>& names, int64_t episode, int64_t begin,
                                        int64_t end) const override {
     const Episode& ep = check_episode(episode);
+    const EpisodeRef& ref = refs_[episode];
     if (begin < 0 || end < begin || end > ep.length)
-      throw ep_error(files_[episode], ep.index, "",
+      throw ep_error(ref.file, ep.index, ref.group,
                      "frames [" + std::to_string(begin) + ", " + std::to_string(end) + ") outside the episode's " +
                          std::to_string(ep.length) + " frames");
     std::vector<at::Tensor> out;
@@ -251,8 +347,8 @@ class Hdf5Dataset final : public RobotDataset {
         out.push_back(frames + ep.from);
       } else {
         std::lock_guard<std::mutex> lock(hdf5_mutex());
-        if (!file) file = std::make_unique<Handle>(open_file(files_[episode], ep.index));
-        out.push_back(read_rows(file->id, files_[episode], ep.index, source(name).path, begin, end, dtype_of(f)));
+        if (!file) file = std::make_unique<Handle>(open_file(ref.file, ep.index));
+        out.push_back(read_rows(file->id, ref.file, ep.index, ref.group + source(name).path, begin, end, dtype_of(f)));
       }
     }
     return out;
@@ -263,23 +359,24 @@ class Hdf5Dataset final : public RobotDataset {
     const Episode& ep = check_episode(episode);
     const Feature& f = feature(camera);
     if (f.kind != FeatureKind::image) throw file_error(root_, camera, "not a camera");
-    const Source& src = source(camera);
-    const std::string& fname = files_[episode];
+    const std::string path = refs_[episode].group + source(camera).path;
+    const bool compressed = source(camera).compressed;
+    const std::string& fname = refs_[episode].file;
     for (int64_t t : frames)
       if (t < 0 || t >= ep.length)
-        throw ep_error(fname, ep.index, src.path,
+        throw ep_error(fname, ep.index, path,
                        "frame " + std::to_string(t) + " outside the episode's " + std::to_string(ep.length) + " frames");
     auto out = at::empty({static_cast<int64_t>(frames.size()), f.shape[0], f.shape[1], f.shape[2]}, at::kByte);
     std::lock_guard<std::mutex> lock(hdf5_mutex());
     Handle file = open_file(fname, ep.index);
     for (size_t i = 0; i < frames.size(); ++i) {
-      auto row = read_rows(file.id, fname, ep.index, src.path, frames[i], frames[i] + 1, at::kByte)[0];
-      if (src.compressed) {
+      auto row = read_rows(file.id, fname, ep.index, path, frames[i], frames[i] + 1, at::kByte)[0];
+      if (compressed) {
         auto img = image::decode_image(row.data_ptr<uint8_t>(), static_cast<size_t>(row.numel()),
-                                       fname + ": episode " + std::to_string(ep.index) + ": field '" + src.path +
+                                       fname + ": episode " + std::to_string(ep.index) + ": field '" + path +
                                            "' frame " + std::to_string(frames[i]));
         if (img.sizes() != out[i].sizes())
-          throw ep_error(fname, ep.index, src.path,
+          throw ep_error(fname, ep.index, path,
                          "frame " + std::to_string(frames[i]) + " decodes to " + shape_str(img.sizes().vec()) +
                              ", the camera's frames are " + shape_str(f.shape));
         out[i].copy_(img);
@@ -310,46 +407,104 @@ class Hdf5Dataset final : public RobotDataset {
     throw file_error(root_, name, "no such feature");
   }
 
-  void list_files() {
-    std::error_code ec;
-    if (fs::is_regular_file(root_, ec)) {
-      files_.push_back(root_);
-      episodes_.push_back(Episode{0, 0, 0, {}});
-      return;
-    }
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(root_, ec)) {
-      auto ext = e.path().extension().string();
-      if (e.is_regular_file() && (ext == ".hdf5" || ext == ".h5")) names.push_back(e.path().filename().string());
-    }
-    if (ec) throw Error(root_ + ": cannot list the folder: " + ec.message());
-    if (names.empty()) throw Error(root_ + ": no .hdf5 / .h5 files");
-    // episode_N: the trailing number of the stem; every file numbered (and distinct) -> those are the indices.
-    auto number = [](const std::string& name) -> int64_t {
-      std::string stem = fs::path(name).stem().string();
-      size_t k = stem.size();
-      while (k > 0 && std::isdigit(static_cast<unsigned char>(stem[k - 1]))) --k;
-      if (k == stem.size() || stem.size() - k > 15) return -1;
-      return std::stoll(stem.substr(k));
-    };
-    bool numbered = true;
-    for (const auto& n : names) numbered = numbered && number(n) >= 0;
-    if (numbered) {
-      std::sort(names.begin(), names.end(),
-                [&](const std::string& a, const std::string& b) { return std::make_pair(number(a), a) < std::make_pair(number(b), b); });
-      for (size_t i = 1; i < names.size(); ++i)
-        if (number(names[i]) == number(names[i - 1])) numbered = false;
-    }
-    if (!numbered) std::sort(names.begin(), names.end());
-    for (size_t i = 0; i < names.size(); ++i) {
-      files_.push_back((fs::path(root_) / names[i]).string());
-      episodes_.push_back(Episode{numbered ? number(names[i]) : static_cast<int64_t>(i), 0, 0, {}});
-    }
+  // The trailing number of S (-1 when it has none, or one too long).
+  static int64_t trailing_number(const std::string& s) {
+    size_t k = s.size();
+    while (k > 0 && std::isdigit(static_cast<unsigned char>(s[k - 1]))) --k;
+    if (k == s.size() || s.size() - k > 15) return -1;
+    return std::stoll(s.substr(k));
   }
 
-  // Reads file I's layout: the first file defines the features, the others must match.
+  // The files (sorted by their episode_N number when every one has a distinct number, else by name), then each
+  // file's episodes: the file itself (ALOHA) or its /data/demo_N groups (robomimic, in N's order).
+  void list_episodes() {
+    std::error_code ec;
+    std::vector<std::string> files;
+    std::vector<int64_t> file_numbers;  // ALOHA's episode_index of each file: its number, else its position
+    if (fs::is_regular_file(root_, ec)) {
+      files.push_back(root_);
+      file_numbers.push_back(0);
+    } else {
+      std::vector<std::string> names;
+      for (const auto& e : fs::directory_iterator(root_, ec)) {
+        auto ext = e.path().extension().string();
+        if (e.is_regular_file() && (ext == ".hdf5" || ext == ".h5")) names.push_back(e.path().filename().string());
+      }
+      if (ec) throw Error(root_ + ": cannot list the folder: " + ec.message());
+      if (names.empty()) throw Error(root_ + ": no .hdf5 / .h5 files");
+      auto number = [](const std::string& name) { return trailing_number(fs::path(name).stem().string()); };
+      bool numbered = true;
+      for (const auto& n : names) numbered = numbered && number(n) >= 0;
+      if (numbered) {
+        std::sort(names.begin(), names.end(), [&](const std::string& a, const std::string& b) {
+          return std::make_pair(number(a), a) < std::make_pair(number(b), b);
+        });
+        for (size_t i = 1; i < names.size(); ++i)
+          if (number(names[i]) == number(names[i - 1])) numbered = false;
+      }
+      if (!numbered) std::sort(names.begin(), names.end());
+      for (size_t i = 0; i < names.size(); ++i) {
+        files.push_back((fs::path(root_) / names[i]).string());
+        file_numbers.push_back(numbered ? number(names[i]) : static_cast<int64_t>(i));
+      }
+    }
+    // Episode numbers: the files' (ALOHA) or the demo_N groups' (robomimic), used when distinct.
+    std::vector<int64_t> numbers;
+    for (size_t i = 0; i < files.size(); ++i) {
+      const std::string& fname = files[i];
+      Handle file = open_file(fname, file_numbers[i]);
+      std::vector<std::string> demos;
+      if (link_exists(file.id, "/data") && Handle(H5Gopen2(file.id, "/data", H5P_DEFAULT), H5Gclose).ok())
+        for (const auto& n : group_links(file.id, fname, 0, "/data"))
+          if (n.size() > 5 && n.size() <= 20 && n.rfind("demo_", 0) == 0 &&
+              n.find_first_not_of("0123456789", 5) == std::string::npos)
+            demos.push_back(n);
+      const Layout layout = demos.empty() ? Layout::aloha : Layout::robomimic;
+      if (i > 0 && layout != layout_)
+        throw file_error(fname, "/data", std::string("a ") + (layout == Layout::robomimic ? "robomimic" : "ALOHA") +
+                                             " file among " + (layout_ == Layout::robomimic ? "robomimic" : "ALOHA") +
+                                             " files (" + files[0] + ")");
+      layout_ = layout;
+      if (layout == Layout::aloha) {
+        refs_.push_back(EpisodeRef{fname, ""});
+        numbers.push_back(file_numbers[i]);
+        continue;
+      }
+      std::sort(demos.begin(), demos.end(), [](const std::string& a, const std::string& b) {
+        return trailing_number(a) < trailing_number(b);
+      });
+      for (const auto& d : demos) {
+        refs_.push_back(EpisodeRef{fname, "/data/" + d});
+        numbers.push_back(trailing_number(d));
+      }
+      if (i == 0) file_rate_ = control_freq(file.id, fname);
+    }
+    std::vector<int64_t> sorted = numbers;
+    std::sort(sorted.begin(), sorted.end());
+    bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() &&
+                    std::all_of(sorted.begin(), sorted.end(), [](int64_t n) { return n >= 0; });
+    for (size_t i = 0; i < refs_.size(); ++i)
+      episodes_.push_back(Episode{distinct ? numbers[i] : static_cast<int64_t>(i), 0, 0, {}});
+  }
+
+  // robomimic's rate: /data@env_args (JSON) env_kwargs.control_freq, else robosuite's default 20.
+  static double control_freq(hid_t file, const std::string& fname) {
+    auto args = string_attr(file, fname, 0, "/data", "env_args");
+    if (!args) return 20.0;
+    nlohmann::json j = nlohmann::json::parse(*args, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) throw file_error(fname, "/data@env_args", "not a JSON object");
+    auto kw = j.find("env_kwargs");
+    if (kw == j.end() || !kw->is_object() || !kw->contains("control_freq")) return 20.0;
+    const auto& f = (*kw)["control_freq"];
+    if (!f.is_number() || !(f.get<double>() > 0))
+      throw file_error(fname, "/data@env_args", "env_kwargs.control_freq is not a positive number");
+    return f.get<double>();
+  }
+
+  // Reads episode I's layout: the first episode defines the features, the others must match.
   void scan(size_t i) {
-    const std::string& fname = files_[i];
+    const std::string& fname = refs_[i].file;
+    const std::string& group = refs_[i].group;
     Episode& ep = episodes_[i];
     Handle file = open_file(fname, ep.index);
     std::vector<Feature> feats;
@@ -365,88 +520,117 @@ class Hdf5Dataset final : public RobotDataset {
                        std::to_string(t) + " frames, but " + length_from + " has " + std::to_string(length));
       }
     };
-    auto numeric = [&](const std::string& path, const std::string& name, bool required) {
+    const bool robomimic = layout_ == Layout::robomimic;
+    // REL: the dataset's path under the episode's group; MAX_RANK: 2 ([frames, dims]), or more for robomimic's
+    // per-frame arrays.
+    auto numeric = [&](const std::string& rel, const std::string& name, bool required, size_t max_rank = 2) {
+      const std::string path = group + rel;
       if (!link_exists(file.id, path)) {
-        if (required) throw ep_error(fname, ep.index, path, "missing (the ALOHA layout needs it)");
+        if (required)
+          throw ep_error(fname, ep.index, path,
+                         std::string("missing (the ") + (robomimic ? "robomimic" : "ALOHA") + " layout needs it)");
         return;
       }
       auto info = dataset_info(file.id, fname, ep.index, path);
-      if (info.dims.size() != 1 && info.dims.size() != 2)
+      if (info.dims.empty() || info.dims.size() > max_rank)
         throw ep_error(fname, ep.index, path, "rank " + std::to_string(info.dims.size()) + " " + shape_str(info.dims) +
                                                   ", expected [frames, dims] or [frames]");
       Feature f;
       f.name = name;
       if (info.cls == H5T_FLOAT && (info.size == 4 || info.size == 8))
         f.dtype = info.size == 4 ? "float32" : "float64";
-      else if (info.cls == H5T_INTEGER)
+      else if (info.cls == H5T_INTEGER || info.cls == H5T_ENUM)  // h5py stores bool as an enum over int8
         f.dtype = "int64";
       else
         throw ep_error(fname, ep.index, path, "not a float or integer array");
-      if (info.dims.size() == 2) f.shape = {info.dims[1]};
+      f.shape.assign(info.dims.begin() + 1, info.dims.end());
       check_length(path, info.dims[0]);
       feats.push_back(f);
-      srcs.push_back(Source{name, path, false});
+      srcs.push_back(Source{name, rel, false});
     };
-    numeric("/observations/qpos", "observation.state", true);
-    numeric("/observations/qvel", "observation.velocity", false);
-    numeric("/observations/effort", "observation.effort", false);
-    numeric("/action", "action", true);
-    using Synth = std::pair<const char*, const char*>;
-    for (auto [name, dtype] : std::initializer_list<Synth>{
-             {"timestamp", "float32"}, {"frame_index", "int64"}, {"episode_index", "int64"}, {"index", "int64"}}) {
+    // A camera: uint8 [T, H, W, C] (or ALOHA's JPEG rows [T, bytes] when COMPRESS).
+    auto camera = [&](const std::string& rel, const std::string& name) {
+      const std::string path = group + rel;
+      auto info = dataset_info(file.id, fname, ep.index, path);
       Feature f;
       f.name = name;
-      f.dtype = dtype;
+      f.kind = FeatureKind::image;
+      f.dtype = "image";
+      f.names = {"height", "width", "channels"};
+      Source src{f.name, rel, false};
+      if (info.dims.size() == 4) {
+        f.shape = {info.dims[1], info.dims[2], info.dims[3]};
+      } else {
+        // JPEG bytes per frame (ALOHA's compress = true): the first frame gives the size.
+        src.compressed = true;
+        if (info.dims[0] == 0) throw ep_error(fname, ep.index, path, "no frames");
+        auto row = read_rows(file.id, fname, ep.index, path, 0, 1, at::kByte)[0];
+        auto img = image::decode_image(row.data_ptr<uint8_t>(), static_cast<size_t>(row.numel()),
+                                       fname + ": episode " + std::to_string(ep.index) + ": field '" + path +
+                                           "' frame 0");
+        f.shape = img.sizes().vec();
+      }
+      check_length(path, info.dims[0]);
       feats.push_back(f);
-    }
-    bool compress = root_attr_true(file.id, "compress");
-    if (link_exists(file.id, "/observations/images")) {
-      Handle g(H5Gopen2(file.id, "/observations/images", H5P_DEFAULT), H5Gclose);
-      if (!g.ok()) throw ep_error(fname, ep.index, "/observations/images", "not a group");
-      H5G_info_t ginfo;
-      if (H5Gget_info(g.id, &ginfo) < 0) throw ep_error(fname, ep.index, "/observations/images", "unreadable group");
-      std::vector<std::string> cams;
-      for (hsize_t k = 0; k < ginfo.nlinks; ++k) {
-        ssize_t n = H5Lget_name_by_idx(g.id, ".", H5_INDEX_NAME, H5_ITER_INC, k, nullptr, 0, H5P_DEFAULT);
-        if (n < 0) throw ep_error(fname, ep.index, "/observations/images", "unreadable group");
-        std::string s(static_cast<size_t>(n), '\0');
-        H5Lget_name_by_idx(g.id, ".", H5_INDEX_NAME, H5_ITER_INC, k, s.data(), s.size() + 1, H5P_DEFAULT);
-        cams.push_back(s);
-      }
-      for (const auto& cam : cams) {
-        std::string path = "/observations/images/" + cam;
-        auto info = dataset_info(file.id, fname, ep.index, path);
-        if (info.cls != H5T_INTEGER || info.size != 1)
-          throw ep_error(fname, ep.index, path, "camera frames must be uint8");
+      srcs.push_back(src);
+    };
+    using Synth = std::pair<const char*, const char*>;
+    auto synthesised = [&] {
+      for (auto [name, dtype] : std::initializer_list<Synth>{
+               {"timestamp", "float32"}, {"frame_index", "int64"}, {"episode_index", "int64"}, {"index", "int64"}}) {
         Feature f;
-        f.name = "observation.images." + cam;
-        f.kind = FeatureKind::image;
-        f.dtype = "image";
-        f.names = {"height", "width", "channels"};
-        Source src{f.name, path, false};
-        if (info.dims.size() == 4) {
-          if (info.dims[3] != 3 && info.dims[3] != 1)
-            throw ep_error(fname, ep.index, path, "shape " + shape_str(info.dims) + ": expected [frames, H, W, 3]");
-          f.shape = {info.dims[1], info.dims[2], info.dims[3]};
-        } else if (info.dims.size() == 2 && (compress || info.dims[1] > 0)) {
-          // JPEG bytes per frame (ALOHA's compress = true): the first frame gives the size.
-          src.compressed = true;
-          if (info.dims[0] == 0) throw ep_error(fname, ep.index, path, "no frames");
-          auto row = read_rows(file.id, fname, ep.index, path, 0, 1, at::kByte)[0];
-          auto img = image::decode_image(row.data_ptr<uint8_t>(), static_cast<size_t>(row.numel()),
-                                         fname + ": episode " + std::to_string(ep.index) + ": field '" + path +
-                                             "' frame 0");
-          f.shape = img.sizes().vec();
-        } else {
-          throw ep_error(fname, ep.index, path,
-                         "rank " + std::to_string(info.dims.size()) + " " + shape_str(info.dims) +
-                             ", expected uint8 [frames, H, W, 3] (or [frames, bytes] of JPEG with compress = true)");
-        }
-        check_length(path, info.dims[0]);
+        f.name = name;
+        f.dtype = dtype;
         feats.push_back(f);
-        srcs.push_back(src);
+      }
+    };
+    if (robomimic) {
+      // obs keys in name order: uint8 [T, H, W, 1 | 3] are cameras (after the numeric features), the rest numeric.
+      std::vector<std::string> cams;
+      if (link_exists(file.id, group + "/obs"))
+        for (const auto& key : group_links(file.id, fname, ep.index, group + "/obs")) {
+          auto info = dataset_info(file.id, fname, ep.index, group + "/obs/" + key);
+          if (info.cls == H5T_INTEGER && info.size == 1 && !info.is_signed && info.dims.size() == 4 &&
+              (info.dims[3] == 1 || info.dims[3] == 3))
+            cams.push_back(key);
+          else
+            numeric("/obs/" + key, "observation." + key, true, 4);
+        }
+      numeric("/states", "observation.environment_state", false);
+      numeric("/actions", "action", true);
+      numeric("/rewards", "next.reward", false, 1);
+      numeric("/dones", "next.done", false, 1);
+      synthesised();
+      for (const auto& key : cams) camera("/obs/" + key, "observation.images." + key);
+      if (auto n = int_attr(file.id, fname, ep.index, group, "num_samples"); n && *n != length)
+        throw ep_error(fname, ep.index, group + "@num_samples",
+                       std::to_string(*n) + ", but " + length_from + " has " + std::to_string(length) + " frames");
+    } else {
+      numeric("/observations/qpos", "observation.state", true);
+      numeric("/observations/qvel", "observation.velocity", false);
+      numeric("/observations/effort", "observation.effort", false);
+      numeric("/action", "action", true);
+      synthesised();
+      bool compress = root_attr_true(file.id, "compress");
+      if (link_exists(file.id, "/observations/images")) {
+        for (const auto& cam : group_links(file.id, fname, ep.index, "/observations/images")) {
+          std::string path = "/observations/images/" + cam;
+          auto info = dataset_info(file.id, fname, ep.index, path);
+          if (info.cls != H5T_INTEGER || info.size != 1)
+            throw ep_error(fname, ep.index, path, "camera frames must be uint8");
+          if (info.dims.size() == 4) {
+            if (info.dims[3] != 3 && info.dims[3] != 1)
+              throw ep_error(fname, ep.index, path, "shape " + shape_str(info.dims) + ": expected [frames, H, W, 3]");
+          } else if (!(info.dims.size() == 2 && (compress || info.dims[1] > 0))) {
+            throw ep_error(fname, ep.index, path,
+                           "rank " + std::to_string(info.dims.size()) + " " + shape_str(info.dims) +
+                               ", expected uint8 [frames, H, W, 3] (or [frames, bytes] of JPEG with compress = true)");
+          }
+          camera(path, "observation.images." + cam);
+        }
       }
     }
+    if (length < 0) throw ep_error(fname, ep.index, group, "no arrays");
     ep.length = length;
     ep.from = i == 0 ? 0 : episodes_[i - 1].from + episodes_[i - 1].length;
     if (i == 0) {
@@ -466,8 +650,9 @@ class Hdf5Dataset final : public RobotDataset {
              feats[k].shape == features_[k].shape;
     for (size_t k = 0; same && k < srcs.size(); ++k) same = srcs[k].compressed == sources_[k].compressed;
     if (!same)
-      throw ep_error(fname, ep.index, "", "features (" + describe(feats) + ") differ from " + files_[0] + "'s (" +
-                                              describe(features_) + ")");
+      throw ep_error(fname, ep.index, group, "features (" + describe(feats) + ") differ from " + refs_[0].file +
+                                                 (refs_[0].group.empty() ? "" : " " + refs_[0].group) + "'s (" +
+                                                 describe(features_) + ")");
   }
 
   static bool root_attr_true(hid_t file, const char* name) {
@@ -488,7 +673,9 @@ class Hdf5Dataset final : public RobotDataset {
 
   std::string root_;
   double fps_;
-  std::vector<std::string> files_;
+  Layout layout_ = Layout::aloha;
+  double file_rate_ = 20.0;  // robomimic's control_freq
+  std::vector<EpisodeRef> refs_;  // per episode
   std::vector<Episode> episodes_;
   std::vector<Feature> features_;
   std::vector<Source> sources_;
@@ -499,13 +686,16 @@ class Hdf5Dataset final : public RobotDataset {
 }  // namespace
 
 std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path, double fps) {
+  if (!(fps > 0)) throw Error(path + ": fps must be positive (got " + std::to_string(fps) + ")");
   return std::make_unique<Hdf5Dataset>(path, fps);
+}
+
+std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path) {
+  return std::make_unique<Hdf5Dataset>(path, 0.0);
 }
 
 bool hdf5_available() { return true; }
 
 #endif
-
-std::unique_ptr<RobotDataset> open_hdf5_dataset(const std::string& path) { return open_hdf5_dataset(path, 50.0); }
 
 }  // namespace lf::data::robot

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -208,6 +209,64 @@ int64_t json_int(const ojson& j, const std::string& key, const std::string& file
   return it->get<int64_t>();
 }
 
+// LeRobot's depth marker and quantiser settings in a camera's info (is_depth_map, or the legacy video.is_depth_map;
+// video.depth_min / depth_max / shift / use_log, LeRobot's defaults when absent; depth_unit).
+std::optional<DepthMap> depth_map(const ojson& info, const std::string& file, const std::string& field) {
+  auto flag = [&](const char* key) {
+    auto it = info.find(key);
+    return it != info.end() && it->is_boolean() && it->get<bool>();
+  };
+  if (!flag("is_depth_map") && !flag("video.is_depth_map")) return std::nullopt;
+  DepthMap d;
+  auto number = [&](const char* key, double& out) {
+    auto it = info.find(key);
+    if (it == info.end() || it->is_null()) return;
+    if (!it->is_number()) throw file_error(file, field + "." + key, "expected a number");
+    out = it->get<double>();
+  };
+  number("video.depth_min", d.depth_min);
+  number("video.depth_max", d.depth_max);
+  number("video.shift", d.shift);
+  if (auto it = info.find("video.use_log"); it != info.end() && !it->is_null()) {
+    if (!it->is_boolean()) throw file_error(file, field + ".video.use_log", "expected true or false");
+    d.use_log = it->get<bool>();
+  }
+  if (auto it = info.find("depth_unit"); it != info.end() && !it->is_null()) {
+    if (!it->is_string() || (*it != "mm" && *it != "m"))
+      throw file_error(file, field + ".depth_unit", "expected \"mm\" or \"m\"");
+    d.unit = it->get<std::string>();
+  }
+  if (!(d.depth_max > d.depth_min)) throw file_error(file, field + ".video.depth_max", "must exceed video.depth_min");
+  if (d.use_log && !(d.depth_min + d.shift > 0))
+    throw file_error(file, field + ".video.shift", "depth_min + shift must be positive for logarithmic quantisation");
+  return d;
+}
+
+// A depth video's 12-bit codes (int16 [n, H, W, 1]) -> millimetres (float32), as LeRobot's dequantize_depth (its
+// torch path, output unit mm) computes each item: frame by frame, the same float32 operations in the same order.
+at::Tensor dequantize_depth(const at::Tensor& codes, const DepthMap& d) {
+  constexpr double qmax = 4095.0;  // LeRobot's DEPTH_QMAX (12 bits)
+  double scale, offset;
+  if (d.use_log) {
+    const double log_min = std::log(d.depth_min + d.shift), log_max = std::log(d.depth_max + d.shift);
+    scale = (log_max - log_min) / qmax;
+    offset = log_min;
+  } else {
+    scale = (d.depth_max - d.depth_min) / qmax;
+    offset = d.depth_min;
+  }
+  at::Tensor out = at::empty(codes.sizes(), at::kFloat);
+  for (int64_t i = 0; i < codes.size(0); ++i) {
+    at::Tensor buf = codes[i].to(at::kFloat, false, true);
+    buf.mul_(scale).add_(offset);
+    if (d.use_log) buf.exp_().sub_(d.shift);
+    buf.clamp_(d.depth_min, d.depth_max);
+    buf.mul_(1000.0).round_().clamp_(0.0, 65535.0);
+    out[i].copy_(buf);
+  }
+  return out;
+}
+
 std::vector<std::string> string_list(const ojson& j) {
   std::vector<std::string> out;
   if (j.is_array()) {
@@ -361,7 +420,7 @@ class LeRobotDataset final : public RobotDataset {
                                             " frames)");
     const int64_t n = static_cast<int64_t>(frames.size());
     const int64_t h = f.shape.size() == 3 ? f.shape[0] : 0, w = f.shape.size() == 3 ? f.shape[1] : 0;
-    if (n == 0) return at::empty({0, h, w, 3}, at::kByte);
+    if (n == 0) return f.depth ? at::empty({0, h, w, 1}, at::kFloat) : at::empty({0, h, w, 3}, at::kByte);
     const int64_t lo = *std::min_element(frames.begin(), frames.end());
     const int64_t hi = *std::max_element(frames.begin(), frames.end()) + 1;
     const EpisodeFiles& ef = files_[episode];
@@ -382,7 +441,14 @@ class LeRobotDataset final : public RobotDataset {
         size_t k = 0;
         while (k + 1 < groups.size() && groups[k + 1].first <= row) ++k;
         const std::string& bytes = (*groups[k].second)[row - groups[k].first];
-        out.push_back(image::decode_image(bytes, ef.data + ": " + where + ", frame " + std::to_string(i)));
+        const std::string name = ef.data + ": " + where + ", frame " + std::to_string(i);
+        if (!f.depth) {
+          out.push_back(image::decode_image(bytes, name));
+          continue;
+        }
+        // depth: the stored values (TIFF), in millimetres as LeRobotDataset's items (metres times 1000)
+        at::Tensor d = image::decode_depth_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), name);
+        out.push_back(f.depth->unit == "m" ? d * 1000.0 : d);
       }
       try {
         return at::stack(out);
@@ -397,6 +463,9 @@ class LeRobotDataset final : public RobotDataset {
     times.reserve(n);
     const double* t = ts.data_ptr<double>();
     for (int64_t i : frames) times.push_back(from + t[i - lo]);
+    if (f.depth)
+      return dequantize_depth(videos_.frames_at(ef.videos.at(camera), times, tolerance_s, where, FramePixels::gray12),
+                              *f.depth);
     return videos_.frames_at(ef.videos.at(camera), times, tolerance_s, where);
   }
 
@@ -497,7 +566,11 @@ class LeRobotDataset final : public RobotDataset {
           if (h != vi->end() && w != vi->end() && h->is_number_integer() && w->is_number_integer())
             f.shape = {h->get<int64_t>(), w->get<int64_t>(),
                        c != vi->end() && c->is_number_integer() ? c->get<int64_t>() : 3};
+          f.depth = depth_map(*vi, info_path, field + ".info");
         }
+        if (f.depth && f.shape[2] != 1)
+          throw file_error(info_path, field + ".shape",
+                           "a depth map has one channel, not " + std::to_string(f.shape[2]));
         cameras.push_back(std::move(f));
       } else if (f.dtype == "string") {
         continue;  // text columns are not frames' tensors

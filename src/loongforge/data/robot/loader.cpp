@@ -95,6 +95,7 @@ struct RobotLoader::Impl {
       fi.name = n;
       fi.camera = f.kind == FeatureKind::video || f.kind == FeatureKind::image;
       fi.shape = f.shape;
+      if (f.depth) fi.dtype = at::kFloat;  // depth cameras: millimetres
       feats.push_back(std::move(fi));
       names.push_back(n);
     }
@@ -248,10 +249,11 @@ struct RobotLoader::Impl {
     at::Tensor img = ds->read_camera(fi.name, t.episode, need, opts.tolerance_s);
     std::vector<int64_t> want = {static_cast<int64_t>(need.size())};
     want.insert(want.end(), fi.shape.begin(), fi.shape.end());
-    if (img.sizes() != at::IntArrayRef(want) || img.scalar_type() != at::kByte)
+    if (img.sizes() != at::IntArrayRef(want) || img.scalar_type() != fi.dtype)
       throw file_error(ds->root(), fi.name,
                        episode_label(t.episode) + ": the reader gave frames " + shape_str(img.sizes()) + " " +
-                           std::string(c10::toString(img.scalar_type())) + ", expected uint8 " + shape_str(want));
+                           std::string(c10::toString(img.scalar_type())) + ", expected " +
+                           std::string(c10::toString(fi.dtype)) + " " + shape_str(want));
     at::Tensor& out = p.out.at(fi.name);
     for (size_t i = 0; i < t.items.size(); ++i) {
       at::Tensor dst = out.select(0, t.items[i]);

@@ -377,9 +377,16 @@ FeatureStats aggregate_feature_stats(const std::vector<FeatureStats>& eps) {
 
 RawStats episode_stats(const RobotDataset& dataset, int64_t episode, const std::vector<std::string>& features) {
   std::vector<std::string> names = features;
+  // Depth cameras: LeRobot computes their statistics from the raw depth when recording (not from the decoded
+  // video): stats.json's are used, none are computed here.
   if (names.empty())
     for (const auto& f : dataset.features())
-      if (f.kind != FeatureKind::text) names.push_back(f.name);
+      if (f.kind != FeatureKind::text && !f.depth) names.push_back(f.name);
+  for (const auto& name : names)
+    if (dataset.feature(name).depth)
+      throw file_error(dataset.root(), name,
+                       "a depth camera: LeRobot's statistics of depth come from the raw frames when recording "
+                       "(stats.json)");
   const Episode& ep = dataset.episodes().at(episode);
   RawStats out;
   for (const auto& name : names) {

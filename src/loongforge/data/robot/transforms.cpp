@@ -1,5 +1,6 @@
-// Image transforms (transforms.h). The colour operations follow torchvision.transforms.v2.functional's tensor
-// kernels step for step (the same ATen operations in the same order, so the results are the same bits).
+// Image transforms (transforms.h). The colour, sharpness and affine operations follow
+// torchvision.transforms.v2.functional's tensor kernels step for step (the same ATen operations in the same order,
+// so the results are the same bits).
 #include "loongforge/data/robot/transforms.h"
 
 #include <ATen/ATen.h>
@@ -130,6 +131,85 @@ at::Tensor adjust_hue(const at::Tensor& images, double factor) {
   return out.to(orig);
 }
 
+at::Tensor adjust_sharpness(const at::Tensor& images, double factor) {
+  check_channels(images, "adjust_sharpness");
+  if (factor < 0) throw OptionError("sharpness", "factor " + std::to_string(factor) + " is negative");
+  const int64_t c = images.size(-3), h = images.size(-2), w = images.size(-1);
+  if (images.numel() == 0 || h <= 2 || w <= 2) return images;
+  const bool fp = images.is_floating_point();
+  at::Tensor x = images.dim() > 4 ? images.reshape({-1, c, h, w}) : images;
+  // A normalised 3x3 kernel: 1s around a 5, over 13; blurred pixels replace the inner ones, borders stay.
+  const auto kdtype = fp ? images.scalar_type() : at::kFloat;
+  const double a = 1.0 / 13.0, b = 5.0 / 13.0;
+  auto kernel = at::tensor({a, a, a, a, b, a, a, a, a}, at::TensorOptions().dtype(kdtype)).reshape({3, 3});
+  kernel = kernel.expand({c, 1, 3, 3});
+  auto out = x.to(kdtype, false, true);
+  const std::vector<int64_t> one{1, 1}, zero{0, 0};
+  auto blurred = at::conv2d(out, kernel, at::Tensor(), one, zero, one, c);
+  if (!fp) blurred.round_();
+  using at::indexing::Slice;
+  auto inner = out.index({at::indexing::Ellipsis, Slice(1, -1), Slice(1, -1)});
+  inner.add_(blurred.sub_(inner), 1.0 - factor);
+  out.clamp_(0, max_value(images));
+  if (!fp) out = out.to(images.scalar_type());
+  return images.dim() > 4 ? out.reshape(images.sizes()) : out;
+}
+
+at::Tensor affine(const at::Tensor& images, double angle, std::array<double, 2> translate, double scale,
+                  std::array<double, 2> shear, Interpolation interpolation, std::optional<double> fill) {
+  check_channels(images, "affine");
+  if (!(scale > 0)) throw OptionError("affine.scale", "must be positive");
+  const int64_t c = images.size(-3), h = images.size(-2), w = images.size(-1);
+  // The inverse map (output pixel -> input pixel) about the centre, as torchvision's _get_inverse_affine_matrix.
+  const double deg = M_PI / 180.0;
+  const double rot = angle * deg, sx = shear[0] * deg, sy = shear[1] * deg;
+  const double cx = 0.0, cy = 0.0, tx = translate[0], ty = translate[1];
+  const double cos_sy = std::cos(sy), tan_sx = std::tan(sx), rot_minus_sy = rot - sy;
+  const double cx_plus_tx = cx + tx, cy_plus_ty = cy + ty;
+  const double ma = std::cos(rot_minus_sy) / cos_sy;
+  const double mb = -(ma * tan_sx + std::sin(rot));
+  const double mc = std::sin(rot_minus_sy) / cos_sy;
+  const double md = std::cos(rot) - mc * tan_sx;
+  std::vector<double> m{md / scale, -mb / scale, 0.0, -mc / scale, ma / scale, 0.0};
+  m[2] += cx - m[0] * cx_plus_tx - m[1] * cy_plus_ty;
+  m[5] += cy - m[3] * cx_plus_tx - m[4] * cy_plus_ty;
+  const bool fp = images.is_floating_point();
+  const auto dtype = fp ? images.scalar_type() : at::kFloat;
+  const auto opts = at::TensorOptions().dtype(dtype);
+  auto theta = at::tensor(m, opts).reshape({1, 2, 3});
+  // The sampling grid (torchvision's _affine_grid): pixel centres relative to the image centre, mapped by theta
+  // and normalised to [-1, 1].
+  auto base = at::empty({1, h, w, 3}, opts);
+  using at::indexing::Ellipsis;
+  base.index({Ellipsis, 0}).copy_(at::linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, w));
+  base.index({Ellipsis, 1}).copy_(at::linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, h).unsqueeze_(-1));
+  base.index({Ellipsis, 2}).fill_(1);
+  auto rescaled = theta.transpose(1, 2).div_(at::tensor({0.5 * w, 0.5 * h}, opts));
+  auto grid = base.view({1, h * w, 3}).bmm(rescaled).view({1, h, w, 2});
+  // torchvision's _apply_grid_transform: grid_sample with zero padding, a ones channel marking what came from
+  // inside when there is a fill.
+  if (images.numel() == 0) return images;
+  auto x = images.reshape({-1, c, h, w});
+  const int64_t n = x.size(0);
+  auto fx = fp ? x : x.to(dtype);
+  if (n > 1) grid = grid.expand({n, -1, -1, -1});
+  if (fill) fx = at::cat({fx, at::ones({n, 1, h, w}, fx.options())}, 1);
+  const int64_t mode = interpolation == Interpolation::nearest ? 1 : 0;
+  fx = at::grid_sampler(fx, grid, mode, 0, false);
+  if (fill) {
+    auto mask = fx.narrow(1, c, 1);
+    fx = fx.narrow(1, 0, c);
+    mask = mask.expand_as(fx);
+    auto fill_img = at::tensor({*fill}, fx.options()).view({1, -1, 1, 1});
+    if (interpolation == Interpolation::nearest)
+      fx = at::where(mask < 0.5, fill_img.expand_as(fx), fx);
+    else
+      fx = fx.sub_(fill_img).mul_(mask).add_(fill_img);
+  }
+  auto out = fp ? fx : fx.round_().to(images.scalar_type());
+  return out.reshape(images.sizes());
+}
+
 at::Tensor crop(const at::Tensor& images, int64_t top, int64_t left, int64_t height, int64_t width) {
   int64_t h = images.size(-2), w = images.size(-1);
   int64_t right = left + width, bottom = top + height;
@@ -212,40 +292,55 @@ TransformPlan plan_transforms(const ImageTransformsConfig& c, uint64_t seed, int
     }
   }
   if (!c.enable) return plan;
-  const char* names[4] = {"brightness", "contrast", "saturation", "hue"};
-  const std::array<double, 2>* ranges[4] = {&c.brightness, &c.contrast, &c.saturation, &c.hue};
-  for (int k = 0; k < 4; ++k) {
+  constexpr int kinds = 6;
+  const char* names[kinds] = {"brightness", "contrast", "saturation", "hue", "sharpness", "affine"};
+  const std::array<double, 2>* ranges[kinds] = {&c.brightness, &c.contrast, &c.saturation,
+                                                &c.hue,        &c.sharpness, &c.degrees};
+  for (int k = 0; k < kinds; ++k) {
     if (c.weights[k] < 0) throw OptionError(std::string(names[k]) + ".weight", "must not be negative");
     if ((*ranges[k])[0] > (*ranges[k])[1])
       throw OptionError(names[k], "range [" + std::to_string((*ranges[k])[0]) + ", " +
                                       std::to_string((*ranges[k])[1]) + "] is reversed");
   }
   if (c.hue[0] < -0.5 || c.hue[1] > 0.5) throw OptionError("hue", "range must lie in [-0.5, 0.5]");
-  for (int k = 0; k < 3; ++k)
+  for (int k : {0, 1, 2, 4})
     if ((*ranges[k])[0] < 0) throw OptionError(names[k], "range must not be negative");
+  for (double t : c.translate)
+    if (!(t >= 0 && t <= 1)) throw OptionError("affine.translate", "must lie in [0, 1]");
   int available = 0;
   for (double w : c.weights) available += w > 0;
   if (available == 0) return plan;
   if (c.max_num_transforms < 1) throw OptionError("max_num_transforms", "must be at least 1");
   int n = std::min(c.max_num_transforms, available);
   // Weighted sampling without replacement (as torch.multinomial(weights, n)).
-  std::array<double, 4> w = c.weights;
+  std::array<double, kinds> w = c.weights;
   std::vector<int> picked;
   for (int i = 0; i < n; ++i) {
     double total = 0;
     for (double x : w) total += x;
     double r = uniform(0.0, total);
     int k = 0;
-    for (; k < 3; ++k) {
+    for (; k < kinds - 1; ++k) {
       if (r < w[k]) break;
       r -= w[k];
     }
-    while (w[k] <= 0) k = (k + 1) % 4;
+    while (w[k] <= 0) k = (k + 1) % kinds;
     picked.push_back(k);
     w[k] = 0;
   }
   if (!c.random_order) std::sort(picked.begin(), picked.end());
-  for (int k : picked) plan.jitters.emplace_back(names[k], uniform((*ranges[k])[0], (*ranges[k])[1]));
+  // The jitters see the frames after the crop and the resize: affine's shift scales with that size.
+  int64_t jh = height, jw = width;
+  if (c.crop_height > 0 && c.crop_width > 0) jh = c.crop_height, jw = c.crop_width;
+  if (c.resize_height > 0 && c.resize_width > 0) jh = c.resize_height, jw = c.resize_width;
+  for (int k : picked) {
+    plan.jitters.emplace_back(names[k], uniform((*ranges[k])[0], (*ranges[k])[1]));
+    if (k == 5) {  // RandomAffine: round(uniform(-max, max)) pixels, Python's round (half to even)
+      double dx = c.translate[0] * static_cast<double>(jw), dy = c.translate[1] * static_cast<double>(jh);
+      plan.affine_tx = static_cast<int64_t>(std::nearbyint(uniform(-dx, dx)));
+      plan.affine_ty = static_cast<int64_t>(std::nearbyint(uniform(-dy, dy)));
+    }
+  }
   return plan;
 }
 
@@ -265,6 +360,11 @@ at::Tensor apply_transforms(const at::Tensor& images, const ImageTransformsConfi
       x = adjust_saturation(x, factor);
     else if (name == "hue")
       x = adjust_hue(x, factor);
+    else if (name == "sharpness")
+      x = adjust_sharpness(x, factor);
+    else if (name == "affine")
+      x = affine(x, factor, {static_cast<double>(plan.affine_tx), static_cast<double>(plan.affine_ty)}, 1.0,
+                 {0.0, 0.0}, Interpolation::nearest, 0.0);
     else
       throw OptionError("image_transforms", "unknown transform '" + name + "'");
   }

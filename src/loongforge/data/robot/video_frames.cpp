@@ -16,7 +16,7 @@ namespace lf::data::robot {
 struct VideoFrameCache::File {
   std::shared_future<std::shared_ptr<const VideoTimeline>> timeline;
   std::mutex mu;  // guards idle
-  std::vector<std::unique_ptr<GopDecoder>> idle;  // decoders no caller uses now
+  std::vector<std::unique_ptr<GopDecoder>> idle[2];  // decoders no caller uses now, per FramePixels
 };
 
 struct VideoFrameCache::Gop {
@@ -62,9 +62,10 @@ std::shared_ptr<const VideoTimeline> VideoFrameCache::timeline(const std::string
   return f->timeline.get();
 }
 
-at::Tensor VideoFrameCache::gop(const std::shared_ptr<File>& f, int64_t g) {
+at::Tensor VideoFrameCache::gop(const std::shared_ptr<File>& f, int64_t g, FramePixels pixels) {
   const std::shared_ptr<const VideoTimeline> tl = f->timeline.get();
-  const Key key{tl->path, g};
+  const int mode = static_cast<int>(pixels);
+  const Key key{tl->path, mode, g};
   std::promise<at::Tensor> promise;
   std::shared_ptr<Gop> entry;
   std::shared_future<at::Tensor> other;  // another caller's decode of this GOP (done or running)
@@ -89,12 +90,12 @@ at::Tensor VideoFrameCache::gop(const std::shared_ptr<File>& f, int64_t g) {
     std::unique_ptr<GopDecoder> dec;
     {
       std::lock_guard<std::mutex> lock(f->mu);
-      if (!f->idle.empty()) {
-        dec = std::move(f->idle.back());
-        f->idle.pop_back();
+      if (!f->idle[mode].empty()) {
+        dec = std::move(f->idle[mode].back());
+        f->idle[mode].pop_back();
       }
     }
-    if (!dec) dec = std::make_unique<GopDecoder>(tl);
+    if (!dec) dec = std::make_unique<GopDecoder>(tl, pixels);
     const int64_t before = dec->frames_decoded();
     at::Tensor frames;
     try {
@@ -110,7 +111,7 @@ at::Tensor VideoFrameCache::gop(const std::shared_ptr<File>& f, int64_t g) {
     }
     {
       std::lock_guard<std::mutex> lock(f->mu);
-      f->idle.push_back(std::move(dec));
+      f->idle[mode].push_back(std::move(dec));
     }
     promise.set_value(frames);
     std::lock_guard<std::mutex> lock(mu_);
@@ -156,9 +157,9 @@ std::string seconds(double t) {
 }  // namespace
 
 at::Tensor VideoFrameCache::frames_at(const std::string& path, const std::vector<double>& times, double tolerance_s,
-                                      const std::string& where) {
+                                      const std::string& where, FramePixels pixels) {
   try {
-    return frames_at_impl(path, times, tolerance_s, where);
+    return frames_at_impl(path, times, tolerance_s, where, pixels);
   } catch (const Error& e) {
     const std::string what = e.what();
     if (what.find(where) != std::string::npos) throw;
@@ -167,7 +168,7 @@ at::Tensor VideoFrameCache::frames_at(const std::string& path, const std::vector
 }
 
 at::Tensor VideoFrameCache::frames_at_impl(const std::string& path, const std::vector<double>& times,
-                                           double tolerance_s, const std::string& where) {
+                                           double tolerance_s, const std::string& where, FramePixels pixels) {
   const std::shared_ptr<const VideoTimeline> tl = timeline(path);
   std::shared_ptr<File> f;
   {
@@ -189,15 +190,19 @@ at::Tensor VideoFrameCache::frames_at_impl(const std::string& path, const std::v
                   seconds(ts.front()) + " .. " + seconds(ts.back()) + " s)");
     frame[k] = i;
   }
-  at::Tensor out = at::empty({n, tl->height, tl->width, 3}, at::kByte);
-  const int64_t frame_bytes = tl->height * tl->width * 3;
+  const bool gray = pixels == FramePixels::gray12;
+  at::Tensor out = gray ? at::empty({n, tl->height, tl->width, 1}, at::kShort)
+                        : at::empty({n, tl->height, tl->width, 3}, at::kByte);
+  const int64_t frame_bytes = tl->height * tl->width * (gray ? 2 : 3);
   std::map<int64_t, at::Tensor> decoded;  // GOP -> its frames, each GOP fetched once per call
+  auto* dst = static_cast<uint8_t*>(out.data_ptr());
   for (int64_t k = 0; k < n; ++k) {
     const int64_t g = tl->gop_of(frame[k]);
     auto it = decoded.find(g);
-    if (it == decoded.end()) it = decoded.emplace(g, gop(f, g)).first;
-    std::memcpy(out.data_ptr<uint8_t>() + k * frame_bytes,
-                it->second.data_ptr<uint8_t>() + (frame[k] - tl->gop_starts[g]) * frame_bytes, frame_bytes);
+    if (it == decoded.end()) it = decoded.emplace(g, gop(f, g, pixels)).first;
+    std::memcpy(dst + k * frame_bytes,
+                static_cast<const uint8_t*>(it->second.data_ptr()) + (frame[k] - tl->gop_starts[g]) * frame_bytes,
+                frame_bytes);
   }
   return out;
 }

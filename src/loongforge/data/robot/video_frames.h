@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "loongforge/data/video.h"
@@ -33,11 +34,11 @@ class VideoFrameCache {
   VideoFrameCache(const VideoFrameCache&) = delete;
   VideoFrameCache& operator=(const VideoFrameCache&) = delete;
 
-  // The frames of video PATH nearest to TIMES (seconds): uint8 [n, H, W, 3]. When the nearest frame of a time is
-  // TOLERANCE_S or more away: one-line lf::Error "PATH: WHERE: timestamp T s: ...", WHERE naming the episode and
-  // camera for the user.
+  // The frames of video PATH nearest to TIMES (seconds): uint8 [n, H, W, 3] (PIXELS gray12: int16 [n, H, W, 1],
+  // a depth video's codes). When the nearest frame of a time is TOLERANCE_S or more away: one-line lf::Error
+  // "PATH: WHERE: timestamp T s: ...", WHERE naming the episode and camera for the user.
   at::Tensor frames_at(const std::string& path, const std::vector<double>& times, double tolerance_s,
-                       const std::string& where);
+                       const std::string& where, FramePixels pixels = FramePixels::rgb24);
 
   // The file's timeline (read once, then shared).
   std::shared_ptr<const VideoTimeline> timeline(const std::string& path);
@@ -55,14 +56,14 @@ class VideoFrameCache {
   struct File;
   struct Gop;
   at::Tensor frames_at_impl(const std::string& path, const std::vector<double>& times, double tolerance_s,
-                            const std::string& where);
-  at::Tensor gop(const std::shared_ptr<File>& f, int64_t g);
+                            const std::string& where, FramePixels pixels);
+  at::Tensor gop(const std::shared_ptr<File>& f, int64_t g, FramePixels pixels);
   void evict_locked();
 
   const int64_t max_bytes_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<File>> files_;
-  using Key = std::pair<std::string, int64_t>;
+  using Key = std::tuple<std::string, int, int64_t>;  // (path, FramePixels, GOP)
   std::list<Key> lru_;  // most recent first
   std::map<Key, std::shared_ptr<Gop>> gops_;
   Counters counters_;
