@@ -168,6 +168,7 @@ TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
   if (std::count(c.layer_linear.begin(), c.layer_linear.end(), 1) > 0)
     throw OptionError("tp", std::to_string(c.num_hidden_layers) + "-layer " + c.model_type +
                                 ": its linear-attention layers have no tensor-parallel plan yet (use dp / zero / pp / ep)");
+  if (c.dsa) throw OptionError("tp", c.model_type + ": the sparse-attention indexers have no tensor-parallel plan yet (use dp / zero / ep)");
   TensorParallelSpec t;
   const std::string L = R"(model\.layers\.\d+\.)";
   t.rules = {
@@ -227,8 +228,9 @@ std::string CausalLMImpl::reference_name(const std::string& n) const {
 }
 
 bool CausalLMImpl::ignorable_checkpoint_tensor(const std::string& name) const {
-  // GLM-4-MoE's multi-token-prediction layers (model.layers.<num_hidden_layers + i>.*): transformers skips them too
-  if (config_.model_type == "glm4_moe" && name.starts_with("model.layers.")) {
+  // GLM-4-MoE's, DeepSeek-V3.2's and GLM-5's multi-token-prediction layers (model.layers.<num_hidden_layers + i>.*):
+  // transformers skips them too
+  if ((config_.model_type == "glm4_moe" || config_.dsa) && name.starts_with("model.layers.")) {
     const std::string rest = name.substr(13);
     const size_t dot = rest.find('.');
     if (dot != std::string::npos && dot > 0 && rest.substr(0, dot).find_first_not_of("0123456789") == std::string::npos &&
@@ -246,7 +248,7 @@ Family family() {
   f.name = "decoder_lm";
   f.model_types = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "minimax_m2",
                    "mistral4"};
-  for (const char* t : {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}) f.model_types.push_back(t);
+  for (const char* t : {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "deepseek_v32", "glm_moe_dsa"}) f.model_types.push_back(t);
   f.build = [](const nlohmann::json& j, const std::string& file) -> std::shared_ptr<Model> {
     return CausalLM(DecoderConfig::from_json(j, file)).ptr();
   };
