@@ -18,7 +18,8 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from conftest import run_lf
-from test_model_parity import ADAMW, compare, hf_reference, make_batch, rel_err, run_dump
+from test_model_parity import (ADAMW, check_bad_field_one_line, check_export, check_greedy_generate, compare,
+                               hf_reference, make_batch, rel_err, run_dump)
 from test_moe_parity import write_periodic_shard
 
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=2,
@@ -126,16 +127,7 @@ def test_export_loads_in_transformers(case, tmp_path):
     model = make_model(CASES[case])
     src = tmp_path / "src"
     model.save_pretrained(src)
-    out = tmp_path / "out"
-    run_lf("convert", "--model", src, "--out", out, "--dtype", "fp32")
-    want, got = load_file(str(src / "model.safetensors")), load_file(str(out / "model.safetensors"))
-    assert sorted(got) == sorted(want)
-    for k in want:
-        assert torch.equal(got[k], want[k]), k
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
-    ids, _ = make_batch(model.config.vocab_size)
-    with torch.no_grad():
-        assert rel_err(hf(input_ids=ids).logits, model(input_ids=ids).logits) <= 1e-6
+    check_export(model, src, tmp_path / "out")
 
 
 @pytest.mark.parametrize("case", ["v32", pytest.param("glm_shared", marks=pytest.mark.slow)])
@@ -149,16 +141,7 @@ def test_generate_greedy_matches_transformers(case, tmp_path):
     st = load_file(str(model_dir / "model.safetensors"))
     st[f"model.layers.{model.config.num_hidden_layers}.eh_proj.weight"] = torch.zeros(64, 128)
     save_file(st, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
-    prompt = [1, 17, 42, 99, 5, 250, 31]
-    model.eval()
-    with torch.no_grad():
-        ref = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)[0, len(prompt):].tolist()
-    got = json.loads(run_lf("generate", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
-                            "--max-new-tokens", 10, "--ids").stdout)
-    n = got.index(2) + 1 if 2 in got else len(got)
-    assert n >= 5
-    assert got[:n] == ref[:n]
+    check_greedy_generate(model, model_dir, [1, 17, 42, 99, 5, 250, 31])
 
 
 @pytest.mark.parametrize("case,field,value,needle", [
@@ -170,12 +153,7 @@ def test_generate_greedy_matches_transformers(case, tmp_path):
 def test_bad_config_one_line(case, field, value, needle, tmp_path):
     src = tmp_path / "src"
     make_model(CASES[case]).save_pretrained(src)
-    cfg = json.loads((src / "config.json").read_text())
-    cfg[field] = value
-    (src / "config.json").write_text(json.dumps(cfg))
-    r = run_lf("info", src, check=False)
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 1 and len(lines) == 1 and needle in lines[0] and "config.json" in lines[0], r.stderr
+    check_bad_field_one_line(src, field, value, needle)
 
 
 def test_defaults_when_the_file_has_none(tmp_path):
