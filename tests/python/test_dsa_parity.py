@@ -17,7 +17,7 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from conftest import run_lf
+from conftest import LF_BIN, launch_ranks, run_lf
 from test_model_parity import (ADAMW, check_bad_field_one_line, check_export, check_greedy_generate, compare,
                                hf_reference, make_batch, rel_err, run_dump)
 from test_moe_parity import write_periodic_shard
@@ -172,6 +172,21 @@ def test_defaults_when_the_file_has_none(tmp_path):
         assert info["parameters"] == sum(p.numel() for p in model.parameters()), model_type
 
 
+def train_recipe(tmp_path, model_dir, seq, mb):
+    """2 steps on tmp_path/train at a constant lr 1e-2 with weight decay 0.1; writes tmp_path/run."""
+    r = tmp_path / "r.yaml"
+    r.write_text(f"""
+output_dir: {tmp_path / 'run'}
+model: {{path: {model_dir}}}
+data: {{train: [{{path: {tmp_path / 'train'}}}], seq_len: {seq}, valid_fraction: 0.0}}
+train: {{steps: 2, micro_batch_size: {mb}, threads: 2}}
+optim: {{lr: 1.0e-2, weight_decay: 0.1}}
+schedule: {{kind: constant, warmup_steps: 0}}
+log: {{progress: lines, plot: false}}
+""")
+    return r
+
+
 def test_train_leaves_the_indexers_as_loaded(tmp_path):
     """`loongforge train` with weight decay: the first step's loss is transformers' loss on the same batch, the
     checkpoint's indexer tensors are the loaded ones bit for bit (no gradient, so AdamW skips them) while every
@@ -183,16 +198,7 @@ def test_train_leaves_the_indexers_as_loaded(tmp_path):
     pattern = torch.randint(0, 64, (16,), generator=g).tolist()
     write_periodic_shard(tmp_path / "train", pattern, 40)
     seq, mb = 32, 2
-    (tmp_path / "r.yaml").write_text(f"""
-output_dir: {tmp_path / 'run'}
-model: {{path: {model_dir}}}
-data: {{train: [{{path: {tmp_path / 'train'}}}], seq_len: {seq}, valid_fraction: 0.0}}
-train: {{steps: 2, micro_batch_size: {mb}, threads: 2}}
-optim: {{lr: 1.0e-2, weight_decay: 0.1}}
-schedule: {{kind: constant, warmup_steps: 0}}
-log: {{progress: lines, plot: false}}
-""")
-    run_lf("train", tmp_path / "r.yaml")
+    run_lf("train", train_recipe(tmp_path, model_dir, seq, mb))
     losses = [json.loads(l)["loss"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if "loss" in json.loads(l) and "step" in json.loads(l)]
     window = torch.tensor((pattern * 3)[: seq + 1])
@@ -210,3 +216,19 @@ log: {{progress: lines, plot: false}}
             assert torch.equal(saved[k], v), k
         elif k.endswith("weight") and "norm" not in k and "experts" not in k:
             assert not torch.equal(saved[k], v), k
+
+
+@pytest.mark.parametrize("case,key,needle", [
+    ("glm_shared", "pp", "shared sparse-attention layers"),
+    pytest.param("v32", "tp", "indexers have no tensor-parallel plan", marks=pytest.mark.slow),
+])
+def test_unsupported_layout_is_one_line(case, key, needle, tmp_path):
+    """GLM-5's shared layers read a selection made earlier on the same micro-batch, which pipeline schedules do not
+    keep; the indexers have no tensor-parallel plan: two ranks each end with one line naming parallel.<key>."""
+    model_dir = tmp_path / "model"
+    make_model(dict(CASES[case], vocab_size=64)).save_pretrained(model_dir)
+    write_periodic_shard(tmp_path / "train", list(range(3, 19)), 40)
+    res = launch_ranks(2, [LF_BIN, "train", train_recipe(tmp_path, model_dir, 16, 1), "--set", f"parallel.{key}=2"])
+    for r in res:
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and f"parallel.{key}" in lines[0] and needle in lines[0], r.stderr
