@@ -187,10 +187,11 @@ log: {{progress: lines, plot: false}}
     return r
 
 
-def test_train_leaves_the_indexers_as_loaded(tmp_path):
+@pytest.mark.parametrize("layout", ["one", "dp2", pytest.param("dp2_zero3", marks=pytest.mark.slow)])
+def test_train_leaves_the_indexers_as_loaded(layout, tmp_path):
     """`loongforge train` with weight decay: the first step's loss is transformers' loss on the same batch, the
-    checkpoint's indexer tensors are the loaded ones bit for bit (no gradient, so AdamW skips them) while every
-    other weight moved."""
+    checkpoint's indexer tensors are the loaded ones bit for bit (they get no gradient, so no optimizer touches
+    them: one process with the row split over threads, DDP over two ranks, FSDP) while every other weight moved."""
     model = make_model(dict(CASES["v32"], vocab_size=64))
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
@@ -198,7 +199,14 @@ def test_train_leaves_the_indexers_as_loaded(tmp_path):
     pattern = torch.randint(0, 64, (16,), generator=g).tolist()
     write_periodic_shard(tmp_path / "train", pattern, 40)
     seq, mb = 32, 2
-    run_lf("train", train_recipe(tmp_path, model_dir, seq, mb))
+    recipe = train_recipe(tmp_path, model_dir, seq, mb)
+    if layout == "one":
+        run_lf("train", recipe)
+    else:
+        res = launch_ranks(2, [LF_BIN, "train", recipe, "--set", "train.micro_batch_size=1", "--set", "parallel.dp=2",
+                               "--set", f"parallel.zero={3 if layout.endswith('zero3') else 0}"])
+        for r in res:
+            assert r.returncode == 0, r.stderr[-3000:]
     losses = [json.loads(l)["loss"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if "loss" in json.loads(l) and "step" in json.loads(l)]
     window = torch.tensor((pattern * 3)[: seq + 1])
@@ -208,8 +216,10 @@ def test_train_leaves_the_indexers_as_loaded(tmp_path):
         lg = model(input_ids=ids).logits
     want = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.size(-1)), tgt.reshape(-1)).item()
     assert abs(losses[0] - want) <= 1e-5 * want
-    ckpt = tmp_path / "run" / "checkpoints" / (tmp_path / "run" / "checkpoints" / "latest").read_text().strip()
-    saved = load_file(str(ckpt / "model.safetensors"))
+    runs = tmp_path / "run" / "checkpoints"
+    saved = {}
+    for f in (runs / (runs / "latest").read_text().strip()).glob("*.safetensors"):
+        saved.update(load_file(str(f)))
     loaded = load_file(str(model_dir / "model.safetensors"))
     for k, v in loaded.items():
         if ".indexer." in k:

@@ -121,6 +121,10 @@ IndexerImpl::IndexerImpl(const DecoderConfig& c)
   // transformers: nn.LayerNorm(index_head_dim, eps=1e-6), whatever rms_norm_eps
   k_norm = register_module("k_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({head_dim}).eps(1e-6)));
   weights_proj = register_module("weights_proj", nn::Linear(c.hidden_size, n_heads, false));
+  // The language-model loss never reaches the indexer (the selection is not differentiable, and it runs without
+  // autograd): kept frozen as a model keeps the parts its loss skips, so every engine leaves it out of the optimizer
+  // and the gradient reductions, as torch.optim.AdamW leaves a parameter whose .grad is None (no weight decay).
+  for (auto& p : parameters()) p.set_requires_grad(false);
 }
 
 at::Tensor IndexerImpl::rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {

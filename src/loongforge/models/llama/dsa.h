@@ -5,9 +5,9 @@
 // with q = wq_b(q_resid) (q_resid: the attention's q_a_layernorm(q_a_proj(x))), k = LayerNorm(wk(x)), both rotated on
 // their first qk_rope_head_dim features (DeepSeek-V3.2: rotate-half rope; GLM-5: interleaved pairs) with the model's
 // cos / sin, and the attention then sees only the index_topk best visible keys of each query (all of them while a
-// query sees fewer). The selection is not differentiable: the indexer runs without autograd, so the language-model
-// loss gives its parameters no gradient (transformers' forward is @torch.no_grad too). GLM-5's "shared" layers
-// (indexer_types) have no indexer and reuse the selection of the last "full" layer before them.
+// query sees fewer). The selection is not differentiable: the indexer runs without autograd (as transformers'), its
+// parameters get no gradient and are kept frozen (requires_grad false: no optimizer touches them). GLM-5's "shared"
+// layers (indexer_types) have no indexer and reuse the selection of the last "full" layer before them.
 #pragma once
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
