@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from conftest import run_lf
-from test_model_parity import ADAMW, compare, hf_reference, make_batch, rel_err, run_dump
+from test_model_parity import ADAMW, check_greedy_generate, compare, hf_reference, make_batch, rel_err, run_dump
 
 BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128, rms_norm_eps=1e-6,
@@ -87,16 +87,7 @@ def test_deepseek_generate_greedy_matches_transformers(tmp_path):
     model = make_model(dict(CASES["moe_q_proj_yarn"], attention_bias=True, bos_token_id=1, eos_token_id=2))
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
-    prompt = [1, 17, 42, 99, 5, 250, 31]
-    model.eval()
-    with torch.no_grad():
-        ref = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)[0, len(prompt):].tolist()
-    got = json.loads(run_lf("generate", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
-                            "--max-new-tokens", 10, "--ids").stdout)
-    n = got.index(2) + 1 if 2 in got else len(got)
-    assert n >= 5  # enough tokens compared to exercise the latent cache
-    assert got[:n] == ref[:n]
+    check_greedy_generate(model, model_dir, [1, 17, 42, 99, 5, 250, 31])
 
 
 def test_deepseek_export_loads_in_transformers(tmp_path):

@@ -76,6 +76,46 @@ def compare(ours, ref):
             check_after_step(ours["after_step." + n], ref[k], ours["grad." + n], ref["grad." + n])
 
 
+def check_export(model, src, out, model_class=transformers.AutoModelForCausalLM):
+    """`convert` of SRC (model's save_pretrained folder) into OUT writes save_pretrained's tensor names bit for bit,
+    and transformers loads OUT with model's logits. Returns the loaded model."""
+    run_lf("convert", "--model", src, "--out", out, "--dtype", "fp32")
+    want, got = load_file(str(src / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    hf = model_class.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+    ids, _ = make_batch(model.config.vocab_size)
+    with torch.no_grad():
+        assert rel_err(hf(input_ids=ids).logits, model(input_ids=ids).logits) <= 1e-6
+    return hf
+
+
+def check_greedy_generate(model, model_dir, prompt, eos=2, new_tokens=10):
+    """Greedy `loongforge generate` ids = transformers' generate, up to our first eos (at least 5 tokens compared, to
+    exercise the cache)."""
+    model.eval()
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, len(prompt):].tolist()
+    got = json.loads(run_lf("generate", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
+                            "--max-new-tokens", new_tokens, "--ids").stdout)
+    n = got.index(eos) + 1 if eos in got else len(got)
+    assert n >= 5
+    assert got[:n] == ref[:n]
+
+
+def check_bad_field_one_line(src, field, value, needle):
+    """`info` on the folder SRC after its config.json's FIELD is set to VALUE: exit status 1 and one line naming
+    config.json and NEEDLE."""
+    cfg = json.loads((src / "config.json").read_text())
+    cfg[field] = value
+    (src / "config.json").write_text(json.dumps(cfg))
+    r = run_lf("info", src, check=False)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and needle in lines[0] and "config.json" in lines[0], r.stderr
+
+
 def test_fixture_hf_llama(tmp_path):
     ref = load_file(str(FIXTURES / "hf_llama" / "reference.safetensors"))
     ours = run_dump(FIXTURES / "hf_llama", ref["input_ids"], ref["labels"], tmp_path, ["--adamw", ADAMW])

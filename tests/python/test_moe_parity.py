@@ -12,7 +12,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from conftest import run_lf
-from test_model_parity import ADAMW, compare, hf_reference, make_batch, rel_err, run_dump
+from test_model_parity import ADAMW, check_export, compare, hf_reference, make_batch, rel_err, run_dump
 
 BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6)
@@ -60,17 +60,7 @@ def test_moe_export_per_expert_names(case, tmp_path):
     model = make_model(model_type, overrides)
     src = tmp_path / "src"
     model.save_pretrained(src)
-    out = tmp_path / "out"
-    run_lf("convert", "--model", src, "--out", out, "--dtype", "fp32")
-    # the same tensor names as save_pretrained writes, bit for bit
-    want, got = load_file(str(src / "model.safetensors")), load_file(str(out / "model.safetensors"))
-    assert sorted(got) == sorted(want)
-    for k in want:
-        assert torch.equal(got[k], want[k]), k
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
-    ids, _ = make_batch(model.config.vocab_size)
-    with torch.no_grad():
-        assert rel_err(hf(input_ids=ids).logits, model(input_ids=ids).logits) <= 1e-6
+    check_export(model, src, tmp_path / "out")  # the same tensor names as save_pretrained writes, bit for bit
 
 
 def test_missing_expert_tensor_is_an_error(tmp_path):

@@ -18,7 +18,8 @@ from safetensors.torch import load_file, save_file
 
 from conftest import LF_BIN, launch_ranks, run_lf
 from test_dist_ep import ep_metrics, ep_recipe, write_shard
-from test_model_parity import ADAMW, compare, hf_reference, make_batch, rel_err, run_dump
+from test_model_parity import (ADAMW, check_bad_field_one_line, check_export, check_greedy_generate, compare,
+                               hf_reference, make_batch, rel_err, run_dump)
 from test_moe_parity import train_three_steps, write_periodic_shard
 
 COMMON = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128,
@@ -131,16 +132,7 @@ def test_export_loads_in_transformers(case, tmp_path):
     experts.gate_up_proj / down_proj) bit for bit, and transformers loads them with equal outputs."""
     model = make_model(CASES[case])
     src = save(model, case, tmp_path / "src")
-    out = tmp_path / "out"
-    run_lf("convert", "--model", src, "--out", out, "--dtype", "fp32")
-    want, got = load_file(str(src / "model.safetensors")), load_file(str(out / "model.safetensors"))
-    assert sorted(got) == sorted(want)
-    for k in want:
-        assert torch.equal(got[k], want[k]), k
-    hf = model_class(CASES[case]["model_type"]).from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
-    ids, _ = make_batch(model.config.vocab_size)
-    with torch.no_grad():
-        assert rel_err(hf(input_ids=ids).logits, model(input_ids=ids).logits) <= 1e-6
+    check_export(model, src, tmp_path / "out", model_class(CASES[case]["model_type"]))
 
 
 @pytest.mark.parametrize("case", ["glm4_moe_qk_norm_bias", "minimax_m2_rotary_dim", "mistral4_q_lora_yarn"])
@@ -148,16 +140,7 @@ def test_generate_greedy_matches_transformers(case, tmp_path):
     """Greedy ids with our KV cache (Mistral 4: the latent cache and the query scale of the new positions)."""
     model = make_model(CASES[case])
     model_dir = save(model, case, tmp_path / "model")
-    prompt = [1, 17, 42, 99, 5, 250, 31]
-    model.eval()
-    with torch.no_grad():
-        ref = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)[0, len(prompt):].tolist()
-    got = json.loads(run_lf("generate", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
-                            "--max-new-tokens", 10, "--ids").stdout)
-    n = got.index(2) + 1 if 2 in got else len(got)
-    assert n >= 5  # enough tokens compared to exercise the cache
-    assert got[:n] == ref[:n]
+    check_greedy_generate(model, model_dir, [1, 17, 42, 99, 5, 250, 31])
 
 
 @pytest.mark.parametrize("case,field,value,needle", [
@@ -169,12 +152,7 @@ def test_generate_greedy_matches_transformers(case, tmp_path):
 def test_bad_config_one_line(case, field, value, needle, tmp_path):
     model = make_model(CASES[case])
     src = save(model, case, tmp_path / "src")
-    cfg = json.loads((src / "config.json").read_text())
-    cfg[field] = value
-    (src / "config.json").write_text(json.dumps(cfg))
-    r = run_lf("info", src, check=False)
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 1 and len(lines) == 1 and needle in lines[0] and "config.json" in lines[0], r.stderr
+    check_bad_field_one_line(src, field, value, needle)
 
 
 @pytest.mark.parametrize("case,dp,ep,tp", [

@@ -466,6 +466,11 @@ class DistEngine : public Engine {
     std::map<std::string, at::Tensor> weights;
     if (fsdp_) {
       weights = fsdp_->full_parameters();
+      // frozen parameters stay outside the FSDP units, whole on every rank (a model's parts its loss never reaches,
+      // e.g. sparse-attention indexers, or model.freeze): written as loaded
+      for (const auto& item : b_.model->named_parameters())
+        if (!b_.trainable.lora && !item.value().requires_grad() && !weights.count(item.key()))
+          weights[item.key()] = item.value().detach();
     } else {
       auto named = b_.model->named_parameters();
       std::map<std::string, at::Tensor> local_w;

@@ -2,6 +2,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/models/llama/dsa.h"
 
 #include <algorithm>
 #include <cmath>
@@ -112,6 +113,8 @@ struct MlaMoeDefaults {
 };
 
 void parse_routed_moe(const JsonReader& rd, DecoderConfig& c, const MlaMoeDefaults& d);
+// GlmMoeDsaConfig's (GLM-5); DeepseekV32Config's are DeepseekV3Config's.
+const MlaMoeDefaults kGlmMoeDsaDefaults{.q_lora_rank = 2048, .qk_nope_head_dim = 192, .v_head_dim = 256, .n_group = 1, .topk_group = 1};
 
 // DeepSeek-V3 multi-head latent attention fields, with transformers' DeepseekV3Config defaults (d: another family's).
 void parse_mla(const JsonReader& rd, DecoderConfig& c, const MlaMoeDefaults& d = {}) {
@@ -393,11 +396,11 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   c.model_type = rd.string("model_type");
   const bool gdn = gated_deltanet_family(c.model_type);
   const bool new_moe_family = c.model_type == "glm4_moe" || c.model_type == "minimax_m2" || c.model_type == "mistral4";
-  if (!gdn && !new_moe_family && c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
+  if (!gdn && !new_moe_family && !is_dsa_family(c.model_type) && c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
       c.model_type != "qwen3" && c.model_type != "deepseek_v3" && c.model_type != "qwen3_moe" && c.model_type != "mixtral")
     throw file_error(file, "model_type", "unsupported model type '" + c.model_type +
                                              "' (decoders: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3, "
-                                             "glm4_moe, minimax_m2, mistral4, qwen3_next, qwen3_5_text, qwen3_5_moe_text)");
+                                             "glm4_moe, minimax_m2, mistral4, qwen3_next, qwen3_5_text, qwen3_5_moe_text, deepseek_v32, glm_moe_dsa)");
   c.vocab_size = rd.integer("vocab_size");
   c.hidden_size = rd.integer("hidden_size");
   c.intermediate_size = rd.integer("intermediate_size");
@@ -413,6 +416,7 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   int64_t def_head = c.hidden_size / c.num_attention_heads;
   if (c.model_type == "deepseek_v3") parse_mla(rd, c);  // head_dim = qk_rope_head_dim (transformers ignores the field)
   else if (c.model_type == "mistral4") parse_mistral4(rd, c);  // the same
+  else if (is_dsa_family(c.model_type)) parse_mla(rd, c, c.model_type == "glm_moe_dsa" ? kGlmMoeDsaDefaults : MlaMoeDefaults{});
   else c.head_dim = rd.integer("head_dim", def_head);
   if (c.head_dim <= 0 || c.head_dim % 2) throw file_error(file, "head_dim", "must be positive and even");
   c.max_position_embeddings = rd.integer("max_position_embeddings", c.model_type == "deepseek_v3" ? 4096 : 2048);
@@ -479,6 +483,7 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   if (gdn) parse_gated_deltanet(rd, c);
   if (c.model_type == "glm4_moe") parse_glm4_moe(rd, c);
   if (c.model_type == "minimax_m2") parse_minimax_m2(rd, c);
+  if (is_dsa_family(c.model_type)) parse_dsa(rd, c);  // dsa.cpp
   const json rope_json = c.model_type == "mistral4" ? with_mistral4_rope(j, c) : json();
   const json& rj = rope_json.is_null() ? j : rope_json;  // the config with the family's rope block when it has none
   c.rope = parse_rope(rj, file, c.max_position_embeddings);
@@ -535,6 +540,7 @@ int64_t DecoderConfig::num_parameters() const {
   const int64_t moe = num_experts * d + num_experts * 3 * d * moe_intermediate_size + 3 * d * moe_intermediate_size * n_shared_experts;
   for (int64_t i = 0; i < num_hidden_layers; ++i)
     if (is_moe_layer(i)) total += moe - mlp;
+  total += dsa_num_parameters(*this);  // the sparse-attention indexers (dsa.h)
   if (gated_deltanet_family(model_type)) {
     // attention's output gate (q_proj twice as wide); a linear-attention layer instead of attention; the shared
     // expert's gate

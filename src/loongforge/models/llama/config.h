@@ -54,6 +54,12 @@ struct DecoderConfig {
   int64_t kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   bool rope_interleave = true;
   double attention_scale = 0;  // softmax scale when > 0 (else 1/sqrt(head_dim)); MLA: with yarn's mscale_all_dim
+  // DeepSeek sparse attention (deepseek_v32, glm_moe_dsa; models/llama/dsa.h): each MLA layer's indexer keeps the
+  // index_topk best keys per query. layer_indexer[i]: 1 = layer i runs its own indexer, 0 = it reuses the selection
+  // of the last such layer before it (GLM-5's "shared" indexer_types).
+  bool dsa = false, index_rope_interleave = false;
+  int64_t index_topk = 0, index_head_dim = 0, index_n_heads = 0;
+  std::vector<int64_t> layer_indexer;
   // Mixture of experts (qwen3_moe, mixtral; nn/moe.h). layer_moe[i]: layer i's MLP is an nn::MoE registered as
   // moe_module_name ("mlp": transformers 5's in-memory name for all three families); checkpoints name it
   // moe_checkpoint_name ("mlp"; Mixtral: "block_sparse_moe"). Dense layers keep the MLP of width intermediate_size.

@@ -165,6 +165,7 @@ Split CausalLMImpl::split() const {
 TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
   const DecoderConfig& c = config_;
   // (asked for only when parallel.tp > 1)
+  if (c.dsa) throw OptionError("tp", c.model_type + ": the sparse-attention indexers have no tensor-parallel plan yet (use dp / zero / ep)");
   TensorParallelSpec t;
   const std::string L = R"(model\.layers\.\d+\.)";
   t.rules = {
@@ -236,6 +237,15 @@ std::string CausalLMImpl::reference_name(const std::string& n) const {
 }
 
 bool CausalLMImpl::ignorable_checkpoint_tensor(const std::string& name) const {
+  // DeepSeek-V3.2's and GLM-5's multi-token-prediction layers (model.layers.<num_hidden_layers + i>.*): transformers
+  // skips them too (its MtpModel does not serve these families)
+  if (config_.dsa && name.starts_with("model.layers.")) {
+    const std::string rest = name.substr(13);
+    const size_t dot = rest.find('.');
+    if (dot != std::string::npos && dot > 0 && rest.substr(0, dot).find_first_not_of("0123456789") == std::string::npos &&
+        std::stoll(rest.substr(0, dot)) >= config_.num_hidden_layers)
+      return true;
+  }
   // buffers older transformers versions saved; a tied checkpoint may still carry lm_head.weight
   return name.ends_with("rotary_emb.inv_freq") || (config_.tie_word_embeddings && name == "lm_head.weight") ||
          (DecoderConfig::gated_deltanet_family(config_.model_type) && name.starts_with("mtp.")) ||  // Qwen3-Next's MTP head
@@ -247,7 +257,7 @@ Family family() {
   f.name = "decoder_lm";
   f.model_types = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "minimax_m2",
                    "mistral4"};
-  for (const char* t : {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}) f.model_types.push_back(t);
+  for (const char* t : {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "deepseek_v32", "glm_moe_dsa"}) f.model_types.push_back(t);
   f.build = [](const nlohmann::json& j, const std::string& file) -> std::shared_ptr<Model> {
     return CausalLM(DecoderConfig::from_json(j, file)).ptr();
   };

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "loongforge/core/error.h"
 #include "loongforge/nn/rotary.h"
 
 namespace lf::models::llama {
@@ -35,12 +36,17 @@ MLAImpl::MLAImpl(const DecoderConfig& c, int64_t idx)
   kv_a_layernorm = register_module("kv_a_layernorm", nn::RMSNorm(kv_lora_rank, latent_eps));
   kv_b_proj = register_module("kv_b_proj", nn::Linear(kv_lora_rank, heads * (qk_nope_head_dim + v_head_dim), false));
   o_proj = register_module("o_proj", nn::Linear(heads * v_head_dim, d, c.o_bias));
+  if (c.dsa) {  // DeepSeek sparse attention (dsa.h); shared layers get their selection from link_dsa_layers
+    if (c.layer_indexer.at(idx)) indexer = register_module("indexer", Indexer(c));
+    selection = indexer ? std::make_shared<DsaSelection>(DsaSelection{{}, idx}) : nullptr;
+  }
 }
 
 at::Tensor MLAImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, nn::KVCache* cache,
                             const at::Tensor& segment_ids, const at::Tensor& q_scale) {
   const int64_t qk = qk_nope_head_dim + qk_rope_head_dim;
-  at::Tensor q = q_proj ? q_proj->forward(x) : q_b_proj->forward(q_a_layernorm->forward(q_a_proj->forward(x)));
+  at::Tensor q_resid = q_proj ? at::Tensor() : q_a_layernorm->forward(q_a_proj->forward(x));
+  at::Tensor q = q_proj ? q_proj->forward(x) : q_b_proj->forward(q_resid);
   // b, t from the projection (a sequence-parallel entry gathers the sequence: t can exceed x.size(1)).
   const int64_t b = q.size(0), t = q.size(1);
   q = q.view({b, t, heads, qk}).transpose(1, 2);  // [B,H,T,qk]
@@ -57,9 +63,13 @@ at::Tensor MLAImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at
     k_rot = nn::apply_rotary(k_rot, cos, sin);
   }
   int64_t offset = 0;
-  if (cache) {  // the cache keeps the compressed latent and the rotated shared key
+  at::Tensor index_keys = indexer ? indexer->keys(x, cos, sin) : at::Tensor();  // [B,1,T,index_head_dim]
+  if (cache) {  // the cache keeps the compressed latent and the rotated shared key (DSA: and the index key)
     offset = cache->keys[layer_idx].defined() ? cache->keys[layer_idx].size(2) : 0;
-    std::tie(latent, k_rot) = cache->append(static_cast<size_t>(layer_idx), latent, k_rot);
+    at::Tensor kv_rest = indexer ? at::cat({k_rot, index_keys.to(k_rot.scalar_type())}, -1) : k_rot;
+    std::tie(latent, kv_rest) = cache->append(static_cast<size_t>(layer_idx), latent, kv_rest);
+    k_rot = kv_rest.narrow(-1, 0, qk_rope_head_dim);
+    if (indexer) index_keys = kv_rest.narrow(-1, qk_rope_head_dim, kv_rest.size(-1) - qk_rope_head_dim);
   }
   const int64_t tk = latent.size(2);
   at::Tensor kv = kv_b_proj->forward(latent).view({b, tk, heads, qk_nope_head_dim + v_head_dim}).transpose(1, 2);
@@ -67,8 +77,30 @@ at::Tensor MLAImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at
   at::Tensor k = at::cat({k_nope, k_rot.expand({b, heads, tk, qk_rope_head_dim})}, -1);
   q = at::cat({q_pass, q_rot}, -1);
   if (q_scale.defined()) q = q * q_scale.to(q.scalar_type()).unsqueeze(1).unsqueeze(-1);  // [B,1,T,1]
-  at::Tensor o = attend(q, k, v, offset, scale, segment_ids);  // [B,H,T,v_head_dim]
+  at::Tensor o = selection ? dsa_attend(q, k, v, x, q_resid, cos, sin, index_keys, offset, segment_ids)
+                           : attend(q, k, v, offset, scale, segment_ids);  // [B,H,T,v_head_dim]
   return o_proj->forward(o.transpose(1, 2).reshape({b, t, heads * v_head_dim}));
+}
+
+at::Tensor MLAImpl::dsa_attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& x,
+                               const at::Tensor& q_resid, const at::Tensor& cos, const at::Tensor& sin,
+                               const at::Tensor& index_keys, int64_t offset, const at::Tensor& segment_ids) {
+  const std::string where = "DeepSeek sparse attention (layer " + std::to_string(layer_idx) + ")";
+  if (attention_fn)
+    throw Error(where + ": context parallelism and the document-attention kernels are not supported (it masks the "
+                        "keys its indexer did not select)");
+  at::Tensor keep;
+  if (indexer) {
+    keep = indexer->select(x, q_resid, cos, sin, index_keys, offset, segment_ids);
+    if (selection.use_count() > 1) selection->keep = keep;  // GLM-5's shared layers after this one read it
+  } else {
+    keep = selection->keep;
+    if (!keep.defined() || keep.size(0) != q.size(0) || keep.size(1) != q.size(2) || keep.size(2) != k.size(2))
+      throw Error(where + ": reuses the selection of layer " + std::to_string(selection->layer) +
+                  ", which did not run just before on these tokens (pipeline stages must keep a shared layer with "
+                  "the indexer layer before it)");
+  }
+  return sparse_attention(q, k, v, keep, scale);
 }
 
 }  // namespace lf::models::llama

@@ -8,6 +8,7 @@
 #include <torch/nn/module.h>
 
 #include "loongforge/models/llama/config.h"
+#include "loongforge/models/llama/dsa.h"
 #include "loongforge/nn/attention.h"
 #include "loongforge/nn/linear.h"
 #include "loongforge/nn/rms_norm.h"
@@ -31,6 +32,15 @@ class MLAImpl : public torch::nn::Module, public nn::AttentionHook {  // kv_head
   int64_t layer_idx, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
   bool rope_interleave;
   double scale;  // softmax scale: qk_head_dim^-0.5, times yarn's mscale(factor, mscale_all_dim)^2
+  // DeepSeek sparse attention (config.dsa; dsa.h): the layer's indexer (null in GLM-5's shared layers) and the
+  // selection it shares; the cache's values[layer] then hold [rotated shared key | index key].
+  Indexer indexer{nullptr};
+  std::shared_ptr<DsaSelection> selection;
+
+ private:
+  at::Tensor dsa_attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& x,
+                        const at::Tensor& q_resid, const at::Tensor& cos, const at::Tensor& sin,
+                        const at::Tensor& index_keys, int64_t offset, const at::Tensor& segment_ids);
 };
 TORCH_MODULE(MLA);
 

@@ -171,6 +171,7 @@ DecoderModelImpl::DecoderModelImpl(const DecoderConfig& c) {
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(eopts));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(DecoderLayer(c, i));
+  link_dsa_layers(layers, c);  // GLM-5's shared sparse-attention layers read an earlier layer's selection (dsa.h)
   norm = register_module("norm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
 

@@ -168,7 +168,9 @@ class CausalLMImpl : public models::Model {
   void drop_absent_parts(const std::set<std::string>& stored) override;
   std::string set_mtp_loss_weight(double weight) override;
   std::vector<std::pair<std::string, double>> take_loss_parts() override;
-  bool thread_split_safe() const override { return mtp_loss_weight_ == 0; }
+  bool thread_split_safe() const override { return mtp_loss_weight_ == 0 && !dsa_shares_selection(config_); }
+  // GLM-5's shared sparse-attention layers read the selection an earlier layer made on the same micro-batch (dsa.h)
+  std::string pipeline_blocker() const override { return dsa_shares_selection(config_) ? dsa_pipeline_blocker : ""; }
   // Stacked experts of the MTP blocks stored whole (model.layers.{L+k}.mlp.experts.gate_up_proj) -> their in-memory
   // names, as the main layers' load under theirs.
   std::string canonical_checkpoint_name(const std::string& stored) const override;

@@ -1,0 +1,184 @@
+#include "loongforge/models/llama/dsa.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+#include "loongforge/core/error.h"
+#include "loongforge/models/llama/mla.h"
+#include "loongforge/models/llama/model.h"
+#include "loongforge/nn/rotary.h"
+
+namespace lf::models::llama {
+
+bool is_dsa_family(const std::string& model_type) {
+  return model_type == "deepseek_v32" || model_type == "glm_moe_dsa";
+}
+
+namespace {
+
+// GLM-5's per-layer indexer kinds when the file has no indexer_types: index_topk_pattern ("FSS..." or a list of
+// "full" / "shared"), else "full" where max(i - offset + 1, 0) is a multiple of index_topk_freq (transformers'
+// GlmMoeDsaConfig.__post_init__).
+std::vector<int64_t> glm_indexer_layers(const JsonReader& rd, int64_t layers) {
+  const std::string& file = rd.file();
+  std::vector<int64_t> full(layers, 1);
+  const auto kinds = [&](const nlohmann::json& list, const std::string& field) {
+    if (!list.is_array() || static_cast<int64_t>(list.size()) != layers)
+      throw file_error(file, field, "expected a list of num_hidden_layers strings");
+    for (int64_t i = 0; i < layers; ++i) {
+      const std::string t = list[i].is_string() ? list[i].get<std::string>() : "";
+      if (t != "full" && t != "shared")
+        throw file_error(file, field, "unsupported indexer type " + list[i].dump() + " (full, shared)");
+      full[i] = t == "full";
+    }
+  };
+  if (rd.has("indexer_types")) {
+    kinds(rd.json().at("indexer_types"), "indexer_types");
+  } else if (rd.has("index_topk_pattern")) {
+    const nlohmann::json& p = rd.json().at("index_topk_pattern");
+    if (p.is_string()) {
+      const std::string s = p.get<std::string>();
+      if (static_cast<int64_t>(s.size()) != layers || s.find_first_not_of("FS") != std::string::npos)
+        throw file_error(file, "index_topk_pattern", "expected num_hidden_layers letters F (full) / S (shared), got \"" + s + "\"");
+      for (int64_t i = 0; i < layers; ++i) full[i] = s[i] == 'F';
+    } else {
+      kinds(p, "index_topk_pattern");
+    }
+  } else {
+    const int64_t freq = std::max<int64_t>(rd.integer("index_topk_freq", 1), 1);
+    const int64_t offset = rd.integer("index_skip_topk_offset", 2);
+    for (int64_t i = 0; i < layers; ++i) full[i] = std::max<int64_t>(i - offset + 1, 0) % freq == 0;
+  }
+  return full;
+}
+
+}  // namespace
+
+void parse_dsa(const JsonReader& rd, DecoderConfig& c) {
+  const std::string& file = rd.file();
+  const bool glm = c.model_type == "glm_moe_dsa";
+  const int64_t layers = c.num_hidden_layers;
+  const auto str = [](int64_t v) { return std::to_string(v); };
+  c.dsa = true;
+  c.index_rope_interleave = glm;  // DeepSeek-V3.2's indexer rotates halves, GLM-5's interleaved pairs
+  c.rope_interleave = true;       // the latent attention always rotates interleaved pairs (no rope_interleave field)
+  if (c.q_lora_rank <= 0)
+    throw file_error(file, "q_lora_rank", "must be a positive integer for " + c.model_type +
+                                              " (its attention always has q_a_proj; the indexer reads its output), got null");
+  if (!rd.has("max_position_embeddings")) c.max_position_embeddings = glm ? 202752 : 163840;
+  if (!rd.has("rms_norm_eps")) c.rms_norm_eps = glm ? 1e-5 : 1e-6;
+  c.index_topk = rd.integer("index_topk", 2048);
+  c.index_head_dim = rd.integer("index_head_dim", 128);
+  c.index_n_heads = rd.integer("index_n_heads", glm ? 32 : 64);
+  for (auto [k, v] : {std::pair{"index_topk", c.index_topk}, {"index_head_dim", c.index_head_dim}, {"index_n_heads", c.index_n_heads}})
+    if (v <= 0) throw file_error(file, k, "must be positive, got " + str(v));
+  if (c.index_head_dim < c.qk_rope_head_dim)
+    throw file_error(file, "index_head_dim", "must be at least qk_rope_head_dim = " + str(c.qk_rope_head_dim) +
+                                                 " (the indexer rotates its first qk_rope_head_dim features), got " + str(c.index_head_dim));
+  // mlp_layer_types (save_pretrained writes it) wins over first_k_dense_replace
+  if (rd.has("mlp_layer_types")) {
+    const nlohmann::json& lt = rd.json().at("mlp_layer_types");
+    if (!lt.is_array() || static_cast<int64_t>(lt.size()) != layers)
+      throw file_error(file, "mlp_layer_types", "expected a list of num_hidden_layers strings");
+    for (int64_t i = 0; i < layers; ++i) {
+      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
+      if (t != "dense" && t != "sparse")
+        throw file_error(file, "mlp_layer_types", "unsupported MLP type " + lt[i].dump() + " (dense, sparse)");
+      c.layer_moe[i] = t == "sparse";
+    }
+    if (std::find(c.layer_moe.begin(), c.layer_moe.end(), 1) != c.layer_moe.end() &&
+        (c.num_experts <= 0 || c.moe_intermediate_size <= 0 || c.moe_n_group < 1 || c.num_experts % c.moe_n_group))
+      throw file_error(file, "mlp_layer_types", "sparse layers need n_routed_experts, moe_intermediate_size and n_group "
+                                                "valid as for first_k_dense_replace < num_hidden_layers");
+  }
+  c.layer_indexer.assign(layers, 1);
+  if (glm) c.layer_indexer = glm_indexer_layers(rd, layers);
+  if (layers > 0 && !c.layer_indexer[0])
+    throw file_error(file, glm && rd.has("indexer_types") ? "indexer_types" : glm && rd.has("index_topk_pattern") ? "index_topk_pattern" : "index_skip_topk_offset",
+                     "layer 0 is 'shared' but no layer before it runs an indexer");
+}
+
+bool dsa_shares_selection(const DecoderConfig& c) {
+  return c.dsa && std::find(c.layer_indexer.begin(), c.layer_indexer.end(), 0) != c.layer_indexer.end();
+}
+
+int64_t dsa_num_parameters(const DecoderConfig& c) {
+  if (!c.dsa) return 0;
+  const int64_t d = c.hidden_size, hd = c.index_head_dim, h = c.index_n_heads;
+  const int64_t one = c.q_lora_rank * h * hd + d * hd + 2 * hd + d * h;  // wq_b, wk, k_norm (weight, bias), weights_proj
+  int64_t n = 0;
+  for (int64_t full : c.layer_indexer) n += full ? one : 0;
+  return n;
+}
+
+IndexerImpl::IndexerImpl(const DecoderConfig& c)
+    : n_heads(c.index_n_heads), head_dim(c.index_head_dim), rope_dim(c.qk_rope_head_dim), topk(c.index_topk),
+      interleave(c.index_rope_interleave) {
+  wq_b = register_module("wq_b", nn::Linear(c.q_lora_rank, n_heads * head_dim, false));
+  wk = register_module("wk", nn::Linear(c.hidden_size, head_dim, false));
+  // transformers: nn.LayerNorm(index_head_dim, eps=1e-6), whatever rms_norm_eps
+  k_norm = register_module("k_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({head_dim}).eps(1e-6)));
+  weights_proj = register_module("weights_proj", nn::Linear(c.hidden_size, n_heads, false));
+  // The language-model loss never reaches the indexer (the selection is not differentiable, and it runs without
+  // autograd): kept frozen as a model keeps the parts its loss skips, so every engine leaves it out of the optimizer
+  // and the gradient reductions, as torch.optim.AdamW leaves a parameter whose .grad is None (no weight decay).
+  for (auto& p : parameters()) p.set_requires_grad(false);
+}
+
+at::Tensor IndexerImpl::rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+  at::Tensor rot = x.narrow(-1, 0, rope_dim), pass = x.narrow(-1, rope_dim, head_dim - rope_dim);
+  rot = interleave ? apply_rotary_interleaved(rot, cos, sin) : nn::apply_rotary(rot, cos, sin);
+  return at::cat({rot, pass}, -1);
+}
+
+at::Tensor IndexerImpl::keys(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  at::NoGradGuard no_grad;
+  at::Tensor k = k_norm->forward(wk->forward(x)).unsqueeze(1);  // [B,1,T,D]
+  return rotate(k, cos, sin);
+}
+
+at::Tensor IndexerImpl::select(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& cos,
+                               const at::Tensor& sin, const at::Tensor& keys, int64_t offset,
+                               const at::Tensor& segment_ids) {
+  at::NoGradGuard no_grad;
+  const int64_t b = x.size(0), t = x.size(1), tk = keys.size(2);
+  at::Tensor q = wq_b->forward(q_resid).view({b, t, n_heads, head_dim}).transpose(1, 2);  // [B,H,T,D]
+  q = rotate(q, cos, sin).transpose(1, 2).to(at::kFloat);                               // [B,T,H,D]
+  at::Tensor kt = keys.to(at::kFloat).transpose(-1, -2);                                 // [B,1,D,Tk]
+  // [B,T,H,Tk] relu'd dot products, then summed over heads with the per-query head weights: [B,T,Tk]
+  at::Tensor scores = at::relu(at::matmul(q, kt) * (1.0 / std::sqrt(static_cast<double>(head_dim))));
+  at::Tensor w = weights_proj->forward(x).to(at::kFloat) * (1.0 / std::sqrt(static_cast<double>(n_heads)));
+  at::Tensor index = at::matmul(w.unsqueeze(-2), scores).squeeze(-2);
+  // visible keys: at or before the query's position, within its document
+  at::Tensor qpos = at::arange(offset, offset + t, x.options().dtype(at::kLong)).unsqueeze(1);
+  at::Tensor visible = (at::arange(tk, x.options().dtype(at::kLong)).unsqueeze(0) <= qpos).unsqueeze(0);  // [1,T,Tk]
+  if (segment_ids.defined()) visible = visible & (segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1));
+  visible = visible.expand({b, t, tk});
+  index = index.masked_fill(visible.logical_not(), -std::numeric_limits<float>::infinity());
+  const int64_t k = std::min(topk, tk);
+  if (k >= tk) return visible.clone();
+  at::Tensor chosen = at::zeros({b, t, tk}, visible.options()).scatter_(-1, std::get<1>(index.topk(k, -1)), true);
+  return chosen & visible;
+}
+
+at::Tensor sparse_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& keep,
+                            double scale) {
+  at::Tensor s = at::matmul(q, k.transpose(-1, -2)) * scale;  // [B,H,Tq,Tk]
+  s = s.masked_fill(keep.logical_not().unsqueeze(1), -std::numeric_limits<double>::infinity());
+  return at::matmul(at::softmax(s, -1, at::kFloat).to(q.scalar_type()), v);
+}
+
+void link_dsa_layers(torch::nn::ModuleList& layers, const DecoderConfig& c) {
+  if (!c.dsa) return;
+  std::shared_ptr<DsaSelection> last;
+  for (size_t i = 0; i < layers->size(); ++i) {
+    MLAImpl* a = layers->ptr(i)->as<DecoderLayerImpl>()->mla.get();
+    if (!a) continue;
+    if (a->indexer) last = a->selection;
+    else a->selection = last;
+  }
+}
+
+}  // namespace lf::models::llama
