@@ -13,6 +13,36 @@ DepthwiseConvWeightImpl::DepthwiseConvWeightImpl(int64_t channels, int64_t kerne
   weight = register_parameter("weight", at::empty({channels, 1, kernel}).normal_(0.0, 0.02));
 }
 
+LinearCacheState linear_cache_state(const nn::KVCache* cache, int64_t layer) {
+  const size_t li = static_cast<size_t>(layer);
+  if (!cache || !cache->keys[li].defined()) return {};
+  return {cache->keys[li].select(2, 0), cache->values[li]};
+}
+
+void store_linear_cache_state(nn::KVCache& cache, int64_t layer, int64_t t, const at::Tensor& conv, const at::Tensor& recurrent) {
+  const size_t li = static_cast<size_t>(layer);
+  const int64_t seen = (cache.keys[li].defined() ? cache.keys[li].size(2) : 0) + t;
+  cache.keys[li] = conv.unsqueeze(2).expand({conv.size(0), conv.size(1), seen, conv.size(2)});
+  cache.values[li] = recurrent;
+}
+
+at::Tensor cached_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                             const at::Tensor& beta, const LinearCacheState& past, const at::Tensor& conv_state,
+                             nn::KVCache* cache, int64_t layer, int64_t chunk) {
+  auto [core, state] = past.recurrent.defined() && q.size(1) == 1
+                           ? nn::recurrent_gated_delta_rule(q, k, v, g, beta, past.recurrent)
+                           : nn::chunk_gated_delta_rule(q, k, v, g, beta, past.recurrent, chunk, cache != nullptr);
+  if (cache) store_linear_cache_state(*cache, layer, q.size(1), conv_state, state);
+  return core;
+}
+
+void refuse_attention_fn(const nn::AttentionHook& hook, int64_t layer, const char* kind) {
+  if (hook.attention_fn)
+    throw Error("linear-attention layer " + std::to_string(layer) +
+                ": context parallelism (parallel.cp) and attention replacements are not supported by " + kind +
+                " layers yet (their recurrent state would have to pass between ranks)");
+}
+
 GatedDeltaNetImpl::GatedDeltaNetImpl(const DecoderConfig& c, int64_t idx)
     : nn::AttentionHook(c.linear_num_value_heads, c.linear_num_key_heads, 0), layer_idx(idx), key_heads(c.linear_num_key_heads), value_heads(c.linear_num_value_heads),
       key_dim(c.linear_key_head_dim), value_dim(c.linear_value_head_dim), kernel(c.linear_conv_kernel_dim) {
@@ -34,10 +64,7 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const DecoderConfig& c, int64_t idx)
 }
 
 at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache) {
-  if (attention_fn)
-    throw Error("linear-attention layer " + std::to_string(layer_idx) +
-                ": context parallelism (parallel.cp) and attention replacements are not supported by Gated DeltaNet "
-                "layers yet (their recurrent state would have to pass between ranks)");
+  refuse_attention_fn(*this, layer_idx, "Gated DeltaNet");
   const int64_t b = x.size(0), t = x.size(1), kd = key_heads * key_dim, vd = value_heads * value_dim;
   at::Tensor mixed, z, beta_in, a;  // mixed: the convolution's input [q | k | v] over all heads
   if (in_proj_qkv) {
@@ -58,10 +85,8 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache) {
     a = ba.narrow(3, r, r).reshape({b, t, value_heads});
   }
   z = z.reshape({b, t, value_heads, value_dim});
-  const size_t li = static_cast<size_t>(layer_idx);
-  const bool cached = cache && cache->keys[li].defined();
-  at::Tensor past = cached ? cache->keys[li].select(2, 0) : at::Tensor();
-  auto [conv, conv_state] = nn::causal_depthwise_conv_silu(mixed, conv1d->weight, past);
+  const LinearCacheState past = linear_cache_state(cache, layer_idx);
+  auto [conv, conv_state] = nn::causal_depthwise_conv_silu(mixed, conv1d->weight, past.conv);
   auto qkv = conv.split_with_sizes({kd, kd, vd}, -1);
   at::Tensor q = qkv[0].reshape({b, t, key_heads, key_dim}), k = qkv[1].reshape({b, t, key_heads, key_dim});
   at::Tensor v = qkv[2].reshape({b, t, value_heads, value_dim});
@@ -71,18 +96,7 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache) {
   k = nn::l2_normalize(k.to(ct));
   at::Tensor beta = at::sigmoid(beta_in);
   at::Tensor g = -A_log.to(ct).exp() * at::softplus(a.to(ct) + dt_bias);
-  at::Tensor state = cached ? cache->values[li] : at::Tensor();
-  at::Tensor core;
-  if (state.defined() && t == 1) {
-    std::tie(core, state) = nn::recurrent_gated_delta_rule(q, k, v, g, beta, state);
-  } else {
-    std::tie(core, state) = nn::chunk_gated_delta_rule(q, k, v, g, beta, state, chunk, cache != nullptr);
-  }
-  if (cache) {
-    const int64_t seen = (cached ? cache->keys[li].size(2) : 0) + t;
-    cache->keys[li] = conv_state.unsqueeze(2).expand({b, kernel - 1, seen, conv_state.size(2)});
-    cache->values[li] = state;
-  }
+  at::Tensor core = cached_delta_rule(q, k, v, g, beta, past, conv_state, cache, layer_idx, chunk);
   at::Tensor o = nn::gated_rms_norm(core, z, norm->weight, norm->eps);
   return out_proj->forward(o.reshape({b, t, vd}));
 }
