@@ -88,6 +88,12 @@ def test_resume_is_bitwise(tiny):
 @pytest.mark.parametrize("layout", ["zero: 1", pytest.param("ep: 2", marks=pytest.mark.slow)])
 def test_dp2_follows_one_process(tiny, layout):
     """dp2 with ZeRO-1, and (slow set) with expert parallelism over the two ranks."""
+    check_dp2_follows_one_process(tiny, layout)
+
+
+def check_dp2_follows_one_process(tiny, layout, grad_norm_tol=1e-5):
+    """Three steps on two ranks (parallel.dp 2 and `layout`) = three steps in one process: losses within 1e-5,
+    gradient norms within grad_norm_tol (relative)."""
     run_lf("train", write_recipe(tiny, "one", steps=3))
     res = launch_ranks(2, [LF_BIN, "train", write_recipe(tiny, "dp2", steps=3, extra=f"parallel:\n  dp: 2\n  {layout}"),
                            "--set", "train.micro_batch_size=1"], threads=1)
@@ -95,7 +101,7 @@ def test_dp2_follows_one_process(tiny, layout):
         assert r.returncode == 0, r.stderr[-3000:]
     for a, b in zip(metrics(tiny / "one"), metrics(tiny / "dp2")):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * abs(a["grad_norm"]), (a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= grad_norm_tol * abs(a["grad_norm"]), (a, b)
 
 
 @pytest.mark.parametrize("key", ["tp", "cp"])
