@@ -105,6 +105,7 @@ TEST(GatedDelta, PerChannelDecayChunkMatchesSequentialReference) {
   check_chunk(64, 64, 1, 2, true, true);    // exactly one chunk, grouped key heads, initial state
   check_chunk(100, 64, 2, 2, true, true);   // not a multiple of the chunk, longer than one
   check_chunk(45, 8, 1, 3, true, true);     // many small chunks
+  check_chunk(150, 128, 1, 2, false, true); // sub-chunks of 16 in chunks of 128 (8 per chunk)
 }
 
 TEST(GatedDelta, Float32ChunkCloseToFloat64) {
@@ -145,14 +146,15 @@ TEST(GatedDelta, RecurrentMatchesReferenceAndContinuesChunk) {
   check_recurrent(true);
 }
 
-void check_finite_differences(bool channel) {
-  SCOPED_TRACE(channel ? "per-channel decay" : "per-head decay");
-  Inputs in = make(1, 11, 1, 2, 3, 2, true, 9, channel);
+// chunk 4 (one block per chunk), and for per-channel decays also chunk 32 (sub-chunks of 16: the factored pairs)
+void check_finite_differences(bool channel, int64_t t = 11, int64_t chunk = 4) {
+  SCOPED_TRACE(std::string(channel ? "per-channel decay" : "per-head decay") + " chunk " + std::to_string(chunk));
+  Inputs in = make(1, t, 1, 2, 3, 2, true, 9, channel);
   std::vector<Tensor> inputs;
   for (const Tensor& x : in.all()) inputs.push_back(x);
-  Tensor wo = at::randn({1, 11, 2, 2}, at::kDouble), ws = at::randn({1, 2, 3, 2}, at::kDouble);
+  Tensor wo = at::randn({1, t, 2, 2}, at::kDouble), ws = at::randn({1, 2, 3, 2}, at::kDouble);
   auto loss = [&](const std::vector<Tensor>& x) {
-    auto [o, s] = lf::nn::chunk_gated_delta_rule(x[0], x[1], x[2], x[3], x[4], x[5], 4, true);
+    auto [o, s] = lf::nn::chunk_gated_delta_rule(x[0], x[1], x[2], x[3], x[4], x[5], chunk, true);
     return (o * wo).sum() + (s * ws).sum();
   };
   auto grads = torch::autograd::grad({loss(inputs)}, inputs);
@@ -178,6 +180,7 @@ void check_finite_differences(bool channel) {
 TEST(GatedDelta, ChunkGradientsMatchFiniteDifferences) {
   check_finite_differences(false);
   check_finite_differences(true);
+  check_finite_differences(true, 40, 32);
 }
 
 TEST(GatedDelta, CausalConvMatchesConv1dAndContinues) {

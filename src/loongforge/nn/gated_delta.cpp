@@ -80,6 +80,37 @@ at::Tensor unit_lower_inverse(const at::Tensor& lower) {
   return inv.squeeze(-3);
 }
 
+// sum_d x_i[d] y_j[d] exp(gc_i[d] - gc_j[d]) for j <= i (0 above the diagonal) within each chunk: x, y, gc
+// [..., c, dk] -> [..., c, c]. Split into sub-chunks of s tokens: the pairs inside a sub-chunk as an explicit
+// [s, s, dk] product; the pairs (i in sub-chunk a, j before it) as one GEMM per a, exp(gc_i - gc_j) factored through
+// gc at the end of sub-chunk a - 1 (r_a) into exp(gc_i - r_a) exp(r_a - gc_j), both <= 1 since gc only decreases.
+// Memory per chunk c s dk + c (c / s) dk instead of c c dk.
+at::Tensor decayed_products(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gc) {
+  const int64_t c = x.size(-2), dk = x.size(-1), s = c > 16 && c % 16 == 0 ? 16 : c, m = c / s;
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<int64_t> blocks(x.sizes().begin(), x.sizes().end() - 2);
+  blocks.insert(blocks.end(), {m, s, dk});
+  at::Tensor xb = x.reshape(blocks), yb = y.reshape(blocks), gb = gc.reshape(blocks);
+  at::Tensor upper = at::ones({s, s}, x.options().dtype(at::kBool)).triu(1).unsqueeze(-1);
+  at::Tensor inside = (xb.unsqueeze(-2) * yb.unsqueeze(-3) *
+                       (gb.unsqueeze(-2) - gb.unsqueeze(-3)).masked_fill(upper, -inf).exp()).sum(-1);  // [..., m, s, s]
+  if (m == 1) return inside.squeeze(-3);
+  // r_a = gc at the end of sub-chunk a - 1 (a = 0: 0, its rows have no earlier pairs)
+  at::Tensor r = at::cat({at::zeros_like(gb.select(-3, 0).narrow(-2, 0, 1)), gb.narrow(-3, 0, m - 1).select(-2, s - 1)}, -2);
+  at::Tensor xs = xb * (gb - r.unsqueeze(-2)).exp();                                       // [..., m, s, dk]
+  at::Tensor later = at::arange(c, x.options().dtype(at::kLong)).unsqueeze(0) >=
+                     (at::arange(m, x.options().dtype(at::kLong)) * s).unsqueeze(1);      // [m, c]: j >= a s
+  at::Tensor ys = y.unsqueeze(-3) *
+                  (r.unsqueeze(-2) - gc.unsqueeze(-3)).masked_fill(later.unsqueeze(-1), -inf).exp();  // [..., m, c, dk]
+  std::vector<int64_t> grid(x.sizes().begin(), x.sizes().end() - 2);
+  grid.insert(grid.end(), {m, s, m, s});
+  at::Tensor eye = at::eye(m, x.options()).view({m, 1, m, 1});
+  at::Tensor out = at::matmul(xs, ys.transpose(-1, -2)).view(grid) + inside.unsqueeze(-2) * eye;
+  std::vector<int64_t> square(x.sizes().begin(), x.sizes().end() - 2);
+  square.insert(square.end(), {c, c});
+  return out.view(square);
+}
+
 at::Tensor start_state(const Operands& o, const at::Tensor& initial) {
   if (!initial.defined()) return at::zeros({o.b, o.h, o.dk, o.dv}, o.v.options());
   if (initial.dim() != 4 || initial.size(0) != o.b || initial.size(1) != o.h || initial.size(2) != o.dk || initial.size(3) != o.dv)
@@ -117,10 +148,8 @@ std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule(const at::Tensor& q_in,
   at::Tensor gc, lower, intra, egc, kd, chunk_decay;
   if (channel) {
     gc = g.view({b, h, n, c, dk}).cumsum(-2);
-    at::Tensor decay = (gc.unsqueeze(-2) - gc.unsqueeze(-3)).masked_fill(upper.unsqueeze(-1), -inf).exp();
-    at::Tensor kj = k.unsqueeze(-3);
-    lower = (kb.unsqueeze(-2) * kj * decay).sum(-1).masked_fill(at::eye(c, upper.options()), 0.0);
-    intra = (q.unsqueeze(-2) * kj * decay).sum(-1);
+    lower = decayed_products(kb, k, gc).masked_fill(at::eye(c, upper.options()), 0.0);
+    intra = decayed_products(q, k, gc);
     egc = gc.exp();
     at::Tensor last = gc.narrow(-2, c - 1, 1);  // [b,h,n,1,dk]
     kd = k * (last - gc).exp();

@@ -16,7 +16,8 @@ namespace lf::nn {
 // Chunk-wise form for whole sequences (training, prefill): within a chunk of `chunk` tokens the delta-rule updates
 // are condensed by a unit-lower-triangular solve (the WY / UT transform) into batched GEMMs; only the state passes
 // sequentially from chunk to chunk. Per-channel decays weight each key channel of the in-chunk products q_i.k_j and
-// k_i.k_j by exp(gc_i - gc_j) (gc: the cumulative log decay), a [c, c, Dk] product per chunk (no GEMM). Any T (the last chunk is padded). Autograd runs through ATen ops. Returns the
+// k_i.k_j by exp(gc_i - gc_j) (gc: the cumulative log decay): explicit [16, 16, Dk] products inside sub-chunks of 16
+// tokens, GEMMs between them (the decay factored through a reference point, every factor <= 1). Any T (the last chunk is padded). Autograd runs through ATen ops. Returns the
 // outputs and the final state (undefined unless final_state).
 std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                          const at::Tensor& g, const at::Tensor& beta,
