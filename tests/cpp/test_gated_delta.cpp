@@ -1,8 +1,9 @@
-// The gated delta rule (nn/gated_delta.h): the chunk-wise form against a float64 token-by-token reference written
-// here (values, final state and every input's gradient), for lengths below, at and above the chunk and not a
-// multiple of it, grouped key heads, an initial state; the recurrent form (generation) against the same reference;
-// the causal depthwise convolution against at::conv1d, also when continued from its state; and a float64
-// finite-difference check of the chunk-wise gradients.
+// The gated delta rule (nn/gated_delta.h), with a per-head decay (Gated DeltaNet) and a per-key-channel one (Kimi
+// Delta Attention): the chunk-wise form against a float64 token-by-token reference written here (values, final state
+// and every input's gradient), for lengths below, at and above the chunk and not a multiple of it, grouped key heads,
+// an initial state; the recurrent form (generation) against the same reference; the causal depthwise convolution
+// against at::conv1d, also when continued from its state; and a float64 finite-difference check of the chunk-wise
+// gradients.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -18,7 +19,8 @@ namespace {
 
 using at::Tensor;
 
-// Token by token in float64, straight from the definition: S = e^g S; S += k (beta (v - S^T k))^T; o = S^T q.
+// Token by token in float64, straight from the definition: S = e^g S (per channel: diag(e^g) S);
+// S += k (beta (v - S^T k))^T; o = S^T q.
 std::pair<Tensor, Tensor> reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                     const Tensor& beta, const Tensor& s0) {
   const int64_t b = k.size(0), t = k.size(1), hk = k.size(2), dk = k.size(3), h = v.size(2), dv = v.size(3);
@@ -30,7 +32,7 @@ std::pair<Tensor, Tensor> reference(const Tensor& q, const Tensor& k, const Tens
     for (int64_t j = 0; j < h; ++j) {
       const int64_t kh = j / (h / hk);
       Tensor qi = q.select(1, i).select(1, kh), ki = k.select(1, i).select(1, kh);  // [b, dk]
-      Tensor sj = s.select(1, j) * g.select(1, i).select(1, j).exp().view({b, 1, 1});
+      Tensor sj = s.select(1, j) * g.select(1, i).select(1, j).exp().view({b, g.dim() == 4 ? dk : 1, 1});
       Tensor pred = at::bmm(ki.unsqueeze(1), sj).squeeze(1);  // S^T k  [b, dv]
       Tensor delta = (v.select(1, i).select(1, j) - pred) * beta.select(1, i).select(1, j).unsqueeze(1);
       sj = sj + at::bmm(ki.unsqueeze(2), delta.unsqueeze(1));
@@ -48,7 +50,8 @@ struct Inputs {
   std::vector<Tensor> all() const { return {q, k, v, g, beta, s0}; }
 };
 
-Inputs make(int64_t b, int64_t t, int64_t hk, int64_t h, int64_t dk, int64_t dv, bool with_state, int seed) {
+Inputs make(int64_t b, int64_t t, int64_t hk, int64_t h, int64_t dk, int64_t dv, bool with_state, int seed,
+            bool channel = false) {
   at::manual_seed(seed);
   auto o = at::TensorOptions().dtype(at::kDouble);
   Inputs in;
@@ -56,7 +59,9 @@ Inputs make(int64_t b, int64_t t, int64_t hk, int64_t h, int64_t dk, int64_t dv,
   in.q = (at::randn({b, t, hk, dk}, o) * 0.5).requires_grad_();
   in.k = lf::nn::l2_normalize(at::randn({b, t, hk, dk}, o)).detach().requires_grad_();
   in.v = at::randn({b, t, h, dv}, o).requires_grad_();
-  in.g = (-at::rand({b, t, h}, o) * 0.5).requires_grad_();
+  // per-channel decays spread widely (some channels forget fast, others hardly), as KDA's gates
+  in.g = channel ? (-at::rand({b, t, h, dk}, o) * at::rand({1, 1, 1, dk}, o) * 2.0).requires_grad_()
+                 : (-at::rand({b, t, h}, o) * 0.5).requires_grad_();
   in.beta = at::sigmoid(at::randn({b, t, h}, o)).detach().requires_grad_();
   if (with_state) in.s0 = (at::randn({b, h, dk, dv}, o) * 0.3).requires_grad_();
   return in;
@@ -67,10 +72,10 @@ double rel(const Tensor& a, const Tensor& b) {
 }
 
 // Chunk-wise vs reference for one shape: outputs, final state and the gradients of a random projection of both.
-void check_chunk(int64_t t, int64_t chunk, int64_t hk, int64_t h, bool with_state) {
+void check_chunk(int64_t t, int64_t chunk, int64_t hk, int64_t h, bool with_state, bool channel = false) {
   SCOPED_TRACE("t=" + std::to_string(t) + " chunk=" + std::to_string(chunk) + " hk=" + std::to_string(hk) +
-               " h=" + std::to_string(h) + " state=" + std::to_string(with_state));
-  Inputs in = make(2, t, hk, h, 5, 3, with_state, static_cast<int>(t * 7 + chunk));
+               " h=" + std::to_string(h) + " state=" + std::to_string(with_state) + " channel=" + std::to_string(channel));
+  Inputs in = make(2, t, hk, h, 5, 3, with_state, static_cast<int>(t * 7 + chunk), channel);
   auto [o_ref, s_ref] = reference(in.q, in.k, in.v, in.g, in.beta, in.s0);
   auto [o, s] = lf::nn::chunk_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, in.s0, chunk, true);
   ASSERT_EQ(o.sizes(), o_ref.sizes());
@@ -94,6 +99,15 @@ TEST(GatedDelta, ChunkMatchesSequentialReference) {
   check_chunk(45, 8, 1, 3, true);       // many small chunks
 }
 
+TEST(GatedDelta, PerChannelDecayChunkMatchesSequentialReference) {
+  check_chunk(1, 64, 2, 2, true, true);    // one token (from a state: g reaches the outputs)
+  check_chunk(37, 64, 2, 2, false, true);   // shorter than a chunk
+  check_chunk(64, 64, 1, 2, true, true);    // exactly one chunk, grouped key heads, initial state
+  check_chunk(100, 64, 2, 2, true, true);   // not a multiple of the chunk, longer than one
+  check_chunk(45, 8, 1, 3, true, true);     // many small chunks
+  check_chunk(150, 128, 1, 2, false, true); // sub-chunks of 16 in chunks of 128 (8 per chunk)
+}
+
 TEST(GatedDelta, Float32ChunkCloseToFloat64) {
   Inputs in = make(1, 150, 2, 4, 16, 8, false, 3);
   auto [o_ref, s_ref] = reference(in.q, in.k, in.v, in.g, in.beta, {});
@@ -104,8 +118,9 @@ TEST(GatedDelta, Float32ChunkCloseToFloat64) {
   EXPECT_LT(rel(s.to(at::kDouble), s_ref), 1e-5);
 }
 
-TEST(GatedDelta, RecurrentMatchesReferenceAndContinuesChunk) {
-  Inputs in = make(2, 20, 1, 2, 4, 6, true, 5);
+void check_recurrent(bool channel) {
+  SCOPED_TRACE(channel ? "per-channel decay" : "per-head decay");
+  Inputs in = make(2, 20, 1, 2, 4, 6, true, 5, channel);
   at::NoGradGuard ng;
   auto [o_ref, s_ref] = reference(in.q, in.k, in.v, in.g, in.beta, in.s0);
   auto [o, s] = lf::nn::recurrent_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, in.s0);
@@ -126,13 +141,20 @@ TEST(GatedDelta, RecurrentMatchesReferenceAndContinuesChunk) {
   EXPECT_LT(rel(s1, s_ref), 1e-12);
 }
 
-TEST(GatedDelta, ChunkGradientsMatchFiniteDifferences) {
-  Inputs in = make(1, 11, 1, 2, 3, 2, true, 9);
+TEST(GatedDelta, RecurrentMatchesReferenceAndContinuesChunk) {
+  check_recurrent(false);
+  check_recurrent(true);
+}
+
+// chunk 4 (one block per chunk), and for per-channel decays also chunk 32 (sub-chunks of 16: the factored pairs)
+void check_finite_differences(bool channel, int64_t t = 11, int64_t chunk = 4) {
+  SCOPED_TRACE(std::string(channel ? "per-channel decay" : "per-head decay") + " chunk " + std::to_string(chunk));
+  Inputs in = make(1, t, 1, 2, 3, 2, true, 9, channel);
   std::vector<Tensor> inputs;
   for (const Tensor& x : in.all()) inputs.push_back(x);
-  Tensor wo = at::randn({1, 11, 2, 2}, at::kDouble), ws = at::randn({1, 2, 3, 2}, at::kDouble);
+  Tensor wo = at::randn({1, t, 2, 2}, at::kDouble), ws = at::randn({1, 2, 3, 2}, at::kDouble);
   auto loss = [&](const std::vector<Tensor>& x) {
-    auto [o, s] = lf::nn::chunk_gated_delta_rule(x[0], x[1], x[2], x[3], x[4], x[5], 4, true);
+    auto [o, s] = lf::nn::chunk_gated_delta_rule(x[0], x[1], x[2], x[3], x[4], x[5], chunk, true);
     return (o * wo).sum() + (s * ws).sum();
   };
   auto grads = torch::autograd::grad({loss(inputs)}, inputs);
@@ -153,6 +175,12 @@ TEST(GatedDelta, ChunkGradientsMatchFiniteDifferences) {
       EXPECT_NEAR(grads[i].reshape(-1)[j].item<double>(), fd, 1e-6 * std::max(1.0, std::abs(fd))) << "input " << i << " entry " << j;
     }
   }
+}
+
+TEST(GatedDelta, ChunkGradientsMatchFiniteDifferences) {
+  check_finite_differences(false);
+  check_finite_differences(true);
+  check_finite_differences(true, 40, 32);
 }
 
 TEST(GatedDelta, CausalConvMatchesConv1dAndContinues) {

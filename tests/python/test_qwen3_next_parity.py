@@ -35,11 +35,10 @@ CASES = {
 }
 
 
-def make_model(model_type, overrides, seed=0):
-    cfg = transformers.AutoConfig.for_model(model_type, **{**BASE, **overrides})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
-    with torch.no_grad():  # make every norm, gate and decay parameter matter
+def perturb(model, wide=("mlp.gate.weight", "shared_expert_gate.weight")):
+    """Makes every norm, gate and decay parameter of a linear-attention model matter (the parameters ending in one of
+    `wide` get a wider spread)."""
+    with torch.no_grad():
         for n, p in model.named_parameters():
             if n.endswith("norm.weight") or n.endswith(".bias"):
                 p.add_(torch.randn_like(p) * 0.1)
@@ -49,9 +48,30 @@ def make_model(model_type, overrides, seed=0):
                 p.copy_(torch.empty_like(p).uniform_(0.05, 2.0).log())
             if n.endswith("conv1d.weight"):
                 p.normal_(0.0, 0.4)
-            if n.endswith("mlp.gate.weight") or n.endswith("shared_expert_gate.weight"):
+            if n.endswith(wide):
                 p.normal_(0.0, 0.5)
     return model
+
+
+def make_model(model_type, overrides, seed=0):
+    cfg = transformers.AutoConfig.for_model(model_type, **{**BASE, **overrides})
+    torch.manual_seed(seed)
+    return perturb(transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32))
+
+
+def check_generate_greedy(model, model_dir):
+    """`generate --ids` from model_dir (model's checkpoint, eos 2) = transformers' greedy ids for a fixed prompt, up to
+    the first eos, over at least 6 steps."""
+    prompt = [1, 17, 42, 99, 5, 250, 31, 7, 8, 9, 100, 101]
+    model.eval()
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, len(prompt):].tolist()
+    got = json.loads(run_lf("generate", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
+                            "--max-new-tokens", 12, "--ids").stdout)
+    n = got.index(2) + 1 if 2 in got else len(got)
+    assert n >= 6  # enough steps to exercise the recurrent cache
+    assert got[:n] == ref[:n]
 
 
 # The default set: MoE + 3 linear / 1 full over two chunks, and Qwen3.5's split projections; the rest with LF_SLOW=1.
@@ -81,9 +101,12 @@ def test_qwen3_next_info_counts_parameters(tmp_path):
 @pytest.mark.slow
 def test_qwen3_next_export_loads_in_transformers(tmp_path):
     model = make_model(*CASES["moe_default_layout_long"][:2])
-    src = tmp_path / "src"
-    model.save_pretrained(src)
-    out = tmp_path / "out"
+    model.save_pretrained(tmp_path / "src")
+    check_export_loads(model, tmp_path / "src", tmp_path / "out")
+
+
+def check_export_loads(model, src, out):
+    """`convert` of src (model's checkpoint) to out: transformers loads it and gives model's logits over 70 tokens."""
     run_lf("convert", "--model", src, "--out", out, "--dtype", "fp32")
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
     ids, _ = make_batch(model.config.vocab_size, t=70)
@@ -99,16 +122,7 @@ def test_qwen3_next_generate_greedy_matches_transformers(case, tmp_path):
     model = make_model(model_type, dict(overrides, bos_token_id=1, eos_token_id=2))
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
-    prompt = [1, 17, 42, 99, 5, 250, 31, 7, 8, 9, 100, 101]
-    model.eval()
-    with torch.no_grad():
-        ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)[0, len(prompt):].tolist()
-    got = json.loads(run_lf("generate", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
-                            "--max-new-tokens", 12, "--ids").stdout)
-    n = got.index(2) + 1 if 2 in got else len(got)
-    assert n >= 6  # enough steps to exercise the recurrent cache
-    assert got[:n] == ref[:n]
+    check_generate_greedy(model, model_dir)
 
 
 def test_qwen3_next_bad_config(tmp_path):

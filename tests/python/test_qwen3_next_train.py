@@ -51,15 +51,24 @@ def metrics(run):
 def tiny(tmp_path):
     model = make_model("qwen3_next", dict(CASES["moe_sparse_step_tied"][1], vocab_size=128))
     model.save_pretrained(tmp_path / "model")
-    g = torch.Generator().manual_seed(5)
-    write_periodic_shard(tmp_path / "train", torch.randint(0, 128, (40,), generator=g).tolist(), 40)
+    write_tiny_data(tmp_path, 128)
     return tmp_path
 
 
-def test_loss_falls(tiny):
-    run_lf("train", write_recipe(tiny, "straight"))
-    straight = metrics(tiny / "straight")
+def check_loss_falls(tmp):
+    """Six steps of `train` on tmp/model and tmp/train: the loss ends below 0.8 x its start."""
+    run_lf("train", write_recipe(tmp, "straight"))
+    straight = metrics(tmp / "straight")
     assert len(straight) == 6 and straight[-1]["loss"] < 0.8 * straight[0]["loss"], straight
+
+
+def write_tiny_data(tmp, vocab):
+    g = torch.Generator().manual_seed(5)
+    write_periodic_shard(tmp / "train", torch.randint(0, vocab, (40,), generator=g).tolist(), 40)
+
+
+def test_loss_falls(tiny):
+    check_loss_falls(tiny)
 
 
 @pytest.mark.slow
@@ -79,6 +88,12 @@ def test_resume_is_bitwise(tiny):
 @pytest.mark.parametrize("layout", ["zero: 1", pytest.param("ep: 2", marks=pytest.mark.slow)])
 def test_dp2_follows_one_process(tiny, layout):
     """dp2 with ZeRO-1, and (slow set) with expert parallelism over the two ranks."""
+    check_dp2_follows_one_process(tiny, layout)
+
+
+def check_dp2_follows_one_process(tiny, layout, grad_norm_tol=1e-5):
+    """Three steps on two ranks (parallel.dp 2 and `layout`) = three steps in one process: losses within 1e-5,
+    gradient norms within grad_norm_tol (relative)."""
     run_lf("train", write_recipe(tiny, "one", steps=3))
     res = launch_ranks(2, [LF_BIN, "train", write_recipe(tiny, "dp2", steps=3, extra=f"parallel:\n  dp: 2\n  {layout}"),
                            "--set", "train.micro_batch_size=1"], threads=1)
@@ -86,7 +101,7 @@ def test_dp2_follows_one_process(tiny, layout):
         assert r.returncode == 0, r.stderr[-3000:]
     for a, b in zip(metrics(tiny / "one"), metrics(tiny / "dp2")):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * abs(a["grad_norm"]), (a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= grad_norm_tol * abs(a["grad_norm"]), (a, b)
 
 
 @pytest.mark.parametrize("mode", ["ring", pytest.param("a2a", marks=pytest.mark.slow)])

@@ -95,7 +95,7 @@ Batch Batch::map(const std::function<at::Tensor(const std::string&, const at::Te
 // ---- Model ----
 
 at::Tensor checkpoint_slice(const at::Tensor& t, const CheckpointTensor& e) {
-  if (e.index < 0) return t;
+  if (e.index < 0) return e.end > e.begin ? t.slice(0, e.begin, e.end) : t;  // rows of one tensor, or all of it
   return t.select(0, e.index).slice(0, e.begin, e.end);
 }
 

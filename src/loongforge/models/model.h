@@ -30,8 +30,9 @@
 namespace lf::models {
 
 // One checkpoint tensor and the model tensor (or slice) it fills. Hub checkpoints may store per-expert tensors
-// where the model stacks them: entry `name` fills param[index, begin:end] (along dim 1 of the parameter) or, with
-// index < 0, the whole tensor `param` (a buffer when `buffer`). Loading and export apply this list.
+// where the model stacks them: entry `name` fills param[index, begin:end] (along dim 1 of the parameter); with
+// index < 0, the rows param[begin:end] when end > begin (Kimi Linear's q/k/v convolutions of one fused weight), else
+// the whole tensor `param` (a buffer when `buffer`). Loading and export apply this list.
 struct CheckpointTensor {
   std::string name, param;
   int64_t index = -1, begin = 0, end = 0;

@@ -1,8 +1,9 @@
 // The gated delta rule (Gated DeltaNet's linear attention, Yang et al. 2024) and the small ops around it (layer nn;
 // generic, no model includes). Per value head, with a state S [Dk, Dv] that starts at S0 (zeros by default):
 //   S_t = exp(g_t) S_{t-1};  S_t += k_t (beta_t (v_t - S_t^T k_t))^T;  o_t = S_t^T q_t
-// q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv] (g: the log decay, <= 0). Each query/key head serves
-// Hv / Hk consecutive value heads. Nothing is normalised or scaled here (the caller L2-normalises q and k and scales
+// q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; beta [B, T, Hv]; g the log decay (<= 0): [B, T, Hv], one per head (Gated
+// DeltaNet), or [B, T, Hv, Dk], one per key channel (Kimi Delta Attention, KDA: S_t = diag(exp(g_t)) S_{t-1}). Each
+// query/key head serves Hv / Hk consecutive value heads. Nothing is normalised or scaled here (the caller L2-normalises q and k and scales
 // q). The math runs in float32 (float64 stays float64); outputs [B, T, Hv, Dv] come back in v's dtype, states
 // [B, Hv, Dk, Dv] in the compute dtype.
 #pragma once
@@ -14,7 +15,9 @@ namespace lf::nn {
 
 // Chunk-wise form for whole sequences (training, prefill): within a chunk of `chunk` tokens the delta-rule updates
 // are condensed by a unit-lower-triangular solve (the WY / UT transform) into batched GEMMs; only the state passes
-// sequentially from chunk to chunk. Any T (the last chunk is padded). Autograd runs through ATen ops. Returns the
+// sequentially from chunk to chunk. Per-channel decays weight each key channel of the in-chunk products q_i.k_j and
+// k_i.k_j by exp(gc_i - gc_j) (gc: the cumulative log decay): explicit [16, 16, Dk] products inside sub-chunks of 16
+// tokens, GEMMs between them (the decay factored through a reference point, every factor <= 1). Any T (the last chunk is padded). Autograd runs through ATen ops. Returns the
 // outputs and the final state (undefined unless final_state).
 std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                          const at::Tensor& g, const at::Tensor& beta,
@@ -38,7 +41,9 @@ at::Tensor l2_normalize(const at::Tensor& x, double eps = 1e-6);
 std::pair<at::Tensor, at::Tensor> causal_depthwise_conv_silu(const at::Tensor& x, const at::Tensor& weight,
                                                              const at::Tensor& past = {});
 
-// Gated RMSNorm of the linear-attention output: weight * rms_norm(x) * silu(gate), statistics in float32.
-at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight, double eps);
+// Gated RMSNorm of the linear-attention output: weight * rms_norm(x) * silu(gate) (Gated DeltaNet) or
+// * sigmoid(gate) (KDA), statistics and gating in float32.
+at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight, double eps,
+                          bool sigmoid_gate = false);
 
 }  // namespace lf::nn

@@ -240,10 +240,10 @@ at::Tensor read_whole(const io::SafetensorsCheckpoint& ckpt, const models::Model
                       const std::string& dir) {
   if (ckpt.contains(name)) return ckpt.tensor(name);
   for (const auto& e : model.checkpoint_tensors())  // a whole tensor stored under another name (MTP layers)
-    if (e.param == name && e.index < 0 && ckpt.contains(e.name)) return ckpt.tensor(e.name);
-  std::vector<models::CheckpointTensor> parts;
+    if (e.param == name && (e.index < 0 && e.end <= e.begin) && ckpt.contains(e.name)) return ckpt.tensor(e.name);
+  std::vector<models::CheckpointTensor> parts;  // per-expert tensors, or row blocks of one tensor
   for (const auto& e : model.checkpoint_tensors())
-    if (e.param == name && e.index >= 0) parts.push_back(e);
+    if (e.param == name && !(e.index < 0 && e.end <= e.begin)) parts.push_back(e);
   if (parts.empty()) throw Error(dir + ": tensor '" + name + "' missing from the checkpoint");
   int64_t n = 0, rows = 0;
   for (const auto& e : parts) {
@@ -252,8 +252,8 @@ at::Tensor read_whole(const io::SafetensorsCheckpoint& ckpt, const models::Model
     rows = std::max(rows, e.end);
   }
   std::vector<int64_t> shape = ckpt.shape(parts.front().name);
-  shape.insert(shape.begin(), n);
-  shape[1] = rows;
+  if (parts.front().index >= 0) shape.insert(shape.begin(), n);
+  shape[parts.front().index >= 0 ? 1 : 0] = rows;
   at::Tensor whole = at::zeros(shape, at::kFloat);
   for (const auto& e : parts) {
     at::Tensor t = ckpt.tensor(e.name);

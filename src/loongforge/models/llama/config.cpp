@@ -110,6 +110,9 @@ struct MlaMoeDefaults {
   int64_t first_k_dense_replace = 3, n_routed_experts = 256, num_experts_per_tok = 8, moe_intermediate_size = 2048;
   int64_t n_shared_experts = 1, n_group = 8, topk_group = 4;
   double routed_scaling_factor = 2.5;
+  // Kimi Linear: its config writes the MoE fields under transformers' attribute-map aliases (num_experts,
+  // num_experts_per_token, num_shared_experts, moe_renormalize, num_expert_group) and may list mlp_layer_types
+  bool kimi_names = false;
 };
 
 void parse_routed_moe(const JsonReader& rd, DecoderConfig& c, const MlaMoeDefaults& d);
@@ -133,7 +136,7 @@ void parse_mla(const JsonReader& rd, DecoderConfig& c, const MlaMoeDefaults& d =
       throw file_error(file, k, "must be positive, got " + std::to_string(v));
   if (c.qk_rope_head_dim % 2) throw file_error(file, "qk_rope_head_dim", "must be even, got " + std::to_string(c.qk_rope_head_dim));
   if (c.num_key_value_heads != c.num_attention_heads)
-    throw file_error(file, "num_key_value_heads", "must equal num_attention_heads for deepseek_v3 (latent attention expands keys per head), got " +
+    throw file_error(file, "num_key_value_heads", "must equal num_attention_heads for " + c.model_type + " (latent attention expands keys per head), got " +
                                                       std::to_string(c.num_key_value_heads));
   c.head_dim = c.qk_rope_head_dim;
   c.rope_interleave = rd.boolean("rope_interleave", true);
@@ -148,39 +151,59 @@ void parse_mla(const JsonReader& rd, DecoderConfig& c, const MlaMoeDefaults& d =
 void parse_routed_moe(const JsonReader& rd, DecoderConfig& c, const MlaMoeDefaults& d) {
   const std::string& file = rd.file();
   const auto str = [](int64_t v) { return std::to_string(v); };
+  // the field as the file names it: Kimi Linear's alias unless the file has only the standard name
+  const auto name = [&](const char* standard, const char* alias) -> std::string {
+    return d.kimi_names && (rd.has(alias) || !rd.has(standard)) ? alias : standard;
+  };
   const int64_t first_dense = rd.integer("first_k_dense_replace", d.first_k_dense_replace);
   if (first_dense < 0) throw file_error(file, "first_k_dense_replace", "must not be negative, got " + str(first_dense));
-  // num_local_experts: the attribute-map alias of n_routed_experts (GLM-4-MoE, Mistral 4)
-  c.num_experts = rd.has("n_routed_experts") || !rd.has("num_local_experts") ? rd.integer("n_routed_experts", d.n_routed_experts)
-                                                                             : rd.integer("num_local_experts");
-  c.num_experts_per_tok = rd.integer("num_experts_per_tok", d.num_experts_per_tok);
+  // num_local_experts: the attribute-map alias of n_routed_experts (GLM-4-MoE, Mistral 4); Kimi Linear's
+  // num_local_experts is itself aliased as num_experts
+  const std::string experts_field = d.kimi_names ? name("num_local_experts", "num_experts")
+                                    : rd.has("n_routed_experts") || !rd.has("num_local_experts") ? "n_routed_experts"
+                                                                                                 : "num_local_experts";
+  c.num_experts = rd.integer(experts_field, d.n_routed_experts);
+  const std::string per_tok = name("num_experts_per_tok", "num_experts_per_token"), groups = name("n_group", "num_expert_group");
+  c.num_experts_per_tok = rd.integer(per_tok, d.num_experts_per_tok);
   c.moe_intermediate_size = rd.integer("moe_intermediate_size", d.moe_intermediate_size);
-  c.n_shared_experts = rd.integer("n_shared_experts", d.n_shared_experts);
-  c.norm_topk_prob = rd.boolean("norm_topk_prob", true);
+  c.n_shared_experts = rd.integer(name("n_shared_experts", "num_shared_experts"), d.n_shared_experts);
+  c.norm_topk_prob = rd.boolean(name("norm_topk_prob", "moe_renormalize"), true);
   c.routed_scaling_factor = rd.number("routed_scaling_factor", d.routed_scaling_factor);
   c.moe_scoring = "sigmoid";
   c.moe_score_correction_bias = true;
-  c.moe_n_group = rd.integer("n_group", d.n_group);
+  c.moe_n_group = rd.integer(groups, d.n_group);
   c.moe_topk_group = rd.integer("topk_group", d.topk_group);
   c.router_aux_loss_coef = 0.0;
   c.moe_module_name = "mlp";
   c.layer_moe.assign(c.num_hidden_layers, 0);
-  if (first_dense >= c.num_hidden_layers) return;  // every layer dense: the MoE fields are unused
   for (int64_t i = first_dense; i < c.num_hidden_layers; ++i) c.layer_moe[i] = 1;
+  if (d.kimi_names && rd.has("mlp_layer_types")) {  // Kimi Linear: "dense" / "sparse" per layer, over first_k_dense_replace
+    const json& lt = rd.json().at("mlp_layer_types");
+    if (!lt.is_array() || static_cast<int64_t>(lt.size()) != c.num_hidden_layers)
+      throw file_error(file, "mlp_layer_types", "expected a list of num_hidden_layers strings");
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
+      if (t != "dense" && t != "sparse") throw file_error(file, "mlp_layer_types", "unsupported MLP type " + lt[i].dump() + " (dense, sparse)");
+      c.layer_moe[i] = t == "sparse";
+    }
+  }
+  // every layer dense: the MoE fields are unused
+  if (std::find(c.layer_moe.begin(), c.layer_moe.end(), 1) == c.layer_moe.end()) return;
   const int64_t e = c.num_experts;
-  if (e <= 0) throw file_error(file, "n_routed_experts", "must be positive, got " + str(e));
+  if (e <= 0) throw file_error(file, experts_field, "must be positive, got " + str(e));
   if (c.moe_intermediate_size <= 0) throw file_error(file, "moe_intermediate_size", "must be positive, got " + str(c.moe_intermediate_size));
-  if (c.n_shared_experts < 0) throw file_error(file, "n_shared_experts", "must not be negative, got " + str(c.n_shared_experts));
+  if (c.n_shared_experts < 0)
+    throw file_error(file, name("n_shared_experts", "num_shared_experts"), "must not be negative, got " + str(c.n_shared_experts));
   if (c.moe_n_group < 1 || e % c.moe_n_group)
-    throw file_error(file, "n_group", str(c.moe_n_group) + " does not divide n_routed_experts " + str(e));
+    throw file_error(file, groups, str(c.moe_n_group) + " does not divide " + experts_field + " " + str(e));
   if (e / c.moe_n_group < 2)
-    throw file_error(file, "n_group", "each group needs at least 2 experts (a group's score is its 2 best), got " + str(e / c.moe_n_group));
+    throw file_error(file, groups, "each group needs at least 2 experts (a group's score is its 2 best), got " + str(e / c.moe_n_group));
   if (c.moe_topk_group < 1 || c.moe_topk_group > c.moe_n_group)
-    throw file_error(file, "topk_group", "must be in [1, n_group = " + str(c.moe_n_group) + "], got " + str(c.moe_topk_group));
+    throw file_error(file, "topk_group", "must be in [1, " + groups + " = " + str(c.moe_n_group) + "], got " + str(c.moe_topk_group));
   const int64_t selectable = c.moe_topk_group * (e / c.moe_n_group);
   if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > selectable)
-    throw file_error(file, "num_experts_per_tok", "must be in [1, topk_group x experts per group = " + str(selectable) +
-                                                      "], got " + str(c.num_experts_per_tok));
+    throw file_error(file, per_tok, "must be in [1, topk_group x experts per group = " + str(selectable) +
+                                        "], got " + str(c.num_experts_per_tok));
 }
 
 // transformers' yarn_apply_mscale: qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 when the rope block is
@@ -195,6 +218,25 @@ double mla_softmax_scale(const json& j, const DecoderConfig& c) {
   const double factor = c.rope.factor;
   const double m = factor <= 1 ? 1.0 : 0.1 * all_dim * std::log(factor) + 1.0;
   return scale * m * m;
+}
+
+// layer_types of the hybrid linear-attention families into c.layer_linear (1 = linear_attention); false (all full
+// attention so far) when the file has none.
+bool parse_linear_layer_types(const JsonReader& rd, DecoderConfig& c) {
+  const std::string& file = rd.file();
+  const int64_t layers = c.num_hidden_layers;
+  c.layer_linear.assign(layers, 0);
+  if (!rd.has("layer_types")) return false;
+  const json& lt = rd.json().at("layer_types");
+  if (!lt.is_array() || static_cast<int64_t>(lt.size()) != layers)
+    throw file_error(file, "layer_types", "expected a list of num_hidden_layers strings");
+  for (int64_t i = 0; i < layers; ++i) {
+    const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
+    if (t == "linear_attention") c.layer_linear[i] = 1;
+    else if (t != "full_attention")
+      throw file_error(file, "layer_types", "unsupported layer type " + lt[i].dump() + " (linear_attention, full_attention)");
+  }
+  return true;
 }
 
 // Qwen3-Next / Qwen3.5 text decoders, with transformers' config defaults: layer kinds, linear-attention shapes,
@@ -222,18 +264,7 @@ void parse_gated_deltanet(const JsonReader& rd, DecoderConfig& c) {
   if (c.linear_num_value_heads % c.linear_num_key_heads)
     throw file_error(file, "linear_num_value_heads", str(c.linear_num_value_heads) + " is not a multiple of linear_num_key_heads " +
                                                          str(c.linear_num_key_heads));
-  c.layer_linear.assign(layers, 0);
-  if (rd.has("layer_types")) {
-    const json& lt = rd.json().at("layer_types");
-    if (!lt.is_array() || static_cast<int64_t>(lt.size()) != layers)
-      throw file_error(file, "layer_types", "expected a list of num_hidden_layers strings");
-    for (int64_t i = 0; i < layers; ++i) {
-      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
-      if (t == "linear_attention") c.layer_linear[i] = 1;
-      else if (t != "full_attention")
-        throw file_error(file, "layer_types", "unsupported layer type " + lt[i].dump() + " (linear_attention, full_attention)");
-    }
-  } else {  // transformers: every full_attention_interval-th layer is full attention
+  if (!parse_linear_layer_types(rd, c)) {  // transformers: every full_attention_interval-th layer is full attention
     const int64_t every = rd.integer("full_attention_interval", 4);
     if (every <= 0) throw file_error(file, "full_attention_interval", "must be positive, got " + str(every));
     for (int64_t i = 0; i < layers; ++i) c.layer_linear[i] = (i + 1) % every ? 1 : 0;
@@ -331,6 +362,52 @@ void parse_mistral4(const JsonReader& rd, DecoderConfig& c) {
   if (!rd.json().contains("pad_token_id")) c.pad_token_id = 11;
 }
 
+// Kimi Linear (transformers' KimiLinearConfig defaults): latent attention without rotary embeddings in the
+// full-attention layers (q_lora_rank null by default), Kimi Delta Attention in the others (shapes from
+// linear_attn_config when present, else linear_head_dim / linear_num_heads / linear_conv_kernel_dim); layer kinds from
+// layer_types, else linear_attn_config's 1-based full_attn_layers / kda_layers, else every 4th layer (from the 5th)
+// full; DeepSeek-style routing under its attribute-map names, MLPs dense before first_k_dense_replace (1) unless
+// mlp_layer_types says otherwise.
+void parse_kimi_linear(const JsonReader& rd, DecoderConfig& c) {
+  const std::string& file = rd.file();
+  const auto str = [](int64_t v) { return std::to_string(v); };
+  const int64_t layers = c.num_hidden_layers;
+  parse_mla(rd, c, {.q_lora_rank = 0, .first_k_dense_replace = 1, .moe_intermediate_size = 1024, .n_group = 1, .topk_group = 1,
+                    .routed_scaling_factor = 2.446, .kimi_names = true});
+  c.mla_rope = false;
+  c.moe_checkpoint_name = "block_sparse_moe";
+  c.moe_checkpoint_all_mlps = true;
+  const bool block = rd.has("linear_attn_config");
+  const JsonReader la = block ? rd.object("linear_attn_config") : rd;
+  const auto shape = [&](const char* key, const char* top, int64_t dflt) -> std::pair<int64_t, std::string> {
+    if (block && la.has(key)) return {la.integer(key), la.field(key)};
+    return {rd.integer(top, dflt), top};
+  };
+  const auto [head_dim, head_field] = shape("head_dim", "linear_head_dim", 128);
+  const auto [heads, heads_field] = shape("num_heads", "linear_num_heads", 32);
+  const auto [kernel, kernel_field] = shape("short_conv_kernel_size", "linear_conv_kernel_dim", 4);
+  for (const auto& [v, f] : {std::pair{head_dim, head_field}, {heads, heads_field}, {kernel, kernel_field}})
+    if (v <= 0) throw file_error(file, f, "must be positive, got " + str(v));
+  c.linear_key_head_dim = c.linear_value_head_dim = head_dim;
+  c.linear_num_key_heads = c.linear_num_value_heads = heads;
+  c.linear_conv_kernel_dim = kernel;
+  if (parse_linear_layer_types(rd, c)) return;
+  if (block && la.has("full_attn_layers") && la.has("kda_layers")) {
+    std::vector<int> seen(static_cast<size_t>(layers), 0);
+    for (const char* key : {"full_attn_layers", "kda_layers"})
+      for (int64_t l : la.int_list(key)) {
+        if (l < 1 || l > layers) throw file_error(file, la.field(key), "layer " + str(l) + " out of [1, num_hidden_layers = " + str(layers) + "]");
+        seen[static_cast<size_t>(l - 1)] = 1;
+        c.layer_linear[static_cast<size_t>(l - 1)] = std::string(key) == "kda_layers";  // the later list wins, as transformers
+      }
+    for (int64_t i = 0; i < layers; ++i)
+      if (!seen[static_cast<size_t>(i)])
+        throw file_error(file, la.field("kda_layers"), "layer " + str(i + 1) + " is in neither full_attn_layers nor kda_layers");
+  } else {
+    for (int64_t i = 0; i < layers; ++i) c.layer_linear[i] = i && i % 4 == 0 ? 0 : 1;
+  }
+}
+
 // Mistral4Config's rope block when the file has none (yarn, factor 128 over 8192 positions).
 nlohmann::json with_mistral4_rope(const json& j, const DecoderConfig& c) {
   json out = j;
@@ -394,13 +471,15 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   DecoderConfig c;
   c.raw = j;
   c.model_type = rd.string("model_type");
-  const bool gdn = gated_deltanet_family(c.model_type);
+  const bool gdn = gated_deltanet_family(c.model_type), kda = kda_family(c.model_type);
   const bool new_moe_family = c.model_type == "glm4_moe" || c.model_type == "minimax_m2" || c.model_type == "mistral4";
-  if (!gdn && !new_moe_family && !is_dsa_family(c.model_type) && c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
-      c.model_type != "qwen3" && c.model_type != "deepseek_v3" && c.model_type != "qwen3_moe" && c.model_type != "mixtral")
+  if (!gdn && !kda && !new_moe_family && !is_dsa_family(c.model_type) && c.model_type != "llama" && c.model_type != "mistral" &&
+      c.model_type != "qwen2" && c.model_type != "qwen3" && c.model_type != "deepseek_v3" && c.model_type != "qwen3_moe" &&
+      c.model_type != "mixtral")
     throw file_error(file, "model_type", "unsupported model type '" + c.model_type +
                                              "' (decoders: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3, "
-                                             "glm4_moe, minimax_m2, mistral4, qwen3_next, qwen3_5_text, qwen3_5_moe_text, deepseek_v32, glm_moe_dsa)");
+                                             "glm4_moe, minimax_m2, mistral4, qwen3_next, qwen3_5_text, qwen3_5_moe_text, "
+                                             "deepseek_v32, glm_moe_dsa, kimi_linear)");
   c.vocab_size = rd.integer("vocab_size");
   c.hidden_size = rd.integer("hidden_size");
   c.intermediate_size = rd.integer("intermediate_size");
@@ -417,14 +496,19 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   if (c.model_type == "deepseek_v3") parse_mla(rd, c);  // head_dim = qk_rope_head_dim (transformers ignores the field)
   else if (c.model_type == "mistral4") parse_mistral4(rd, c);  // the same
   else if (is_dsa_family(c.model_type)) parse_mla(rd, c, c.model_type == "glm_moe_dsa" ? kGlmMoeDsaDefaults : MlaMoeDefaults{});
+  else if (kda) parse_kimi_linear(rd, c);                      // the same
   else c.head_dim = rd.integer("head_dim", def_head);
   if (c.head_dim <= 0 || c.head_dim % 2) throw file_error(file, "head_dim", "must be positive and even");
-  c.max_position_embeddings = rd.integer("max_position_embeddings", c.model_type == "deepseek_v3" ? 4096 : 2048);
-  c.rms_norm_eps = rd.number("rms_norm_eps", 1e-6);
+  c.max_position_embeddings = kda ? rd.integer("model_max_length", 1048576)  // its alias (no rotary to size)
+                                  : rd.integer("max_position_embeddings", c.model_type == "deepseek_v3" ? 4096 : 2048);
+  c.rms_norm_eps = rd.number("rms_norm_eps", kda ? 1e-5 : 1e-6);
   c.hidden_act = rd.string("hidden_act", std::string("silu"));
+  if (kda && c.hidden_act != "silu")  // KDA's short convolution's activation is hidden_act; only SiLU is implemented
+    throw file_error(file, "hidden_act", "must be silu for kimi_linear, got '" + c.hidden_act + "'");
   if (c.hidden_act != "silu" && c.hidden_act != "gelu" && c.hidden_act != "gelu_pytorch_tanh" && c.hidden_act != "relu")
     throw file_error(file, "hidden_act", "unsupported activation '" + c.hidden_act + "' (silu, gelu, gelu_pytorch_tanh, relu)");
-  c.tie_word_embeddings = rd.boolean("tie_word_embeddings", false);
+  // (transformers' KimiLinearForCausalLM never ties its head, whatever the field says)
+  c.tie_word_embeddings = !kda && rd.boolean("tie_word_embeddings", false);
   if (rd.has("pad_token_id")) c.pad_token_id = rd.integer("pad_token_id");
   if (c.pad_token_id && (*c.pad_token_id < 0 || *c.pad_token_id >= c.vocab_size)) c.pad_token_id.reset();
   c.bos_token_ids = rd.int_list("bos_token_id");
@@ -486,7 +570,7 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   if (is_dsa_family(c.model_type)) parse_dsa(rd, c);  // dsa.cpp
   const json rope_json = c.model_type == "mistral4" ? with_mistral4_rope(j, c) : json();
   const json& rj = rope_json.is_null() ? j : rope_json;  // the config with the family's rope block when it has none
-  c.rope = parse_rope(rj, file, c.max_position_embeddings);
+  if (!kda) c.rope = parse_rope(rj, file, c.max_position_embeddings);  // Kimi Linear: no rotary (its rope fields unused)
   if (new_moe_family) new_family_rope_defaults(j, file, c);
   if (c.model_type == "mistral4") check_mistral4_rope(rj, file, c);
   if (gdn && !c.rope.partial_rotary_factor) {  // transformers' default for these families
@@ -541,6 +625,13 @@ int64_t DecoderConfig::num_parameters() const {
   for (int64_t i = 0; i < num_hidden_layers; ++i)
     if (is_moe_layer(i)) total += moe - mlp;
   total += dsa_num_parameters(*this);  // the sparse-attention indexers (dsa.h)
+  if (kda_family(model_type)) {  // a KDA layer (kimi_delta.h) instead of latent attention
+    const int64_t h = linear_num_value_heads, dh = linear_value_head_dim, hd = h * dh;
+    const int64_t kda = 3 * d * hd + 3 * hd * linear_conv_kernel_dim + d * dh + dh * hd + hd + h + d * h + d * dh + dh * hd +
+                        dh + hd * d;
+    for (int64_t i = 0; i < num_hidden_layers; ++i)
+      if (is_linear_layer(i)) total += kda - attn;
+  }
   if (gated_deltanet_family(model_type)) {
     // attention's output gate (q_proj twice as wide); a linear-attention layer instead of attention; the shared
     // expert's gate

@@ -31,7 +31,7 @@ struct RopeConfig {
 };
 
 struct DecoderConfig {
-  std::string model_type;  // llama | mistral | qwen2 | qwen3 | deepseek_v3 | glm4_moe | minimax_m2 | mistral4
+  std::string model_type;  // llama | mistral | qwen2 | qwen3 | deepseek_v3 | glm4_moe | minimax_m2 | mistral4 | ...
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
   int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
   // Partial rotary: the first rotary_dim features of each q / k head rotate, the rest pass (int(head_dim x
@@ -97,6 +97,14 @@ struct DecoderConfig {
   static bool gated_deltanet_family(const std::string& model_type) {
     return model_type == "qwen3_next" || model_type == "qwen3_5_text" || model_type == "qwen3_5_moe_text";
   }
+  // Kimi Linear (kda_family(); models/llama/kimi_delta.h): per layer_types a layer mixes tokens by Kimi Delta
+  // Attention (a gated delta rule with a per-key-channel decay; linear_num_key_heads = linear_num_value_heads,
+  // linear_key_head_dim = linear_value_head_dim) or by latent attention without rotary embeddings (mla_rope false);
+  // DeepSeek-style routed experts. Its checkpoints store every layer's MLP block, dense or MoE, as block_sparse_moe
+  // (moe_checkpoint_all_mlps).
+  bool mla_rope = true;
+  bool moe_checkpoint_all_mlps = false;
+  static bool kda_family(const std::string& model_type) { return model_type == "kimi_linear"; }
   nlohmann::json raw;                   // the config.json as read, written back on export
 
   // Parses config.json's JSON; `file` names the file in errors. Fields that change the math and are not supported

@@ -4,6 +4,7 @@
 #include <ATen/autocast_mode.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "loongforge/core/error.h"
 #include "loongforge/kernels/linear_ce.h"
@@ -75,11 +76,19 @@ void CausalLMImpl::init_weights(double std) {
   if (config_.pad_token_id) model->embed_tokens->weight[*config_.pad_token_id].zero_();
   // Qwen3-Next / Qwen3.5: zero-centred norms start at 0; linear attention's dt_bias at 1 and A_log = log U(0.01, 16)
   if (config_.zero_centered_norm) zero_centered_norms_to_zero();
-  for (auto& item : named_modules())
+  for (auto& item : named_modules()) {
     if (auto* la = item.value()->as<GatedDeltaNetImpl>()) {
       la->dt_bias.fill_(1.0);
       la->A_log.uniform_(0.01, 16.0).log_();
     }
+    // Kimi Linear (FLA's initialisation, as transformers): A_log = log U(1, 16); dt_bias = softplus^-1(dt) with
+    // dt = exp(U(log 1e-3, log 1e-1)), at least 1e-4
+    if (auto* fg = item.value()->as<KdaForgetGateImpl>()) {
+      fg->A_log.uniform_(1.0, 16.0).log_();
+      at::Tensor dt = fg->dt_bias.uniform_(std::log(1e-3), std::log(1e-1)).exp().clamp_min(1e-4);
+      fg->dt_bias.copy_(dt + at::log(-at::expm1(-dt)));
+    }
+  }
 }
 
 BatchSchema CausalLMImpl::batch_schema() const {
@@ -166,6 +175,9 @@ TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
   const DecoderConfig& c = config_;
   // (asked for only when parallel.tp > 1)
   if (c.dsa) throw OptionError("tp", c.model_type + ": the sparse-attention indexers have no tensor-parallel plan yet (use dp / zero / ep)");
+  if (DecoderConfig::kda_family(c.model_type))
+    throw OptionError("tp", std::to_string(c.num_hidden_layers) + "-layer " + c.model_type +
+                                ": its KDA linear-attention layers have no tensor-parallel plan yet (use dp / zero / pp / ep)");
   TensorParallelSpec t;
   const std::string L = R"(model\.layers\.\d+\.)";
   t.rules = {
@@ -189,7 +201,7 @@ TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
   };
   // Gated DeltaNet (linear attention): heads split; the [q | k | v] channels of the fused projection and of the
   // depthwise convolution as three blocks (Qwen3-Next's in_proj_qkvz / in_proj_ba are packed per key head already).
-  if (std::count(c.layer_linear.begin(), c.layer_linear.end(), 1) > 0) {
+  if (DecoderConfig::gated_deltanet_family(c.model_type) && std::count(c.layer_linear.begin(), c.layer_linear.end(), 1) > 0) {
     const int64_t kd = c.linear_num_key_heads * c.linear_key_head_dim, vd = c.linear_num_value_heads * c.linear_value_head_dim;
     t.rules.push_back({L + R"(linear_attn\.in_proj_qkv)", TpStyle::Colwise, {kd, kd, vd}});
     t.rules.push_back({L + R"(linear_attn\.in_proj_(qkvz|ba|z|b|a))", TpStyle::Colwise});
@@ -217,6 +229,7 @@ std::vector<nn::AttentionHook*> CausalLMImpl::attention_modules() {
     auto* l = m->as<DecoderLayerImpl>();
     if (l->mla) out.push_back(l->mla.get());
     else if (l->linear_attn) out.push_back(l->linear_attn.get());  // refuses an attention_fn (context parallelism)
+    else if (l->kda) out.push_back(l->kda.get());                  // the same
     else out.push_back(l->self_attn.get());
   }
   return out;
@@ -231,9 +244,15 @@ std::string CausalLMImpl::cuda_graph_blocker() const {
 
 std::string CausalLMImpl::reference_name(const std::string& n) const {
   const std::string from = "." + config_.moe_checkpoint_name + ".", to = "." + config_.moe_module_name + ".";
-  if (from == to) return n;
-  const size_t p = n.find(from);
-  return p == std::string::npos ? n : n.substr(0, p) + to + n.substr(p + from.size());
+  std::string out = n;
+  if (const size_t p = out.find(from); from != to && p != std::string::npos) out = out.substr(0, p) + to + out.substr(p + from.size());
+  if (DecoderConfig::kda_family(config_.model_type)) {  // KDA's checkpoint layout -> transformers' modules
+    for (const char* leaf : {"f_a_proj.weight", "f_b_proj.weight", "dt_bias", "A_log"})
+      if (out.ends_with(std::string(".self_attn.") + leaf)) return out.substr(0, out.size() - std::string(leaf).size()) + "forget_gate." + leaf;
+    for (const char* conv : {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"})
+      if (out.ends_with(std::string(".self_attn.") + conv)) return out.substr(0, out.size() - std::string(conv).size()) + "conv1d.weight";
+  }
+  return out;
 }
 
 bool CausalLMImpl::ignorable_checkpoint_tensor(const std::string& name) const {
@@ -257,7 +276,8 @@ Family family() {
   f.name = "decoder_lm";
   f.model_types = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "minimax_m2",
                    "mistral4"};
-  for (const char* t : {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "deepseek_v32", "glm_moe_dsa"}) f.model_types.push_back(t);
+  for (const char* t : {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "deepseek_v32", "glm_moe_dsa", "kimi_linear"})
+    f.model_types.push_back(t);
   f.build = [](const nlohmann::json& j, const std::string& file) -> std::shared_ptr<Model> {
     return CausalLM(DecoderConfig::from_json(j, file)).ptr();
   };

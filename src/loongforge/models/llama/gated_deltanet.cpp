@@ -17,6 +17,36 @@ DepthwiseConvWeightImpl::DepthwiseConvWeightImpl(int64_t channels, int64_t kerne
   weight = register_parameter("weight", at::empty({channels, 1, kernel}).normal_(0.0, 0.02));
 }
 
+LinearCacheState linear_cache_state(const nn::KVCache* cache, int64_t layer) {
+  const size_t li = static_cast<size_t>(layer);
+  if (!cache || !cache->keys[li].defined()) return {};
+  return {cache->keys[li].select(2, 0), cache->values[li]};
+}
+
+void store_linear_cache_state(nn::KVCache& cache, int64_t layer, int64_t t, const at::Tensor& conv, const at::Tensor& recurrent) {
+  const size_t li = static_cast<size_t>(layer);
+  const int64_t seen = (cache.keys[li].defined() ? cache.keys[li].size(2) : 0) + t;
+  cache.keys[li] = conv.unsqueeze(2).expand({conv.size(0), conv.size(1), seen, conv.size(2)});
+  cache.values[li] = recurrent;
+}
+
+at::Tensor cached_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                             const at::Tensor& beta, const LinearCacheState& past, const at::Tensor& conv_state,
+                             nn::KVCache* cache, int64_t layer, int64_t chunk) {
+  auto [core, state] = past.recurrent.defined() && q.size(1) == 1
+                           ? nn::recurrent_gated_delta_rule(q, k, v, g, beta, past.recurrent)
+                           : nn::chunk_gated_delta_rule(q, k, v, g, beta, past.recurrent, chunk, cache != nullptr);
+  if (cache) store_linear_cache_state(*cache, layer, q.size(1), conv_state, state);
+  return core;
+}
+
+void refuse_attention_fn(const nn::AttentionHook& hook, int64_t layer, const char* kind) {
+  if (hook.attention_fn)
+    throw Error("linear-attention layer " + std::to_string(layer) +
+                ": context parallelism (parallel.cp) and attention replacements are not supported by " + kind +
+                " layers yet (their recurrent state would have to pass between ranks)");
+}
+
 GatedDeltaNetImpl::GatedDeltaNetImpl(const DecoderConfig& c, int64_t idx)
     : nn::AttentionHook(c.linear_num_value_heads, c.linear_num_key_heads, 0), layer_idx(idx), key_heads(c.linear_num_key_heads), value_heads(c.linear_num_value_heads),
       key_dim(c.linear_key_head_dim), value_dim(c.linear_value_head_dim), kernel(c.linear_conv_kernel_dim) {
@@ -103,7 +133,6 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache, c
     a = ba.narrow(3, r, r).reshape({b, t, value_heads});
   }
   z = z.reshape({b, t, value_heads, value_dim});
-  const size_t li = static_cast<size_t>(layer_idx);
   if (parts && cache) throw Error("context parallel: a key/value cache (generation) is not supported");
   // Packed documents: the state and the convolution restart at every document (each runs on its own).
   const std::vector<std::pair<int64_t, int64_t>> docs = documents(segment_ids);
@@ -111,15 +140,14 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache, c
     throw Error("linear-attention layer " + std::to_string(layer_idx) + ": packed documents (segment_ids) are not "
                 "supported " + std::string(cache ? "with a cache (generation)" : "under context parallelism") +
                 "; train without document masking");
-  const bool cached = cache && cache->keys[li].defined();
-  at::Tensor past = cached ? cache->keys[li].select(2, 0) : at::Tensor();
+  const LinearCacheState past = linear_cache_state(cache, layer_idx);
   at::Tensor conv, conv_state;
   if (parts) conv = nn::parts_causal_conv_silu(mixed, conv1d->weight, *parts);
   else if (!docs.empty())
     conv = per_document(docs, {mixed}, [&](const std::vector<at::Tensor>& m) {
       return nn::causal_depthwise_conv_silu(m[0], conv1d->weight).first;
     });
-  else std::tie(conv, conv_state) = nn::causal_depthwise_conv_silu(mixed, conv1d->weight, past);
+  else std::tie(conv, conv_state) = nn::causal_depthwise_conv_silu(mixed, conv1d->weight, past.conv);
   auto qkv = conv.split_with_sizes({kd, kd, vd}, -1);
   at::Tensor q = qkv[0].reshape({b, t, key_heads, key_dim}), k = qkv[1].reshape({b, t, key_heads, key_dim});
   at::Tensor v = qkv[2].reshape({b, t, value_heads, value_dim});
@@ -129,7 +157,6 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache, c
   k = nn::l2_normalize(k.to(ct));
   at::Tensor beta = at::sigmoid(beta_in);
   at::Tensor g = -A_log.to(ct).exp() * at::softplus(a.to(ct) + dt_bias);
-  at::Tensor state = cached ? cache->values[li] : at::Tensor();
   at::Tensor core;
   if (parts) {
     core = nn::parts_gated_delta_rule(q, k, v, g, beta, *parts, chunk);
@@ -137,15 +164,8 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache, c
     core = per_document(docs, {q, k, v, g, beta}, [&](const std::vector<at::Tensor>& d) {
       return nn::chunk_gated_delta_rule(d[0], d[1], d[2], d[3], d[4], {}, chunk).first;
     });
-  } else if (state.defined() && t == 1) {
-    std::tie(core, state) = nn::recurrent_gated_delta_rule(q, k, v, g, beta, state);
   } else {
-    std::tie(core, state) = nn::chunk_gated_delta_rule(q, k, v, g, beta, state, chunk, cache != nullptr);
-  }
-  if (cache) {
-    const int64_t seen = (cached ? cache->keys[li].size(2) : 0) + t;
-    cache->keys[li] = conv_state.unsqueeze(2).expand({b, kernel - 1, seen, conv_state.size(2)});
-    cache->values[li] = state;
+    core = cached_delta_rule(q, k, v, g, beta, past, conv_state, cache, layer_idx, chunk);
   }
   at::Tensor o = nn::gated_rms_norm(core, z, norm->weight, norm->eps);
   return out_proj->forward(o.reshape({b, t, vd}));

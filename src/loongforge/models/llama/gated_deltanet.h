@@ -35,6 +35,23 @@ class DepthwiseConvWeightImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DepthwiseConvWeight);
 
+// A linear-attention layer's states in an nn::KVCache (the layout above): the last K - 1 convolution inputs
+// [B, K - 1, C] and the recurrent state (both undefined before the first call).
+struct LinearCacheState {
+  at::Tensor conv, recurrent;
+};
+LinearCacheState linear_cache_state(const nn::KVCache* cache, int64_t layer);
+// Stores them after a call over t more tokens.
+void store_linear_cache_state(nn::KVCache& cache, int64_t layer, int64_t t, const at::Tensor& conv, const at::Tensor& recurrent);
+// The gated delta rule of a layer over t tokens: token by token when the cache holds a state and t = 1, else
+// chunk-wise from the state (if any); with a cache, stores the new conv inputs and recurrent state there. g: per head
+// or per channel (nn/gated_delta.h). Returns the outputs [B, T, Hv, Dv].
+at::Tensor cached_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                             const at::Tensor& beta, const LinearCacheState& past, const at::Tensor& conv_state,
+                             nn::KVCache* cache, int64_t layer, int64_t chunk);
+// Throws unless hook has no attention_fn (context parallelism would have to pass the recurrent state between ranks).
+void refuse_attention_fn(const nn::AttentionHook& hook, int64_t layer, const char* kind);
+
 class GatedDeltaNetImpl : public torch::nn::Module, public nn::AttentionHook, public nn::SequencePartsHook {
  public:
   GatedDeltaNetImpl(const DecoderConfig& c, int64_t layer_idx);

@@ -19,7 +19,7 @@ at::Tensor apply_rotary_interleaved(const at::Tensor& x, const at::Tensor& cos, 
 
 MLAImpl::MLAImpl(const DecoderConfig& c, int64_t idx)
     : nn::AttentionHook(c.num_attention_heads, c.num_attention_heads, 0), layer_idx(idx), kv_lora_rank(c.kv_lora_rank), qk_nope_head_dim(c.qk_nope_head_dim),
-      qk_rope_head_dim(c.qk_rope_head_dim), v_head_dim(c.v_head_dim), rope_interleave(c.rope_interleave),
+      qk_rope_head_dim(c.qk_rope_head_dim), v_head_dim(c.v_head_dim), rope_interleave(c.rope_interleave), rope(c.mla_rope),
       scale(c.attention_scale > 0 ? c.attention_scale
                                   : 1.0 / std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim))) {
   const int64_t d = c.hidden_size, qk = qk_nope_head_dim + qk_rope_head_dim;
@@ -55,7 +55,8 @@ at::Tensor MLAImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at
   at::Tensor ckv = kv_a_proj_with_mqa->forward(x);  // [B,T,kv_lora_rank + rope]
   at::Tensor latent = kv_a_layernorm->forward(ckv.narrow(-1, 0, kv_lora_rank)).unsqueeze(1);  // [B,1,T,kv_lora_rank]
   at::Tensor k_rot = ckv.narrow(-1, kv_lora_rank, qk_rope_head_dim).unsqueeze(1);            // [B,1,T,rope]
-  if (rope_interleave) {
+  if (!rope) {
+  } else if (rope_interleave) {
     q_rot = apply_rotary_interleaved(q_rot, cos, sin);
     k_rot = apply_rotary_interleaved(k_rot, cos, sin);
   } else {

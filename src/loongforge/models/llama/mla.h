@@ -4,6 +4,7 @@
 // query/key is [nope part | rope part] (qk_nope_head_dim + qk_rope_head_dim); values have v_head_dim.
 // Registered under "self_attn" with the Hugging Face child names. The KV cache holds the compressed latent
 // (keys[layer] = normed latent [B,1,T,kv_lora_rank], values[layer] = rotated shared key [B,1,T,qk_rope_head_dim]).
+// Kimi Linear's variant (transformers' KimiLinearAttention) rotates nothing: the shared key part stays as projected.
 #pragma once
 #include <torch/nn/module.h>
 
@@ -31,6 +32,7 @@ class MLAImpl : public torch::nn::Module, public nn::AttentionHook {  // kv_head
   nn::RMSNorm kv_a_layernorm{nullptr};
   int64_t layer_idx, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
   bool rope_interleave;
+  bool rope = true;  // false: no rotary at all (Kimi Linear's NoPE latent attention; DecoderConfig::mla_rope)
   double scale;  // softmax scale: qk_head_dim^-0.5, times yarn's mscale(factor, mscale_all_dim)^2
   // DeepSeek sparse attention (config.dsa; dsa.h): the layer's indexer (null in GLM-5's shared layers) and the
   // selection it shares; the cache's values[layer] then hold [rotated shared key | index key].

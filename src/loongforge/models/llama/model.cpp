@@ -134,7 +134,8 @@ at::Tensor MLPImpl::forward(const at::Tensor& x) {
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t idx) {
-  if (c.is_linear_layer(idx)) linear_attn = register_module("linear_attn", GatedDeltaNet(c, idx));
+  if (c.is_linear_layer(idx) && DecoderConfig::kda_family(c.model_type)) kda = register_module("self_attn", KimiDeltaAttention(c, idx));
+  else if (c.is_linear_layer(idx)) linear_attn = register_module("linear_attn", GatedDeltaNet(c, idx));
   else if (c.mla) mla = register_module("self_attn", MLA(c, idx));
   else self_attn = register_module("self_attn", Attention(c, idx));
   if (c.is_moe_layer(idx)) moe = register_module(c.moe_module_name, nn::MoE(moe_options(c)));
@@ -151,7 +152,11 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t idx) {
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                      nn::KVCache* cache, const at::Tensor& segment_ids, const at::Tensor& q_scale) {
   at::Tensor a = apply_norm(input_layernorm, x, zero_centered);
+  if (kda && segment_ids.defined())
+    throw Error("decoder: packed documents (segment_ids) are not supported by KDA linear-attention layers (layer " +
+                std::to_string(kda->layer_idx) + "); train without document masking");
   at::Tensor attn = linear_attn ? linear_attn->forward(a, cache, segment_ids)
+                    : kda       ? kda->forward(a, cache)
                     : mla       ? mla->forward(a, cos, sin, cache, segment_ids, q_scale)
                                 : self_attn->forward(a, cos, sin, cache, segment_ids);
   at::Tensor h, n;
@@ -264,7 +269,7 @@ std::vector<CheckpointTensor> CausalLMImpl::checkpoint_tensors() const {
   std::vector<CheckpointTensor> out;
   const DecoderConfig& c = config_;
   const auto& m = *this;
-  const bool mixtral = c.model_type == "mixtral" || c.model_type == "minimax_m2";  // w1 / w3 / w2
+  const bool mixtral = c.model_type == "mixtral" || c.model_type == "minimax_m2" || c.model_type == "kimi_linear";  // w1 / w3 / w2
   const int64_t f = c.moe_intermediate_size;
   for (const auto& item : m.named_parameters()) {
     const std::string& name = item.key();
@@ -273,7 +278,18 @@ std::vector<CheckpointTensor> CausalLMImpl::checkpoint_tensors() const {
     // the block's checkpoint name (Mixtral: "block_sparse_moe" for the in-memory "mlp")
     const std::string from = "." + c.moe_module_name + ".", to = "." + c.moe_checkpoint_name + ".";
     std::string ck = name;
-    if (from != to && (is_gu || is_down || name.ends_with(from + "gate.weight"))) ck.replace(ck.rfind(from), from.size(), to);
+    if (from != to && (is_gu || is_down || name.ends_with(from + "gate.weight") || (c.moe_checkpoint_all_mlps && ck.find(from) != std::string::npos)))
+      ck.replace(ck.rfind(from), from.size(), to);
+    if (DecoderConfig::kda_family(c.model_type)) {  // the forget gate's tensors directly under self_attn; q/k/v convs
+      const std::string fg = ".self_attn.forget_gate.";
+      if (const size_t p = ck.find(fg); p != std::string::npos) ck.replace(p, fg.size(), ".self_attn.");
+      if (ck.ends_with(".self_attn.conv1d.weight")) {
+        const std::string stem = ck.substr(0, ck.size() - std::string("conv1d.weight").size());
+        const int64_t third = item.value().size(0) / 3;
+        for (int64_t i = 0; i < 3; ++i) out.push_back({stem + "qkv"[i] + "_conv1d.weight", name, -1, i * third, (i + 1) * third});
+        continue;
+      }
+    }
     if ((!is_gu && !is_down) || c.moe_stacked_checkpoint) {  // Mistral 4: stacked experts under their own names
       out.push_back({ck, name});
       continue;
@@ -294,6 +310,10 @@ std::vector<CheckpointTensor> CausalLMImpl::checkpoint_tensors() const {
   for (const auto& item : m.named_buffers()) {
     if (!item.key().ends_with("e_score_correction_bias")) continue;
     std::string ck = item.key();
+    if (c.moe_checkpoint_all_mlps) {  // Kimi Linear: <block_sparse_moe>.gate.e_score_correction_bias
+      const std::string from = "." + c.moe_module_name + ".", to = "." + c.moe_checkpoint_name + ".";
+      ck.replace(ck.rfind(from), from.size(), to);
+    }
     if (c.moe_bias_on_block) {  // MiniMax-M2: the block's bias, <block>.e_score_correction_bias
       const std::string in = "." + c.moe_module_name + ".gate.", to = "." + c.moe_checkpoint_name + ".";
       ck.replace(ck.rfind(in), in.size(), to);

@@ -11,6 +11,7 @@
 
 #include "loongforge/models/llama/config.h"
 #include "loongforge/models/llama/gated_deltanet.h"
+#include "loongforge/models/llama/kimi_delta.h"
 #include "loongforge/models/llama/mla.h"
 #include "loongforge/models/model.h"
 #include "loongforge/nn/attention.h"
@@ -61,6 +62,7 @@ class DecoderLayerImpl : public torch::nn::Module {
   nn::MoE moe{nullptr};
   nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   GatedDeltaNet linear_attn{nullptr};  // config.is_linear_layer: the token mixer instead of self_attn
+  KimiDeltaAttention kda{nullptr};     // the same for Kimi Linear, registered as "self_attn"
   // Qwen3-Next's MoE layers: a shared expert behind a sigmoid gate, registered inside the MoE block (as
   // mlp.shared_expert, mlp.shared_expert_gate) and added to its output here.
   nn::SharedExpert shared_expert{nullptr};
