@@ -126,16 +126,21 @@ Error fail_unknown(const std::string& origin, const std::string& key) {
   return file_error(origin, key, "unknown key (did you mean '" + nearest_key(key) + "'?)");
 }
 
-json yaml_to_json(const YAML::Node& n) {
+json yaml_to_json(const YAML::Node& n, const std::string& origin) {
   switch (n.Type()) {
     case YAML::NodeType::Map: {
       json o = json::object();
-      for (const auto& kv : n) o[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+      for (const auto& kv : n) {
+        if (!kv.first.IsScalar())  // e.g. "[a, b]: x" (a list as a key)
+          throw Error(origin + ": invalid YAML at line " + std::to_string(kv.first.Mark().line + 1) +
+                      ": a mapping key must be a plain value");
+        o[kv.first.Scalar()] = yaml_to_json(kv.second, origin);
+      }
       return o;
     }
     case YAML::NodeType::Sequence: {
       json a = json::array();
-      for (const auto& e : n) a.push_back(yaml_to_json(e));
+      for (const auto& e : n) a.push_back(yaml_to_json(e, origin));
       return a;
     }
     case YAML::NodeType::Scalar: {
@@ -263,7 +268,7 @@ json load_recipe(const std::string& path, const std::vector<std::string>& overri
     ss << in.rdbuf();
     YAML::Node root = parse_yaml(ss.str(), path);
     if (root.IsDefined() && !root.IsNull()) {
-      json raw = yaml_to_json(root);
+      json raw = yaml_to_json(root, path);
       if (!raw.is_object()) throw Error(path + ": a recipe is a mapping of keys");
       overlay(recipe, conform(raw, recipe_defaults(), "", path));
     }
@@ -274,7 +279,7 @@ json load_recipe(const std::string& path, const std::vector<std::string>& overri
     if (eq == std::string::npos || eq == 0) throw Error(origin + ": expected key=value");
     std::string key = o.substr(0, eq), value = o.substr(eq + 1);
     // build {a: {b: {c: value}}} and conform it like a file
-    json raw = yaml_to_json(parse_yaml(value.empty() ? "''" : value, origin));
+    json raw = yaml_to_json(parse_yaml(value.empty() ? "''" : value, origin), origin);
     if (raw.is_null()) raw = "";
     std::vector<std::string> parts;
     for (size_t b = 0, e; b <= key.size(); b = e + 1) {
