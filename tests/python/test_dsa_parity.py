@@ -98,15 +98,21 @@ def check_well_posed(model, ids):
     assert rel_err(sparse, dense.float()) > 1e-3
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in sorted(CASES)])
-def test_dump_parity(case, tmp_path):
+def dump_case(case, tmp_path, extra):
+    """CASES[case] saved, a well-posed 24-token batch and `dump --adamw` with `extra` flags: (model, ids, labels,
+    the parameters before, our outputs)."""
     model = make_model(CASES[case])
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
     ids, labels = make_batch(model.config.vocab_size, t=24)
     check_well_posed(model, ids)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    ours = run_dump(model_dir, ids, labels, tmp_path, ["--adamw", ADAMW])
+    return model, ids, labels, before, run_dump(model_dir, ids, labels, tmp_path, ["--adamw", ADAMW, *extra])
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in sorted(CASES)])
+def test_dump_parity(case, tmp_path):
+    model, ids, labels, before, ours = dump_case(case, tmp_path, [])
     ref = hf_reference(model, ids, labels)
     compare(ours, ref)
     names = [n for n in before if ".indexer." in n]
@@ -116,7 +122,7 @@ def test_dump_parity(case, tmp_path):
         assert not ours["grad." + n].any(), n
         assert torch.equal(ref["after_adamw." + n], before[n])  # torch.optim.AdamW skipped it
         assert torch.equal(ours["after_step." + n], before[n]), n  # and so did ours (no weight decay either)
-    info = json.loads(run_lf("info", model_dir).stdout)
+    info = json.loads(run_lf("info", tmp_path / "model").stdout)
     assert info["parameters"] == sum(p.numel() for p in model.parameters())
 
 
@@ -187,19 +193,40 @@ log: {{progress: lines, plot: false}}
     return r
 
 
-@pytest.mark.parametrize("layout", ["one", "dp2", pytest.param("dp2_zero3", marks=pytest.mark.slow)])
-def test_train_leaves_the_indexers_as_loaded(layout, tmp_path):
-    """`loongforge train` with weight decay: the first step's loss is transformers' loss on the same batch, the
-    checkpoint's indexer tensors are the loaded ones bit for bit (they get no gradient, so no optimizer touches
-    them: one process with the row split over threads, DDP over two ranks, FSDP) while every other weight moved."""
+def train_setup(tmp_path, repeats):
+    """A v32 model (vocab 64) saved in tmp_path/model, a periodic token shard of `repeats` periods in tmp_path/train
+    and train_recipe's recipe (seq 32, micro-batch 2). Returns (model, model_dir, pattern, recipe)."""
     model = make_model(dict(CASES["v32"], vocab_size=64))
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
     g = torch.Generator().manual_seed(3)
     pattern = torch.randint(0, 64, (16,), generator=g).tolist()
-    write_periodic_shard(tmp_path / "train", pattern, 40)
+    write_periodic_shard(tmp_path / "train", pattern, repeats)
+    return model, model_dir, pattern, train_recipe(tmp_path, model_dir, 32, 2)
+
+
+def first_batch(pattern, seq, mb):
+    """The first training micro-batch of the periodic shard: input ids and targets [mb, seq]."""
+    window = torch.tensor((pattern * 3)[: seq + 1])
+    return window[:seq].unsqueeze(0).repeat(mb, 1), window[1:].unsqueeze(0).repeat(mb, 1)
+
+
+def latest_checkpoint(run):
+    """Every tensor of the run's latest checkpoint."""
+    runs = run / "checkpoints"
+    saved = {}
+    for f in (runs / (runs / "latest").read_text().strip()).glob("*.safetensors"):
+        saved.update(load_file(str(f)))
+    return saved
+
+
+@pytest.mark.parametrize("layout", ["one", "dp2", pytest.param("dp2_zero3", marks=pytest.mark.slow)])
+def test_train_leaves_the_indexers_as_loaded(layout, tmp_path):
+    """`loongforge train` with weight decay: the first step's loss is transformers' loss on the same batch, the
+    checkpoint's indexer tensors are the loaded ones bit for bit (they get no gradient, so no optimizer touches
+    them: one process with the row split over threads, DDP over two ranks, FSDP) while every other weight moved."""
+    model, model_dir, pattern, recipe = train_setup(tmp_path, 40)
     seq, mb = 32, 2
-    recipe = train_recipe(tmp_path, model_dir, seq, mb)
     if layout == "one":
         run_lf("train", recipe)
     else:
@@ -209,18 +236,13 @@ def test_train_leaves_the_indexers_as_loaded(layout, tmp_path):
             assert r.returncode == 0, r.stderr[-3000:]
     losses = [json.loads(l)["loss"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if "loss" in json.loads(l) and "step" in json.loads(l)]
-    window = torch.tensor((pattern * 3)[: seq + 1])
-    ids, tgt = window[:seq].unsqueeze(0).repeat(mb, 1), window[1:].unsqueeze(0).repeat(mb, 1)
+    ids, tgt = first_batch(pattern, seq, mb)
     check_well_posed(model, ids)
     with torch.no_grad():
         lg = model(input_ids=ids).logits
     want = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.size(-1)), tgt.reshape(-1)).item()
     assert abs(losses[0] - want) <= 1e-5 * want
-    runs = tmp_path / "run" / "checkpoints"
-    saved = {}
-    for f in (runs / (runs / "latest").read_text().strip()).glob("*.safetensors"):
-        saved.update(load_file(str(f)))
-    loaded = load_file(str(model_dir / "model.safetensors"))
+    saved, loaded = latest_checkpoint(tmp_path / "run"), load_file(str(model_dir / "model.safetensors"))
     for k, v in loaded.items():
         if ".indexer." in k:
             assert torch.equal(saved[k], v), k

@@ -17,13 +17,18 @@ namespace {
 struct DumpArgs {
   std::string model, batch, out, adamw, lora;
   int64_t steps = 0;
-  double clip = 0.0;
+  double clip = 0.0, indexer_loss_coef = 0.0, mtp_loss_weight = 0.0;
+  bool indexer_dense_warmup = false;
   std::string dtype = "fp32";
 };
 
 void run_dump(const DumpArgs& a) {
   at::ScalarType dtype = a.dtype == "fp64" ? at::kDouble : at::kFloat;
   auto model = io::load_model(a.model, dtype);
+  if (const std::string why = model->set_mtp_loss_weight(a.mtp_loss_weight); !why.empty())
+    throw Error("dump: --mtp-loss-weight: " + why);
+  if (const std::string why = model->set_indexer_training(a.indexer_loss_coef, a.indexer_dense_warmup); !why.empty())
+    throw Error(std::string("dump: ") + (a.indexer_dense_warmup && a.indexer_loss_coef == 0 ? "--indexer-dense-warmup" : "--indexer-loss-coef") + ": " + why);
   std::map<std::string, at::Tensor> batch;
   {
     auto f = io::SafetensorsFile::open(a.batch);
@@ -114,6 +119,12 @@ void add_dump(CLI::App& app) {
   sub->add_option("--lora", args->lora, "PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors): the base "
                                         "is frozen, grad./after_step. cover the adapter only, named as in adapter_model.safetensors; "
                                         "adapter dropout is disabled so the outputs are deterministic");
+  sub->add_option("--mtp-loss-weight", args->mtp_loss_weight, "train the multi-token prediction layers: w / K x their "
+                  "depths' losses join the loss (0: as transformers, the main loss alone)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--indexer-loss-coef", args->indexer_loss_coef, "train the sparse-attention indexers (DeepSeek-V3.2): "
+                  "their KL loss with this weight joins the loss (0: frozen, as transformers)")->check(CLI::NonNegativeNumber);
+  sub->add_flag("--indexer-dense-warmup", args->indexer_dense_warmup, "the indexers' warm-up stage: dense attention, only "
+                "the indexers trained (needs --indexer-loss-coef)");
   sub->add_option("--dtype", args->dtype, "compute precision on the CPU")->check(CLI::IsMember({"fp32", "fp64"}))->capture_default_str();
   sub->callback([args] { run_dump(*args); });
 }

@@ -304,6 +304,12 @@ class Model : public torch::nn::Module {
   virtual std::string set_mtp_loss_weight(double weight) {
     return weight == 0 ? "" : "the " + model_type() + " model has no multi-token prediction layers";
   }
+  // Training the sparse-attention indexers (DeepSeek-V3.2's lightning indexers; frozen when loss_coef is 0): their
+  // KL loss weighted by loss_coef, and dense_warmup for the warm-up stage (dense attention, every other parameter
+  // frozen). "" when taken, else why not (one line).
+  virtual std::string set_indexer_training(double loss_coef, bool dense_warmup) {
+    return loss_coef == 0 && !dense_warmup ? "" : "the " + model_type() + " model has no sparse-attention indexer";
+  }
   // The loss parts the training forwards added since the last call (name, summed over their terms, detached), for the
   // metrics line (divided by the step's counted tokens there); the same names on every rank.
   virtual std::vector<std::pair<std::string, double>> take_loss_parts() { return {}; }

@@ -27,7 +27,8 @@ const char* kDefaults = R"json({
                        "lr_multiplier": 1.0, "recompute": false},
             "projector": {"kind": "mlp2x_gelu", "freeze": false, "lr_multiplier": 1.0},
             "language": {"path": "", "freeze": false, "lr_multiplier": 1.0},
-            "image_token": "", "vae": "", "mtp_loss_weight": 0.0},
+            "image_token": "", "vae": "", "mtp_loss_weight": 0.0,
+            "indexer_loss_coef": 0.0, "indexer_dense_warmup": false},
   "data": {
     "format": "pretrain",
     "train": [{"path": "", "weight": 1.0}],

@@ -55,9 +55,23 @@ Model::ReferenceOutput CausalLMImpl::reference_forward(const std::map<std::strin
   const int64_t vocab = config_.vocab_size;
   if (ids.numel() && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= vocab))
     throw file_error(file, "input_ids", "ids must lie in [0, " + std::to_string(vocab) + ")");
-  at::Tensor lg = forward(ids);
+  const at::Tensor h = hidden_states(ids);
+  at::Tensor lg = logits(h);
   ReferenceOutput out{{{"logits", lg}}, nn::causal_lm_loss(lg, labels)};  // transformers' causal-LM loss: shifted inside
+  if ((indexer_loss_coef_ > 0 || (mtp_ && mtp_loss_weight_ > 0)) && at::GradMode::is_enabled()) {
+    // trained extra parts: their summed losses over the counted tokens, as a training step weighs them
+    const at::Tensor targets = at::cat({labels.narrow(1, 1, labels.size(1) - 1),
+                                        at::full({labels.size(0), 1}, nn::kIgnoreIndex, labels.options())}, 1);
+    const double terms = std::max<double>(static_cast<double>((targets != nn::kIgnoreIndex).sum().item<int64_t>()), 1);
+    for (IndexerImpl* i : indexers()) {  // DeepSeek sparse attention's indexer KL terms (dsa.h)
+      at::Tensor kl = i->take_kl();
+      if (kl.defined()) out.loss = out.loss + kl.to(out.loss.scalar_type()) / terms;
+    }
+    if (mtp_ && mtp_loss_weight_ > 0)  // the multi-token prediction loss (mtp.h)
+      out.loss = out.loss + mtp_loss_part(h, Batch{{"input_ids", ids}, {"targets", targets}}).to(out.loss.scalar_type()) / terms;
+  }
   add_mtp_outputs(*this, ids, out.outputs);  // mtp_logits.k when the model has MTP layers (mtp.h)
+  for (IndexerImpl* i : indexers()) i->take_kl();  // that forward's terms are not part of the loss
   return out;
 }
 
@@ -265,9 +279,10 @@ bool CausalLMImpl::ignorable_checkpoint_tensor(const std::string& name) const {
         std::stoll(rest.substr(0, dot)) >= config_.num_hidden_layers)
       return true;
   }
+  // Qwen3-Next's MTP head when the config declares none (mtp_num_hidden_layers absent; transformers skips it too)
+  if (!mtp_ && DecoderConfig::gated_deltanet_family(config_.model_type) && name.starts_with("mtp.")) return true;
   // buffers older transformers versions saved; a tied checkpoint may still carry lm_head.weight
   return name.ends_with("rotary_emb.inv_freq") || (config_.tie_word_embeddings && name == "lm_head.weight") ||
-         (DecoderConfig::gated_deltanet_family(config_.model_type) && name.starts_with("mtp.")) ||  // Qwen3-Next's MTP head
          mtp_shared_copy(name, config_);  // DeepSeek's embedding / head copies beside the MTP layers (mtp.h)
 }
 

@@ -133,41 +133,122 @@ at::Tensor IndexerImpl::rotate(const at::Tensor& x, const at::Tensor& cos, const
   return at::cat({rot, pass}, -1);
 }
 
-at::Tensor IndexerImpl::keys(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  at::NoGradGuard no_grad;
+at::Tensor IndexerImpl::raw_keys(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   at::Tensor k = k_norm->forward(wk->forward(x)).unsqueeze(1);  // [B,1,T,D]
   return rotate(k, cos, sin);
 }
+
+at::Tensor IndexerImpl::keys(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  at::NoGradGuard no_grad;
+  return raw_keys(x, cos, sin);
+}
+
+at::Tensor IndexerImpl::scores(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& cos,
+                               const at::Tensor& sin, const at::Tensor& keys) {
+  const int64_t b = x.size(0), t = x.size(1);
+  const at::ScalarType wide = at::promote_types(x.scalar_type(), at::kFloat);
+  at::Tensor q = wq_b->forward(q_resid).view({b, t, n_heads, head_dim}).transpose(1, 2);  // [B,H,T,D]
+  q = rotate(q, cos, sin).transpose(1, 2).to(wide);                                      // [B,T,H,D]
+  at::Tensor kt = keys.to(wide).transpose(-1, -2);                                       // [B,1,D,Tk]
+  // [B,T,H,Tk] relu'd dot products, then summed over heads with the per-query head weights: [B,T,Tk]
+  at::Tensor s = at::relu(at::matmul(q, kt) * (1.0 / std::sqrt(static_cast<double>(head_dim))));
+  at::Tensor w = weights_proj->forward(x).to(wide) * (1.0 / std::sqrt(static_cast<double>(n_heads)));
+  return at::matmul(w.unsqueeze(-2), s).squeeze(-2);
+}
+
+namespace {
+
+// Keys a query may see: at or before its position (queries at offset .. offset+T-1), within its document.
+at::Tensor visible_keys(int64_t b, int64_t t, int64_t tk, int64_t offset, const at::Tensor& segment_ids,
+                        const at::TensorOptions& opts) {
+  at::Tensor qpos = at::arange(offset, offset + t, opts.dtype(at::kLong)).unsqueeze(1);
+  at::Tensor visible = (at::arange(tk, opts.dtype(at::kLong)).unsqueeze(0) <= qpos).unsqueeze(0);  // [1,T,Tk]
+  if (segment_ids.defined()) visible = visible & (segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1));
+  return visible.expand({b, t, tk});
+}
+
+// The visible keys among the top-k index scores (all visible ones while a query sees no more than k).
+at::Tensor top_keys(const at::Tensor& index, const at::Tensor& visible, int64_t topk) {
+  const int64_t tk = index.size(-1), k = std::min(topk, tk);
+  if (k >= tk) return visible.clone();
+  at::Tensor masked = index.masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
+  at::Tensor chosen = at::zeros(visible.sizes(), visible.options()).scatter_(-1, std::get<1>(masked.topk(k, -1)), true);
+  return chosen & visible;
+}
+
+}  // namespace
 
 at::Tensor IndexerImpl::select(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& cos,
                                const at::Tensor& sin, const at::Tensor& keys, int64_t offset,
                                const at::Tensor& segment_ids) {
   at::NoGradGuard no_grad;
-  const int64_t b = x.size(0), t = x.size(1), tk = keys.size(2);
-  at::Tensor q = wq_b->forward(q_resid).view({b, t, n_heads, head_dim}).transpose(1, 2);  // [B,H,T,D]
-  q = rotate(q, cos, sin).transpose(1, 2).to(at::kFloat);                               // [B,T,H,D]
-  at::Tensor kt = keys.to(at::kFloat).transpose(-1, -2);                                 // [B,1,D,Tk]
-  // [B,T,H,Tk] relu'd dot products, then summed over heads with the per-query head weights: [B,T,Tk]
-  at::Tensor scores = at::relu(at::matmul(q, kt) * (1.0 / std::sqrt(static_cast<double>(head_dim))));
-  at::Tensor w = weights_proj->forward(x).to(at::kFloat) * (1.0 / std::sqrt(static_cast<double>(n_heads)));
-  at::Tensor index = at::matmul(w.unsqueeze(-2), scores).squeeze(-2);
-  // visible keys: at or before the query's position, within its document
-  at::Tensor qpos = at::arange(offset, offset + t, x.options().dtype(at::kLong)).unsqueeze(1);
-  at::Tensor visible = (at::arange(tk, x.options().dtype(at::kLong)).unsqueeze(0) <= qpos).unsqueeze(0);  // [1,T,Tk]
-  if (segment_ids.defined()) visible = visible & (segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1));
-  visible = visible.expand({b, t, tk});
-  index = index.masked_fill(visible.logical_not(), -std::numeric_limits<float>::infinity());
-  const int64_t k = std::min(topk, tk);
-  if (k >= tk) return visible.clone();
-  at::Tensor chosen = at::zeros({b, t, tk}, visible.options()).scatter_(-1, std::get<1>(index.topk(k, -1)), true);
-  return chosen & visible;
+  at::Tensor visible = visible_keys(x.size(0), x.size(1), keys.size(2), offset, segment_ids, x.options());
+  if (dense_warmup) return visible.clone();  // the warm-up stage attends densely
+  return top_keys(scores(x, q_resid, cos, sin, keys), visible, topk);
+}
+
+at::Tensor IndexerImpl::train_keep(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& cos,
+                                   const at::Tensor& sin, const at::Tensor& segment_ids) {
+  // the indexer's own graph: its inputs detached, so the language-model loss and this one share no parameter
+  const at::Tensor xd = x.detach(), qd = q_resid.detach();
+  train_scores_ = scores(xd, qd, cos, sin, raw_keys(xd, cos, sin));
+  const at::Tensor visible = visible_keys(x.size(0), x.size(1), x.size(1), 0, segment_ids, x.options());
+  train_keep_ = dense_warmup ? visible.clone() : top_keys(train_scores_.detach(), visible, topk);
+  return train_keep_;
+}
+
+void IndexerImpl::add_kl(const at::Tensor& attention_probs) {
+  TORCH_CHECK(train_scores_.defined(), "indexer: add_kl without train_keep");
+  const at::Tensor off = train_keep_.logical_not();
+  // the target: the heads' mean attention distribution over the kept keys (sums to 1 per query)
+  const at::Tensor p = attention_probs.detach().to(train_scores_.scalar_type()).mean(1);  // [B,T,Tk]
+  const at::Tensor logq = at::log_softmax(train_scores_.masked_fill(off, -std::numeric_limits<double>::infinity()), -1);
+  // sum p (log p - log q) over kept keys; p = 0 elsewhere (xlogy: 0 log 0 = 0)
+  const at::Tensor kl = (at::xlogy(p, p) - p * logq.masked_fill(off, 0)).sum() * loss_coef;
+  kl_ = kl_.defined() ? kl_ + kl : kl;
+  train_scores_ = train_keep_ = at::Tensor();
+}
+
+at::Tensor IndexerImpl::take_kl() {
+  at::Tensor k = kl_;
+  kl_ = at::Tensor();
+  return k;
 }
 
 at::Tensor sparse_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& keep,
-                            double scale) {
+                            double scale, at::Tensor* probs) {
   at::Tensor s = at::matmul(q, k.transpose(-1, -2)) * scale;  // [B,H,Tq,Tk]
   s = s.masked_fill(keep.logical_not().unsqueeze(1), -std::numeric_limits<double>::infinity());
-  return at::matmul(at::softmax(s, -1, at::kFloat).to(q.scalar_type()), v);
+  at::Tensor p = at::softmax(s, -1, at::promote_types(q.scalar_type(), at::kFloat));
+  if (probs) *probs = p;
+  return at::matmul(p.to(q.scalar_type()), v);
+}
+
+std::vector<IndexerImpl*> CausalLMImpl::indexers() const {
+  std::vector<IndexerImpl*> out;
+  if (!config_.dsa) return out;
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    MLAImpl* a = model->layers->ptr(i)->as<DecoderLayerImpl>()->mla.get();
+    if (a && a->indexer) out.push_back(a->indexer.get());
+  }
+  return out;
+}
+
+std::string CausalLMImpl::set_indexer_training(double loss_coef, bool dense_warmup) {
+  if (!(loss_coef >= 0) || !std::isfinite(loss_coef)) return "must be a number >= 0";
+  if (loss_coef == 0 && !dense_warmup) return "";
+  if (!config_.dsa) return "the " + config_.model_type + " model has no sparse-attention indexer";
+  if (loss_coef == 0) return "the warm-up stage trains the indexers alone: it needs an indexer loss coefficient > 0";
+  indexer_loss_coef_ = loss_coef;
+  // the warm-up stage trains the indexers alone (every other parameter frozen: no optimizer touches it)
+  if (dense_warmup)
+    for (auto& p : parameters()) p.set_requires_grad(false);
+  for (IndexerImpl* i : indexers()) {
+    i->loss_coef = loss_coef;
+    i->dense_warmup = dense_warmup;
+    for (auto& p : i->parameters()) p.set_requires_grad(true);
+  }
+  return "";
 }
 
 void link_dsa_layers(torch::nn::ModuleList& layers, const DecoderConfig& c) {

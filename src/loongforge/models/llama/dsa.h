@@ -46,6 +46,23 @@ class IndexerImpl : public torch::nn::Module {
   at::Tensor select(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& cos, const at::Tensor& sin,
                     const at::Tensor& keys, int64_t offset, const at::Tensor& segment_ids);
 
+  // ---- training the indexer (DeepSeek-V3.2's objective; off by default: frozen) ----
+  // loss_coef > 0: the training forwards (autograd on, no cache) make the indexer's KL loss, and its parameters
+  // take gradients from it alone: the indexer reads x and q_resid detached, and the target is the attention's own
+  // distribution, detached. For each query t, with S_t its kept keys (dense_warmup: every visible key, and the
+  // attention is dense; else the index_topk selection, the attention sparse as in inference),
+  //   p_t = (1/H) sum_h softmax_{S_t}(attention scores of head h)      (the heads' mean: an L1-normalised sum)
+  //   KL_t = sum_{s in S_t} p_ts (log p_ts - log softmax_{S_t}(index scores of t)_s),
+  // and the layer adds loss_coef * sum_t KL_t over every query of the micro-batch to take_kl().
+  double loss_coef = 0;
+  bool dense_warmup = false;
+  // The kept keys of a training forward and the layer's KL term (attention probabilities [B,H,T,Tk] -> stored).
+  at::Tensor train_keep(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& cos, const at::Tensor& sin,
+                        const at::Tensor& segment_ids);
+  void add_kl(const at::Tensor& attention_probs);
+  // The summed KL terms since the last call (times loss_coef; undefined when none), and clears them.
+  at::Tensor take_kl();
+
   nn::Linear wq_b{nullptr}, wk{nullptr}, weights_proj{nullptr};
   torch::nn::LayerNorm k_norm{nullptr};
   int64_t n_heads, head_dim, rope_dim, topk;
@@ -53,6 +70,11 @@ class IndexerImpl : public torch::nn::Module {
 
  private:
   at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;  // x [B,H,T,D]
+  at::Tensor raw_keys(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  // index scores [B,T,Tk] (float32 or wider) of the queries against keys [B,1,Tk,D], autograd as the caller has it
+  at::Tensor scores(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& cos, const at::Tensor& sin,
+                    const at::Tensor& keys);
+  at::Tensor train_scores_, train_keep_, kl_;  // the pending training forward's scores / kept keys; summed KL
 };
 TORCH_MODULE(Indexer);
 
@@ -64,8 +86,9 @@ struct DsaSelection {
 
 // softmax(q k^T * scale) v over the kept keys: q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv], keep [B,Tq,Tk] bool
 // (every row keeps at least one key) -> [B,H,Tq,Dv]. Dense scores with the rest masked, as transformers' eager path.
+// probs: set to the attention probabilities [B,H,Tq,Tk] when given.
 at::Tensor sparse_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& keep,
-                            double scale);
+                            double scale, at::Tensor* probs = nullptr);
 
 // Points every shared layer's attention at the selection of the last full layer before it (once, after building).
 void link_dsa_layers(torch::nn::ModuleList& layers, const DecoderConfig& c);

@@ -91,6 +91,16 @@ at::Tensor MLAImpl::dsa_attend(const at::Tensor& q, const at::Tensor& k, const a
     throw Error(where + ": context parallelism and the document-attention kernels are not supported (it masks the "
                         "keys its indexer did not select)");
   at::Tensor keep;
+  // a training forward of a trained indexer (dsa.h): its KL term from this attention's probabilities
+  const bool train_indexer = indexer && indexer->loss_coef > 0 && at::GradMode::is_enabled() && offset == 0;
+  if (train_indexer) {
+    keep = indexer->train_keep(x, q_resid, cos, sin, segment_ids);
+    if (selection.use_count() > 1) selection->keep = keep;
+    at::Tensor probs;
+    at::Tensor o = sparse_attention(q, k, v, keep, scale, &probs);
+    indexer->add_kl(probs);
+    return o;
+  }
   if (indexer) {
     keep = indexer->select(x, q_resid, cos, sin, index_keys, offset, segment_ids);
     if (selection.use_count() > 1) selection->keep = keep;  // GLM-5's shared layers after this one read it

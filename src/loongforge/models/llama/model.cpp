@@ -320,7 +320,7 @@ std::vector<CheckpointTensor> CausalLMImpl::checkpoint_tensors() const {
     }
     out.push_back({ck, item.key(), -1, 0, 0, true});
   }
-  for (auto& e : out) e.name = mtp_checkpoint_name(e.name, c.num_hidden_layers);  // MTP layers (mtp.h)
+  for (auto& e : out) e.name = mtp_checkpoint_name(e.name, c);  // MTP layers (mtp.h)
   return out;
 }
 

@@ -170,7 +170,11 @@ class CausalLMImpl : public models::Model {
   void drop_absent_parts(const std::set<std::string>& stored) override;
   std::string set_mtp_loss_weight(double weight) override;
   std::vector<std::pair<std::string, double>> take_loss_parts() override;
-  bool thread_split_safe() const override { return mtp_loss_weight_ == 0 && !dsa_shares_selection(config_); }
+  // DeepSeek sparse attention's indexers (dsa.h): their KL loss joins head_loss_sum in training forwards.
+  std::string set_indexer_training(double loss_coef, bool dense_warmup) override;
+  bool thread_split_safe() const override {
+    return mtp_loss_weight_ == 0 && indexer_loss_coef_ == 0 && !dsa_shares_selection(config_);
+  }
   // GLM-5's shared sparse-attention layers read the selection an earlier layer made on the same micro-batch (dsa.h)
   std::string pipeline_blocker() const override { return dsa_shares_selection(config_) ? dsa_pipeline_blocker : ""; }
   // Stacked experts of the MTP blocks stored whole (model.layers.{L+k}.mlp.experts.gate_up_proj) -> their in-memory
@@ -183,8 +187,12 @@ class CausalLMImpl : public models::Model {
  private:
   // The main head's token loss (head_loss_sum adds the MTP loss to it when trained).
   at::Tensor main_head_loss_sum(const at::Tensor& h, const Batch& b);
+  // The weighted MTP loss (summed over its terms) of a training forward's final hidden states (mtp.h).
+  at::Tensor mtp_loss_part(const at::Tensor& hidden, const Batch& b);
   std::shared_ptr<MtpImpl> mtp_;
   double mtp_loss_weight_ = 0, mtp_loss_sum_ = 0;
+  double indexer_loss_coef_ = 0, indexer_loss_sum_ = 0;
+  std::vector<IndexerImpl*> indexers() const;  // the DSA layers' indexers, in layer order
   DecoderConfig config_;
   nn::Rotary rotary_;
   void zero_centered_norms_to_zero();  // Qwen3-Next's (1 + weight) norms start at 0 (the gated one at 1)

@@ -6,12 +6,18 @@
 #include <cmath>
 
 #include "loongforge/core/error.h"
+#include "loongforge/kernels/rms_norm.h"
 #include "loongforge/nn/loss.h"
 
 namespace lf::models::llama {
 
 namespace {
 const std::string kMtpPrefix = "mtp.layers.";
+
+// Qwen3-Next's norms scale by 1 + weight (zero-centred), DeepSeek's by the weight.
+at::Tensor norm(nn::RMSNorm n, const at::Tensor& x, bool zero_centered) {
+  return zero_centered ? kernels::rms_norm(x, n->weight + 1.0, n->eps) : n->forward(x);
+}
 
 // The first `n` positions of every layer of a key/value cache (the rest dropped: rejected drafts).
 void crop_cache(nn::KVCache& cache, int64_t n) {
@@ -39,19 +45,29 @@ void crop_slot(nn::KVCache& cache, size_t slot, int64_t n) {
 }  // namespace
 
 int64_t mtp_layers_declared(const DecoderConfig& c) {
-  if (c.model_type != "deepseek_v3" && c.model_type != "glm4_moe") return 0;
-  const char* field = "num_nextn_predict_layers";
-  if (!c.raw.contains(field) || c.raw.at(field).is_null()) return 1;  // transformers' DeepseekV3Config / Glm4MoeConfig default
+  const bool qwen = DecoderConfig::gated_deltanet_family(c.model_type);
+  if (c.model_type != "deepseek_v3" && c.model_type != "glm4_moe" && !qwen) return 0;
+  // Qwen3-Next / Qwen3.5: mtp_num_hidden_layers (transformers has no such field: absent = none)
+  const char* field = qwen ? "mtp_num_hidden_layers" : "num_nextn_predict_layers";
+  if (!c.raw.contains(field) || c.raw.at(field).is_null()) return qwen ? 0 : 1;  // DeepseekV3Config / Glm4MoeConfig: 1
   const auto& v = c.raw.at(field);
   if (!v.is_number_integer() || v.get<int64_t>() < 0)
     throw file_error("config.json", field, "expected an integer >= 0, got " + v.dump());
+  if (qwen && v.get<int64_t>() > 1)  // one fc / norm pair shared by every depth (vLLM's Qwen3NextMultiTokenPredictor)
+    throw file_error("config.json", field, "only 1 multi-token prediction layer is supported, got " + v.dump());
   return v.get<int64_t>();
 }
 
 DecoderConfig mtp_block_config(const DecoderConfig& c) {
   nlohmann::json j = c.raw;
-  j["num_hidden_layers"] = mtp_layers_declared(c);
-  j["first_k_dense_replace"] = 0;  // MTP blocks are MoE blocks whatever the main model's dense layers
+  const int64_t k = mtp_layers_declared(c);
+  j["num_hidden_layers"] = k;
+  if (DecoderConfig::gated_deltanet_family(c.model_type)) {  // gated full attention, the main model's MLP kind
+    j["layer_types"] = std::vector<std::string>(static_cast<size_t>(k), "full_attention");
+    j["mlp_only_layers"] = nlohmann::json::array();
+  } else {
+    j["first_k_dense_replace"] = 0;  // MTP blocks are MoE blocks whatever the main model's dense layers
+  }
   return DecoderConfig::from_json(j, "config.json (its multi-token prediction layers)");
 }
 
@@ -69,14 +85,20 @@ MtpImpl::MtpImpl(const DecoderConfig& main) : block_config(mtp_block_config(main
   for (int64_t k = 0; k < block_config.num_hidden_layers; ++k) layers->push_back(MtpLayer(block_config, k));
 }
 
-std::string mtp_checkpoint_name(const std::string& name, int64_t num_hidden_layers) {
+std::string mtp_checkpoint_name(const std::string& name, const DecoderConfig& c) {
   if (!name.starts_with(kMtpPrefix)) return name;
   const size_t dot = name.find('.', kMtpPrefix.size());
-  const int64_t k = std::stoll(name.substr(kMtpPrefix.size(), dot - kMtpPrefix.size()));
+  const std::string depth = name.substr(kMtpPrefix.size(), dot - kMtpPrefix.size());
   std::string rest = name.substr(dot + 1);
+  if (DecoderConfig::gated_deltanet_family(c.model_type)) {  // Qwen3-Next: mtp.{fc, pre_fc_norm_*, norm, layers.k.*}
+    for (auto [from, to] : {std::pair{"enorm.", "pre_fc_norm_embedding."}, {"hnorm.", "pre_fc_norm_hidden."},
+                            {"eh_proj.", "fc."}, {"post_norm.", "norm."}})
+      if (rest.starts_with(from)) return "mtp." + (to + rest.substr(std::string(from).size()));
+    return kMtpPrefix + depth + "." + rest.substr(std::string("mtp_block.").size());
+  }
   if (rest.starts_with("mtp_block.")) rest = rest.substr(10);
   else if (rest.starts_with("post_norm.")) rest = "shared_head.norm." + rest.substr(10);
-  return "model.layers." + std::to_string(num_hidden_layers + k) + "." + rest;
+  return "model.layers." + std::to_string(c.num_hidden_layers + std::stoll(depth)) + "." + rest;
 }
 
 bool mtp_shared_copy(const std::string& name, const DecoderConfig& c) {
@@ -92,10 +114,12 @@ at::Tensor CausalLMImpl::mtp_forward(int64_t k, const at::Tensor& prev, const at
                                      const at::Tensor& position_ids, nn::KVCache* cache, const at::Tensor& segment_ids) {
   MtpLayerImpl& l = mtp_->layer(k);
   const at::Tensor e = embed(ids);
-  at::Tensor x = l.eh_proj->forward(at::cat({l.enorm->forward(e), l.hnorm->forward(prev.to(e.scalar_type()))}, -1));
+  const bool zc = config_.zero_centered_norm;  // Qwen3-Next's (1 + weight) norms
+  at::Tensor x = l.eh_proj->forward(
+      at::cat({norm(l.enorm, e, zc), norm(l.hnorm, prev.to(e.scalar_type()), zc)}, -1));
   auto [cos, sin] = rotary(position_ids, x.scalar_type());
   x = l.mtp_block->forward(x, cos, sin, cache, segment_ids);
-  return l.post_norm->forward(x);
+  return norm(l.post_norm, x, zc);
 }
 
 std::string CausalLMImpl::canonical_checkpoint_name(const std::string& stored) const {
@@ -126,11 +150,13 @@ std::string CausalLMImpl::set_mtp_loss_weight(double weight) {
   if (!(weight >= 0) || !std::isfinite(weight)) return "must be a number >= 0";
   if (weight > 0 && !mtp_) {
     const int64_t k = mtp_layers_declared(config_);
+    const bool qwen = DecoderConfig::gated_deltanet_family(config_.model_type);
+    const char* field = qwen ? "mtp_num_hidden_layers" : "num_nextn_predict_layers";
     if (k == 0)
       return "the " + config_.model_type + " config declares no multi-token prediction layers" +
-             (config_.raw.contains("num_nextn_predict_layers") ? " (num_nextn_predict_layers = 0)" : "");
-    return "the checkpoint lacks the model's " + std::to_string(k) + " multi-token prediction layer(s) (model.layers." +
-           std::to_string(config_.num_hidden_layers) + ".* absent)";
+             (config_.raw.contains(field) ? std::string(" (") + field + " = 0)" : qwen ? " (no mtp_num_hidden_layers)" : "");
+    return "the checkpoint lacks the model's " + std::to_string(k) + " multi-token prediction layer(s) (" +
+           (qwen ? std::string("mtp.*") : "model.layers." + std::to_string(config_.num_hidden_layers) + ".*") + " absent)";
   }
   mtp_loss_weight_ = weight;
   if (mtp_)  // untrained MTP layers stay as loaded (frozen: the optimizer leaves them out)
@@ -139,23 +165,38 @@ std::string CausalLMImpl::set_mtp_loss_weight(double weight) {
 }
 
 std::vector<std::pair<std::string, double>> CausalLMImpl::take_loss_parts() {
-  if (mtp_loss_weight_ == 0) return {};
-  const double v = mtp_loss_sum_;
-  mtp_loss_sum_ = 0;
-  return {{"mtp_loss", v}};
+  std::vector<std::pair<std::string, double>> parts;
+  if (mtp_loss_weight_ > 0) parts.emplace_back("mtp_loss", mtp_loss_sum_);
+  if (indexer_loss_coef_ > 0) parts.emplace_back("indexer_kl", indexer_loss_sum_);  // the layers' mean, unweighted
+  mtp_loss_sum_ = indexer_loss_sum_ = 0;
+  return parts;
 }
 
 at::Tensor CausalLMImpl::head_loss_sum(const at::Tensor& hidden, const Batch& b) {
   at::Tensor loss = main_head_loss_sum(hidden, b);
   // Training forwards only: validation and `dump` report the main model's loss.
-  if (mtp_loss_weight_ == 0 || !mtp_ || !at::GradMode::is_enabled()) return loss;
+  if (!at::GradMode::is_enabled()) return loss;
+  if (indexer_loss_coef_ > 0) {  // DeepSeek sparse attention's indexer KL terms of this forward (dsa.h)
+    std::vector<IndexerImpl*> idx = indexers();
+    for (IndexerImpl* i : idx) {
+      at::Tensor kl = i->take_kl();
+      if (!kl.defined()) continue;
+      indexer_loss_sum_ += kl.detach().item<double>() / (indexer_loss_coef_ * static_cast<double>(idx.size()));
+      loss = loss + kl.to(loss.scalar_type());
+    }
+  }
+  if (mtp_loss_weight_ == 0 || !mtp_) return loss;
+  return loss + mtp_loss_part(hidden, b);
+}
+
+at::Tensor CausalLMImpl::mtp_loss_part(const at::Tensor& hidden, const Batch& b) {
   const at::Tensor& ids = b.at("input_ids");
   const at::Tensor& targets = b.at("targets");
   const at::Tensor seg = b.get("segment_ids");
   at::Tensor pos = b.get("position_ids");
   const int64_t t = ids.size(1), depths = mtp_->depths();
   if (!pos.defined()) pos = at::arange(t, ids.options().dtype(at::kLong)).unsqueeze(0).expand({ids.size(0), t});
-  at::Tensor sum = at::zeros({}, loss.options());
+  at::Tensor sum = at::zeros({}, hidden.options().dtype(at::promote_types(hidden.scalar_type(), at::kFloat)));
   at::Tensor prev = hidden;
   for (int64_t k = 0; k < depths && t - k - 1 > 0; ++k) {
     const int64_t n = t - k - 1;  // depth k at position i reads token i+k+1 and predicts token i+k+2 (targets[i+k+1])
@@ -166,7 +207,7 @@ at::Tensor CausalLMImpl::head_loss_sum(const at::Tensor& hidden, const Batch& b)
     sum = sum + main_head_loss_sum(prev, Batch{{"targets", tk}});
   }
   mtp_loss_sum_ += sum.detach().item<double>() / static_cast<double>(depths);
-  return loss + sum * (mtp_loss_weight_ / static_cast<double>(depths));
+  return sum * (mtp_loss_weight_ / static_cast<double>(depths));
 }
 
 void add_mtp_outputs(CausalLMImpl& model, const at::Tensor& ids, std::vector<std::pair<std::string, at::Tensor>>& out) {
@@ -185,9 +226,13 @@ std::vector<int64_t> generate_with_mtp(CausalLMImpl& model, const std::vector<in
                                        const GenerateOptions& opts, const std::function<void(int64_t)>& on_token) {
   MtpImpl* mtp = model.mtp();
   if (!mtp)
-    throw Error("generate --mtp: the model has no multi-token prediction layers (config num_nextn_predict_layers, "
-                "and their weights model.layers." + std::to_string(model.config().num_hidden_layers) + ".* in the folder)");
+    throw Error("generate --mtp: the model has no multi-token prediction layers (config num_nextn_predict_layers or "
+                "mtp_num_hidden_layers, and their weights in the folder)");
   if (opts.temperature > 0) throw Error("generate --mtp: speculative decoding is greedy only (--temperature 0)");
+  const auto& lin = model.config().layer_linear;
+  if (std::find(lin.begin(), lin.end(), 1) != lin.end())
+    throw Error("generate --mtp: the model's linear-attention layers keep a recurrent state that rejected drafts "
+                "cannot be cut back from (not supported yet); generate without --mtp");
   at::NoGradGuard no_grad;
   DraftStats local;
   DraftStats& stats = opts.draft_stats ? *opts.draft_stats : local;

@@ -4,6 +4,11 @@
 // eh_proj, runs one decoder block (always a MoE block: first_k_dense_replace = 0 in the MTP config) and a final
 // RMSNorm (the checkpoint's shared_head.norm); the shared lm_head turns it into logits for token i+k+2.
 //
+// Qwen3-Next / Qwen3.5 (mtp_num_hidden_layers; transformers skips their weights, vLLM's Qwen3NextMTP runs them) are
+// the same computation with (1 + weight) norms and a gated full-attention block of the main model's MLP kind, stored
+// as mtp.pre_fc_norm_embedding (enorm), mtp.pre_fc_norm_hidden (hnorm), mtp.fc (eh_proj), mtp.layers.0.* (the block),
+// mtp.norm (the final norm).
+//
 // Checkpoints store depth k as model.layers.{num_hidden_layers + k}.* (enorm, hnorm, eh_proj, shared_head.norm and
 // the block's own names; DeepSeek's files also hold copies of the embedding and head there, embed_tokens and
 // shared_head.head, which loading skips). In memory they are mtp.layers.k.{enorm,hnorm,eh_proj,mtp_block,post_norm},
@@ -25,7 +30,7 @@
 namespace lf::models::llama {
 
 // The MTP layers a config declares: deepseek_v3's and glm4_moe's num_nextn_predict_layers (transformers' default 1
-// when absent); 0 for the other families.
+// when absent); Qwen3-Next's / Qwen3.5's mtp_num_hidden_layers (absent: 0; at most 1); 0 for the other families.
 int64_t mtp_layers_declared(const DecoderConfig& c);
 // The config the MTP blocks are built from: the main one with num_hidden_layers = K and every block MoE
 // (transformers' get_mtp_config).
@@ -52,8 +57,9 @@ class MtpImpl : public torch::nn::Module {
   torch::nn::ModuleList layers{nullptr};
 };
 
-// The checkpoint name of an in-memory name (mtp.layers.k.X -> model.layers.{L+k}.X'; other names unchanged).
-std::string mtp_checkpoint_name(const std::string& name, int64_t num_hidden_layers);
+// The checkpoint name of an in-memory name (mtp.layers.k.X -> model.layers.{L+k}.X'; Qwen3-Next / Qwen3.5:
+// mtp.{pre_fc_norm_embedding, pre_fc_norm_hidden, fc, norm} and mtp.layers.k.<block>; other names unchanged).
+std::string mtp_checkpoint_name(const std::string& name, const DecoderConfig& c);
 // DeepSeek's copies of the embedding and head beside each MTP layer (model.layers.{L+k}.embed_tokens.weight,
 // .shared_head.head.weight): the shared ones serve, loading skips them.
 bool mtp_shared_copy(const std::string& checkpoint_name, const DecoderConfig& c);
