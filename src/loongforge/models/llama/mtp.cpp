@@ -229,10 +229,11 @@ std::vector<int64_t> generate_with_mtp(CausalLMImpl& model, const std::vector<in
     throw Error("generate --mtp: the model has no multi-token prediction layers (config num_nextn_predict_layers or "
                 "mtp_num_hidden_layers, and their weights in the folder)");
   if (opts.temperature > 0) throw Error("generate --mtp: speculative decoding is greedy only (--temperature 0)");
+  // Linear-attention layers (Qwen3-Next) keep a recurrent state that cannot be cut back to the accepted drafts: the
+  // cache before verification is kept (its tensors are replaced, never written in place) and, when a draft is
+  // rejected, the main model runs the accepted tokens again from it.
   const auto& lin = model.config().layer_linear;
-  if (std::find(lin.begin(), lin.end(), 1) != lin.end())
-    throw Error("generate --mtp: the model's linear-attention layers keep a recurrent state that rejected drafts "
-                "cannot be cut back from (not supported yet); generate without --mtp");
+  const bool recurrent = std::find(lin.begin(), lin.end(), 1) != lin.end();
   at::NoGradGuard no_grad;
   DraftStats local;
   DraftStats& stats = opts.draft_stats ? *opts.draft_stats : local;
@@ -284,6 +285,7 @@ std::vector<int64_t> generate_with_mtp(CausalLMImpl& model, const std::vector<in
     }
     std::vector<int64_t> cand = {seq[static_cast<size_t>(n)]};
     cand.insert(cand.end(), drafts.begin(), drafts.end());
+    const nn::KVCache before = main;
     const at::Tensor vh = model.hidden_states(ids_tensor(cand), positions(n, depths + 1), &main);
     ++stats.main_forwards;
     const at::Tensor greedy = argmax(vh).squeeze(0);
@@ -294,7 +296,13 @@ std::vector<int64_t> generate_with_mtp(CausalLMImpl& model, const std::vector<in
     for (int64_t j = 0; j < a; ++j)
       if (emit(drafts[static_cast<size_t>(j)])) return out;
     if (emit(greedy[a].item<int64_t>())) return out;
-    crop_cache(main, n + a + 1);  // the main model has run seq[0 .. n+a]
+    if (!recurrent) {
+      crop_cache(main, n + a + 1);  // the main model has run seq[0 .. n+a]
+    } else if (a < depths) {        // the state after seq[0 .. n+a]: the accepted tokens again from the kept cache
+      main = before;
+      model.hidden_states(ids_tensor(std::vector<int64_t>(cand.begin(), cand.begin() + a + 1)), positions(n, a + 1), &main);
+      ++stats.main_forwards;
+    }
     main_h = at::cat({main_h, vh.narrow(1, 0, a + 1)}, 1);
   }
 }

@@ -69,7 +69,8 @@ bool mtp_shared_copy(const std::string& checkpoint_name, const DecoderConfig& c)
 void add_mtp_outputs(CausalLMImpl& model, const at::Tensor& ids, std::vector<std::pair<std::string, at::Tensor>>& out);
 
 // Speculative greedy decoding: the MTP layers draft K tokens after each verified one, the main model checks them in
-// one forward and keeps the drafts up to the first it would not have chosen, plus its own next token.
+// one forward and keeps the drafts up to the first it would not have chosen, plus its own next token (models with
+// linear-attention layers run the kept tokens again from the cache before verification when a draft is rejected).
 std::vector<int64_t> generate_with_mtp(CausalLMImpl& model, const std::vector<int64_t>& prompt,
                                        const GenerateOptions& opts, const std::function<void(int64_t)>& on_token);
 
