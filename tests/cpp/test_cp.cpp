@@ -8,7 +8,9 @@
 #include <ATen/ATen.h>
 #include <functional>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -311,21 +313,14 @@ TEST(CPHook, LlamaLossGradsAndTraining) {
   }
 }
 
-// Linear attention (Gated DeltaNet of a tiny Qwen3.5 text decoder, linear and full attention layers) in float64:
-// the recurrent state and the convolution's past passed between the ranks' parts (nn/sequence_parts.h) give the
-// loss and every gradient of one process. 280 tokens: at cp2 each part holds 70 (two delta-rule chunks of 64).
-TEST(CPHook, LinearAttentionFloat64) {
-  if (!hook()) GTEST_SKIP() << "run by tests/python/test_dist_cp.py";
+// Linear attention in float64: the recurrent state and the convolution's past passed between the ranks' parts
+// (nn/sequence_parts.h) give the loss and every gradient of one process. 280 tokens: at cp2 each part holds 70 (two
+// delta-rule chunks of 64).
+void linear_attention_float64(const nlohmann::json& j) {
   const std::string mode = std::getenv("LF_CP_MODE") ? std::getenv("LF_CP_MODE") : "ring";
   auto comm = par::Comm::init();
   par::Mesh mesh(comm, {{"cp", comm->world()}});
   const Group& g = mesh.group("cp");
-  nlohmann::json j = {{"model_type", "qwen3_5_text"}, {"vocab_size", 128}, {"hidden_size", 32},
-                      {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
-                      {"num_key_value_heads", 2}, {"head_dim", 8}, {"max_position_embeddings", 512},
-                      {"rms_norm_eps", 1e-6}, {"linear_conv_kernel_dim", 4}, {"linear_key_head_dim", 8},
-                      {"linear_value_head_dim", 6}, {"linear_num_key_heads", 2}, {"linear_num_value_heads", 4},
-                      {"layer_types", {"linear_attention", "full_attention"}}};
   auto make = [&] {
     torch::manual_seed(0);
     CausalLM m(DecoderConfig::from_json(j));
@@ -356,12 +351,43 @@ TEST(CPHook, LinearAttentionFloat64) {
   EXPECT_LT(std::abs(total.item<double>() - lr.item<double>()), 1e-12 * std::abs(lr.item<double>()))
       << "loss " << total.item<double>() << " vs " << lr.item<double>();
   auto rp = ref->named_parameters();
+  double worst = 0;
   for (auto& kv : cpm->named_parameters()) {
     ASSERT_TRUE(kv.value().grad().defined()) << kv.key();
     ASSERT_EQ(kv.value().grad().scalar_type(), at::kDouble) << kv.key();
     g.all_reduce(kv.value().mutable_grad());
-    EXPECT_LT(rel_diff(kv.value().grad(), rp[kv.key()].grad()), 1e-10) << kv.key();
+    const double e = rel_diff(kv.value().grad(), rp[kv.key()].grad());
+    worst = std::max(worst, e);
+    EXPECT_LT(e, 1e-10) << kv.key();
   }
+  if (g.rank() == 0)
+    std::printf("cp%d %s %s loss rel diff %.2e worst grad rel diff %.2e\n", g.size(), mode.c_str(),
+                j["model_type"].get<std::string>().c_str(),
+                std::abs(total.item<double>() - lr.item<double>()) / std::abs(lr.item<double>()), worst);
+}
+
+// Gated DeltaNet of a tiny Qwen3.5 text decoder (linear and full attention layers).
+TEST(CPHook, LinearAttentionFloat64) {
+  if (!hook()) GTEST_SKIP() << "run by tests/python/test_dist_cp.py";
+  linear_attention_float64({{"model_type", "qwen3_5_text"}, {"vocab_size", 128}, {"hidden_size", 32},
+                            {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                            {"num_key_value_heads", 2}, {"head_dim", 8}, {"max_position_embeddings", 512},
+                            {"rms_norm_eps", 1e-6}, {"linear_conv_kernel_dim", 4}, {"linear_key_head_dim", 8},
+                            {"linear_value_head_dim", 6}, {"linear_num_key_heads", 2}, {"linear_num_value_heads", 4},
+                            {"layer_types", {"linear_attention", "full_attention"}}});
+}
+
+// KDA of a tiny Kimi Linear (per-channel decay, q/k/v convolutions; latent attention without rotary in the other
+// layer, dense MLPs).
+TEST(CPHook, KdaFloat64) {
+  if (!hook()) GTEST_SKIP() << "run by tests/python/test_dist_cp.py";
+  linear_attention_float64({{"model_type", "kimi_linear"}, {"vocab_size", 128}, {"hidden_size", 32},
+                            {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                            {"num_key_value_heads", 4}, {"kv_lora_rank", 16}, {"qk_rope_head_dim", 8},
+                            {"qk_nope_head_dim", 16}, {"v_head_dim", 12}, {"rms_norm_eps", 1e-6},
+                            {"linear_attn_config", {{"head_dim", 8}, {"num_heads", 4}, {"short_conv_kernel_size", 4}}},
+                            {"mlp_layer_types", {"dense", "dense"}},
+                            {"layer_types", {"linear_attention", "full_attention"}}});
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Packed documents through Gated DeltaNet layers (models/llama/gated_deltanet.h): a tiny Qwen3.5 text decoder
-// (linear and full attention layers) on rows holding several documents (segment_ids, positions restarting) gives,
+// Packed documents through linear-attention layers: Gated DeltaNet (models/llama/gated_deltanet.h; a tiny Qwen3.5
+// text decoder, linear and full attention layers) and KDA (models/llama/kimi_delta.h; a tiny Kimi Linear, KDA and
+// latent attention layers). On rows holding several documents (segment_ids, positions restarting) each gives,
 // for every document, the logits and the input-embedding gradients of that document run alone (float64): the
 // recurrent state and the short convolution restart at each document. The unpacked path is transformers' (tests/
 // python/test_qwen3_next_parity.py). A cache or context parallelism with packed documents is an error.
@@ -17,21 +18,27 @@ namespace {
 using lf::models::llama::CausalLM;
 using lf::models::llama::DecoderConfig;
 
-CausalLM tiny() {
+CausalLM tiny(bool kda = false) {
   nlohmann::json j = {{"model_type", "qwen3_5_text"}, {"vocab_size", 64}, {"hidden_size", 32},
                       {"intermediate_size", 48}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
                       {"num_key_value_heads", 2}, {"head_dim", 8}, {"max_position_embeddings", 256},
                       {"rms_norm_eps", 1e-6}, {"linear_conv_kernel_dim", 4}, {"linear_key_head_dim", 8},
                       {"linear_value_head_dim", 6}, {"linear_num_key_heads", 2}, {"linear_num_value_heads", 4},
                       {"layer_types", {"linear_attention", "full_attention", "linear_attention"}}};
+  if (kda)  // per-channel decay, q/k/v convolutions, dense MLPs
+    j = {{"model_type", "kimi_linear"}, {"vocab_size", 64}, {"hidden_size", 32}, {"intermediate_size", 48},
+         {"num_hidden_layers", 3}, {"num_attention_heads", 4}, {"num_key_value_heads", 4}, {"kv_lora_rank", 16},
+         {"qk_rope_head_dim", 8}, {"qk_nope_head_dim", 16}, {"v_head_dim", 12}, {"rms_norm_eps", 1e-6},
+         {"linear_attn_config", {{"head_dim", 8}, {"num_heads", 4}, {"short_conv_kernel_size", 4}}},
+         {"mlp_layer_types", {"dense", "dense", "dense"}},
+         {"layer_types", {"linear_attention", "full_attention", "linear_attention"}}};
   torch::manual_seed(0);
   CausalLM m(DecoderConfig::from_json(j));
   m->to(at::kDouble);
   return m;
 }
 
-TEST(LinearAttentionDocs, EachDocumentAsIfAlone) {
-  auto m = tiny();
+void each_document_as_if_alone(CausalLM m) {
   at::manual_seed(1);
   // row 0: documents of 3, 70 (two 64-token chunks) and 7 tokens; row 1: one document of 80
   const std::vector<std::vector<int64_t>> lens{{3, 70, 7}, {80}};
@@ -80,13 +87,19 @@ TEST(LinearAttentionDocs, EachDocumentAsIfAlone) {
   }
 }
 
+TEST(LinearAttentionDocs, EachDocumentAsIfAlone) { each_document_as_if_alone(tiny()); }
+
+TEST(LinearAttentionDocs, KdaEachDocumentAsIfAlone) { each_document_as_if_alone(tiny(/*kda=*/true)); }
+
 TEST(LinearAttentionDocs, CacheWithDocumentsIsAnError) {
-  auto m = tiny();
-  at::Tensor ids = at::randint(0, 64, {1, 8}, at::kLong);
-  at::Tensor seg = at::tensor({0, 0, 0, 1, 1, 1, 1, 1}, at::kLong).view({1, 8});
-  at::Tensor pos = at::tensor({0, 1, 2, 0, 1, 2, 3, 4}, at::kLong).view({1, 8});
-  lf::nn::KVCache cache(3);
-  EXPECT_THROW(m->hidden_states(ids, pos, &cache, seg), lf::Error);
+  for (bool kda : {false, true}) {
+    auto m = tiny(kda);
+    at::Tensor ids = at::randint(0, 64, {1, 8}, at::kLong);
+    at::Tensor seg = at::tensor({0, 0, 0, 1, 1, 1, 1, 1}, at::kLong).view({1, 8});
+    at::Tensor pos = at::tensor({0, 1, 2, 0, 1, 2, 3, 4}, at::kLong).view({1, 8});
+    lf::nn::KVCache cache(3);
+    EXPECT_THROW(m->hidden_states(ids, pos, &cache, seg), lf::Error) << kda;
+  }
 }
 
 }  // namespace

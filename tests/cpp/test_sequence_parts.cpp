@@ -1,7 +1,8 @@
 // Context parallelism of linear attention (nn/sequence_parts.h), in one process: a sequence cut into parts held in
 // a shuffled local order, with a gather that puts them back in sequence order (what the all-gather does over ranks),
 // gives the outputs and every input's gradient of the whole-sequence chunk-wise rule / convolution (float64), for
-// parts shorter and longer than a chunk; short parts or bad indices are errors.
+// parts shorter and longer than a chunk, with one decay per head and per key channel (KDA); short parts or bad indices
+// are errors.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -32,14 +33,18 @@ lf::nn::SequenceParts shuffled(const std::vector<int64_t>& local) {
   return {local, total, [inverse](const Tensor& x) { return x.index_select(0, inverse); }};
 }
 
-TEST(SequenceParts, DeltaRuleEqualsTheWholeSequence) {
+// g [B, T, H] (Gated DeltaNet) or per key channel [B, T, H, Dk] (KDA: the decay acts on the state's key rows, the
+// part's map stays affine).
+void delta_rule_equals_the_whole_sequence(bool per_channel) {
   for (int64_t len : {5, 70}) {  // parts inside one chunk, and over two chunks of 64
     at::manual_seed(len);
     const std::vector<int64_t> local{2, 0, 3, 1};
-    const int64_t b = 2, t = 4 * len, hk = 2, h = 4, dk = 6, dv = 5;
+    const int64_t b = 2, t = 4 * len, hk = per_channel ? 4 : 2, h = 4, dk = 6, dv = 5;
     auto opts = at::TensorOptions().dtype(at::kDouble);
     Tensor q = at::randn({b, t, hk, dk}, opts).requires_grad_(), k = (at::randn({b, t, hk, dk}, opts) * 0.4).requires_grad_();
-    Tensor v = at::randn({b, t, h, dv}, opts).requires_grad_(), g = (-at::rand({b, t, h}, opts) * 0.3).requires_grad_();
+    Tensor v = at::randn({b, t, h, dv}, opts).requires_grad_();
+    const std::vector<int64_t> g_shape = per_channel ? std::vector<int64_t>{b, t, h, dk} : std::vector<int64_t>{b, t, h};
+    Tensor g = (-at::rand(g_shape, opts) * 0.3).requires_grad_();
     Tensor beta = at::rand({b, t, h}, opts).requires_grad_();
     Tensor whole = lf::nn::chunk_gated_delta_rule(q, k, v, g, beta).first;
     auto mine = [&](const Tensor& x) { return in_local_order(x, local, 4); };
@@ -52,6 +57,10 @@ TEST(SequenceParts, DeltaRuleEqualsTheWholeSequence) {
       EXPECT_LT((got[i] - ref[i]).abs().max().item<double>(), 1e-9 * (1 + ref[i].abs().max().item<double>())) << len << " input " << i;
   }
 }
+
+TEST(SequenceParts, DeltaRuleEqualsTheWholeSequence) { delta_rule_equals_the_whole_sequence(false); }
+
+TEST(SequenceParts, PerChannelDecayEqualsTheWholeSequence) { delta_rule_equals_the_whole_sequence(true); }
 
 TEST(SequenceParts, ConvolutionEqualsTheWholeSequence) {
   at::manual_seed(3);

@@ -25,7 +25,8 @@ namespace par = lf::parallel;
 constexpr int64_t kVocab = 128, kBatch = 2, kSeq = 16;
 
 // "llama": GQA with every bias (row-parallel biases included) and a pad token; "qwen3": q/k norms; "tied": tied
-// embeddings; "qwen2": q/k/v biases (run with activation recomputation in the gradient test).
+// embeddings; "qwen2": q/k/v biases (run with activation recomputation in the gradient test); "qwen3_5",
+// "qwen3_next": Gated DeltaNet layers; "kimi_linear": KDA layers.
 nlohmann::json config_json(const std::string& variant) {
   nlohmann::json j = {{"model_type", "llama"}, {"vocab_size", kVocab}, {"hidden_size", 64},
                       {"intermediate_size", 96}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
@@ -47,6 +48,12 @@ nlohmann::json config_json(const std::string& variant) {
     j.update({{"head_dim", 8}, {"layer_types", {"linear_attention", "full_attention"}}, {"linear_conv_kernel_dim", 4},
               {"linear_key_head_dim", 8}, {"linear_value_head_dim", 6}, {"linear_num_key_heads", 2},
               {"linear_num_value_heads", 4}, {"num_experts", 0}});
+  } else if (variant == "kimi_linear") {  // KDA (per-channel decay, low-rank gates) beside latent attention
+    j = {{"model_type", "kimi_linear"}, {"vocab_size", kVocab}, {"hidden_size", 64}, {"intermediate_size", 96},
+         {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 4}, {"kv_lora_rank", 16},
+         {"qk_rope_head_dim", 8}, {"qk_nope_head_dim", 16}, {"v_head_dim", 12}, {"rms_norm_eps", 1e-6},
+         {"linear_attn_config", {{"head_dim", 8}, {"num_heads", 4}, {"short_conv_kernel_size", 4}}},
+         {"mlp_layer_types", {"dense", "dense"}}, {"layer_types", {"linear_attention", "full_attention"}}};
   }
   return j;
 }
@@ -263,7 +270,7 @@ TEST(TpHook, GradientParity) {
   auto comm = par::Comm::init();
   ASSERT_EQ(comm->world(), 2);
   const par::Group& tp = comm->world_group();
-  for (const char* v : {"llama", "qwen3", "tied", "qwen2", "qwen3_5", "qwen3_next"})
+  for (const char* v : {"llama", "qwen3", "tied", "qwen2", "qwen3_5", "qwen3_next", "kimi_linear"})
     for (bool sp : {false, true}) check_parity(tp, v, sp);
 }
 

@@ -109,14 +109,20 @@ def test_cp2_follows_one_process(tiny, mode):
     """Context parallelism: the linear-attention layers pass their recurrent state and convolution past between the
     ranks' parts of the sequence (nn/sequence_parts.h), the full-attention layers run ring / a2a attention. 264
     tokens: each rank's two parts of 66 tokens span two 64-token chunks of the delta rule."""
+    check_cp2_follows_one_process(tiny, mode)
+
+
+def check_cp2_follows_one_process(tmp, mode):
+    """Three steps of `train` at cp 2 (cp_mode `mode`) on tmp/model, 264 tokens = three steps in one process: losses
+    within 1e-5, gradient norms within 1e-4."""
     seq = ["--set", "data.seq_len=264"]
-    run_lf("train", write_recipe(tiny, "one", steps=3), *seq)
-    res = launch_ranks(2, [LF_BIN, "train", write_recipe(tiny, "cp2", steps=3,
+    run_lf("train", write_recipe(tmp, "one", steps=3), *seq)
+    res = launch_ranks(2, [LF_BIN, "train", write_recipe(tmp, "cp2", steps=3,
                                                          extra=f"parallel:\n  cp: 2\n  cp_mode: {mode}"), *seq],
                        threads=1)
     for r in res:
         assert r.returncode == 0, r.stderr[-3000:]
-    one, cp2 = metrics(tiny / "one"), metrics(tiny / "cp2")
+    one, cp2 = metrics(tmp / "one"), metrics(tmp / "cp2")
     assert len(one) == len(cp2) == 3
     # The gradient norm to 1e-4: in fp32 the per-head decay gradients (dt_bias, A_log) sum with heavy cancellation
     # (test_qwen3_next_parity: transformers' own fp32 result is 1e-4 from its float64 one), and the parts regroup
@@ -130,17 +136,23 @@ def test_cp2_follows_one_process(tiny, mode):
 def test_tp2_follows_one_process(tmp_path, model_type, layout):
     """Tensor parallelism: the linear-attention layers split by heads (Qwen3.5's fused [q | k | v] projection and
     both families' convolution channels as three blocks), the gated attention by heads; with sequence parallelism
-    for Qwen3.5. Gradient norms to 1e-4 as for cp (the fp32 decay gradients' cancellation)."""
+    for Qwen3.5."""
     case = "moe_sparse_step_tied" if model_type == "qwen3_next" else "qwen3_5_text"
     make_model(model_type, dict(CASES[case][1], vocab_size=128)).save_pretrained(tmp_path / "model")
-    g = torch.Generator().manual_seed(5)
-    write_periodic_shard(tmp_path / "train", torch.randint(0, 128, (40,), generator=g).tolist(), 40)
-    run_lf("train", write_recipe(tmp_path, "one", steps=3))
-    res = launch_ranks(2, [LF_BIN, "train", write_recipe(tmp_path, "tp2", steps=3, extra=f"parallel:\n  {layout}")],
+    write_tiny_data(tmp_path, 128)
+    check_tp2_follows_one_process(tmp_path, layout)
+
+
+def check_tp2_follows_one_process(tmp, layout, median_tol=1e-6):
+    """Three steps of `train` under `layout` (parallel.tp 2, maybe sp) on tmp/model = three steps in one process:
+    losses within 1e-5, the first gradient norm within 1e-5 and later ones 1e-3; the checkpoints alike (every
+    tensor's median difference within median_tol, none over 0.1)."""
+    run_lf("train", write_recipe(tmp, "one", steps=3))
+    res = launch_ranks(2, [LF_BIN, "train", write_recipe(tmp, "tp2", steps=3, extra=f"parallel:\n  {layout}")],
                        threads=1)
     for r in res:
         assert r.returncode == 0, r.stderr[-3000:]
-    one, tp2 = metrics(tmp_path / "one"), metrics(tmp_path / "tp2")
+    one, tp2 = metrics(tmp / "one"), metrics(tmp / "tp2")
     assert len(one) == len(tp2) == 3
     # The first step's gradient norm to 1e-5; after it AdamW's normalised steps amplify the last bits of near-zero
     # gradients (the heads' sums regroup under tp), so later norms drift (1e-3) while the losses stay within 1e-5.
@@ -148,12 +160,13 @@ def test_tp2_follows_one_process(tmp_path, model_type, layout):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
         assert abs(a["grad_norm"] - b["grad_norm"]) <= (1e-5 if i == 0 else 1e-3) * abs(a["grad_norm"]), (a, b)
     # the checkpoint holds the whole tensors under transformers' names (the blocks put back in order)
-    a = load_file(str(tmp_path / "one" / "checkpoints" / "step_00000003" / "model.safetensors"))
-    ckpt = tmp_path / "tp2" / "checkpoints" / "step_00000003"
+    a = load_file(str(tmp / "one" / "checkpoints" / "step_00000003" / "model.safetensors"))
+    ckpt = tmp / "tp2" / "checkpoints" / "step_00000003"
     b = {}
     for f in sorted(set(json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"].values())):
         b.update(load_file(str(ckpt / f)))
     assert sorted(a) == sorted(b)
     for k in a:  # AdamW's normalised steps amplify the last bits of near-zero gradients: most entries equal, none far
+        assert a[k].shape == b[k].shape, (k, a[k].shape, b[k].shape)
         d = (a[k] - b[k]).abs()
-        assert a[k].shape == b[k].shape and d.median() <= 1e-6 and d.max() <= 0.1, (k, d.median(), d.max())
+        assert d.median() <= median_tol and d.max() <= 0.1, (k, d.median(), d.max())

@@ -69,8 +69,9 @@ enum class TpStyle {
   VocabHead,         // output projection, vocabulary rows split; the loss never gathers whole logits
   ReplicatedWhole,   // a module tree kept whole that runs on whole inputs on every rank before the sequence is cut
                      // (a VLM's vision tower): its gradients are complete on each rank, under sp too
-  ShardedInside,     // a module's own parameters (not a linear layer) split along dim 0 inside a region: per-head
-                     // vectors, a depthwise convolution's channels (linear attention)
+  ShardedInside,     // a module's own parameters (not a linear layer) split along their first dimension longer
+                     // than 1 inside a region: per-head vectors (also [1, 1, H, 1]), a depthwise convolution's
+                     // channels (linear attention)
 };
 struct TpRule {
   std::string pattern;

@@ -4,8 +4,9 @@
 // parallel layout finds it among Model::attention_modules() and sets `parts` instead of an attention_fn.
 //
 // The gated delta rule is affine in its start state: over a part, S_end = M S_start + S0 (M [Dk, Dk] the product of
-// the part's exp(g)(I - beta k k^T) factors, S0 the end state from zero) and every output o_t = o0_t + S_start^T
-// (M_t^T q_t). One chunk-wise pass with values [v | 0] from the start state [0 | I] gives all of it: the outputs' two
+// the part's (I - beta k k^T) D_t factors, D_t = exp(g_t) one decay per head or, for KDA's per-channel decay,
+// diag(exp(g_t)) acting on the state's key rows: affine all the same; S0 the end state from zero) and every output
+// o_t = o0_t + S_start^T (M_t^T q_t). One chunk-wise pass with values [v | 0] from the start state [0 | I] gives all of it: the outputs' two
 // column blocks are o0 and M_t^T q, the end state is [S0 | M]. The parts' (S0, M) are all-gathered (small: [Dk,
 // Dv + Dk] per head), each rank scans them in sequence order to its parts' start states, and adds the correction —
 // the local work is one pass of width Dv + Dk, and nothing of size T leaves the rank but the convolution's K - 1
@@ -36,7 +37,8 @@ struct SequencePartsHook {
 // last K - 1 inputs of the part before it in the sequence (zeros before the first). Returns y [B, Tl, C].
 at::Tensor parts_causal_conv_silu(const at::Tensor& x, const at::Tensor& weight, const SequenceParts& parts);
 
-// chunk_gated_delta_rule over this rank's parts (q, k [B, Tl, Hk, Dk]; v [B, Tl, Hv, Dv]; g, beta [B, Tl, Hv]),
+// chunk_gated_delta_rule over this rank's parts (q, k [B, Tl, Hk, Dk]; v [B, Tl, Hv, Dv]; beta [B, Tl, Hv]; g
+// [B, Tl, Hv] or per channel [B, Tl, Hv, Dk]),
 // each part starting from the state the parts before it leave (zeros before the first). Returns the outputs
 // [B, Tl, Hv, Dv] in v's dtype.
 at::Tensor parts_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,

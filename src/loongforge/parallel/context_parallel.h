@@ -16,9 +16,9 @@
 // the sequence is put back in natural order, nn::causal_attention runs on it, and the inverse exchange returns
 // [B, heads, local tokens]. Needs num_attention_heads and num_key_value_heads divisible by cp.
 //
-// Linear attention (modules that are also nn::SequencePartsHook: Gated DeltaNet) in either mode: the module gets this
-// rank's two parts and an all-gather of per-part values in sequence order (nn/sequence_parts.h: the recurrent state
-// and the short convolution's past pass from part to part); no heads are exchanged.
+// Linear attention (modules that are also nn::SequencePartsHook: Gated DeltaNet, KDA) in either mode: the module gets
+// this rank's two parts and an all-gather of per-part values in sequence order (nn/sequence_parts.h: the recurrent
+// state and the short convolution's past pass from part to part); no heads are exchanged.
 //
 // Packed documents: the segment ids of the local tokens (cp_shard of the full [B,T] ids) are passed as
 // attention_fn's segment_ids; attention stays within a document in both modes. Sliding windows are rejected.

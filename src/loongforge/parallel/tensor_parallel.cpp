@@ -212,6 +212,8 @@ TensorParallelPlan apply_tensor_parallel(models::Model& m, const Group& tp_group
         throw OptionError("target_modules", "tensor parallel supports LoRA on the blocks' projections only "
                                             "(parameter '" + name + "')");
       if (dim == -2) throw Error("tensor parallel: parameter '" + name + "' does not fit its module's plan style");
+      if (owner->style == S::ShardedInside)  // its first dimension longer than 1 (the heads of a [1, 1, H, 1] vector)
+        while (dim + 1 < item.value().dim() && item.value().size(dim) == 1) ++dim;
     } else if (lora) {
       throw OptionError("target_modules", "tensor parallel supports LoRA on the blocks' projections only "
                                           "(parameter '" + name + "')");

@@ -189,9 +189,6 @@ TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
   const DecoderConfig& c = config_;
   // (asked for only when parallel.tp > 1)
   if (c.dsa) throw OptionError("tp", c.model_type + ": the sparse-attention indexers have no tensor-parallel plan yet (use dp / zero / ep)");
-  if (DecoderConfig::kda_family(c.model_type))
-    throw OptionError("tp", std::to_string(c.num_hidden_layers) + "-layer " + c.model_type +
-                                ": its KDA linear-attention layers have no tensor-parallel plan yet (use dp / zero / pp / ep)");
   TensorParallelSpec t;
   const std::string L = R"(model\.layers\.\d+\.)";
   t.rules = {
@@ -224,6 +221,19 @@ TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
     t.rules.push_back({L + R"(linear_attn\.norm)", TpStyle::ReplicatedInside});
     t.rules.push_back({L + R"(linear_attn\.out_proj)", TpStyle::Rowwise});
     t.divisible.push_back({"linear_num_key_heads", c.linear_num_key_heads});
+  }
+  // KDA (Kimi Linear's linear attention, under self_attn): heads split as Gated DeltaNet's (q/k/v and o_proj by the
+  // attention rules above); the low-rank forget-gate and output-gate entries stay whole, their up-projections split
+  // by heads; the forget gate's dt_bias [H D] and A_log [1, 1, H, 1] by heads.
+  if (DecoderConfig::kda_family(c.model_type) && std::count(c.layer_linear.begin(), c.layer_linear.end(), 1) > 0) {
+    const int64_t hd = c.linear_num_value_heads * c.linear_value_head_dim;
+    t.rules.push_back({L + R"(self_attn\.b_proj)", TpStyle::Colwise});
+    t.rules.push_back({L + R"(self_attn\.(forget_gate\.f_a_proj|g_a_proj))", TpStyle::ReplicatedEntry});
+    t.rules.push_back({L + R"(self_attn\.(forget_gate\.f_b_proj|g_b_proj))", TpStyle::ColwiseInside});
+    t.rules.push_back({L + R"(self_attn\.conv1d)", TpStyle::ShardedInside, {hd, hd, hd}});
+    t.rules.push_back({L + R"(self_attn\.forget_gate)", TpStyle::ShardedInside});
+    t.rules.push_back({L + R"(self_attn\.o_norm)", TpStyle::ReplicatedInside});
+    t.divisible.push_back({"linear_attn_config.num_heads", c.linear_num_value_heads});
   }
   t.divisible.insert(t.divisible.begin(), {"num_attention_heads", c.num_attention_heads});
   // MiniMax-M2's q/k norms span all heads of the projection: its attention does not split (tp must be 1)

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -28,43 +29,6 @@ void store_linear_cache_state(nn::KVCache& cache, int64_t layer, int64_t t, cons
   const int64_t seen = (cache.keys[li].defined() ? cache.keys[li].size(2) : 0) + t;
   cache.keys[li] = conv.unsqueeze(2).expand({conv.size(0), conv.size(1), seen, conv.size(2)});
   cache.values[li] = recurrent;
-}
-
-at::Tensor cached_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                             const at::Tensor& beta, const LinearCacheState& past, const at::Tensor& conv_state,
-                             nn::KVCache* cache, int64_t layer, int64_t chunk) {
-  auto [core, state] = past.recurrent.defined() && q.size(1) == 1
-                           ? nn::recurrent_gated_delta_rule(q, k, v, g, beta, past.recurrent)
-                           : nn::chunk_gated_delta_rule(q, k, v, g, beta, past.recurrent, chunk, cache != nullptr);
-  if (cache) store_linear_cache_state(*cache, layer, q.size(1), conv_state, state);
-  return core;
-}
-
-void refuse_attention_fn(const nn::AttentionHook& hook, int64_t layer, const char* kind) {
-  if (hook.attention_fn)
-    throw Error("linear-attention layer " + std::to_string(layer) +
-                ": context parallelism (parallel.cp) and attention replacements are not supported by " + kind +
-                " layers yet (their recurrent state would have to pass between ranks)");
-}
-
-GatedDeltaNetImpl::GatedDeltaNetImpl(const DecoderConfig& c, int64_t idx)
-    : nn::AttentionHook(c.linear_num_value_heads, c.linear_num_key_heads, 0), layer_idx(idx), key_heads(c.linear_num_key_heads), value_heads(c.linear_num_value_heads),
-      key_dim(c.linear_key_head_dim), value_dim(c.linear_value_head_dim), kernel(c.linear_conv_kernel_dim) {
-  const int64_t d = c.hidden_size, kd = key_heads * key_dim, vd = value_heads * value_dim;
-  if (c.linear_split_projections) {
-    in_proj_qkv = register_module("in_proj_qkv", nn::Linear(d, 2 * kd + vd, false));
-    in_proj_z = register_module("in_proj_z", nn::Linear(d, vd, false));
-    in_proj_b = register_module("in_proj_b", nn::Linear(d, value_heads, false));
-    in_proj_a = register_module("in_proj_a", nn::Linear(d, value_heads, false));
-  } else {
-    in_proj_qkvz = register_module("in_proj_qkvz", nn::Linear(d, 2 * kd + 2 * vd, false));
-    in_proj_ba = register_module("in_proj_ba", nn::Linear(d, 2 * value_heads, false));
-  }
-  conv1d = register_module("conv1d", DepthwiseConvWeight(2 * kd + vd, kernel));
-  dt_bias = register_parameter("dt_bias", at::ones({value_heads}));
-  A_log = register_parameter("A_log", at::empty({value_heads}).uniform_(0.01, 16.0).log_());
-  norm = register_module("norm", nn::RMSNorm(value_dim, c.rms_norm_eps));
-  out_proj = register_module("out_proj", nn::Linear(vd, d, false));
 }
 
 namespace {
@@ -101,10 +65,65 @@ at::Tensor per_document(const std::vector<std::pair<int64_t, int64_t>>& docs, co
 
 }  // namespace
 
+LinearLayout::LinearLayout(const nn::AttentionHook& hook, const at::Tensor& segment_ids,
+                           const std::optional<nn::SequenceParts>& parts, nn::KVCache* cache, int64_t layer)
+    : docs_(documents(segment_ids)), parts_(parts ? &*parts : nullptr), cache_(cache), layer_(layer),
+      past_(linear_cache_state(cache, layer)) {
+  if (hook.attention_fn)
+    throw Error("linear-attention layer " + std::to_string(layer) + ": attention replacements are not supported");
+  if (parts_ && cache_) throw Error("context parallel: a key/value cache (generation) is not supported");
+  if (!docs_.empty() && (cache_ || parts_))
+    throw Error("linear-attention layer " + std::to_string(layer) + ": packed documents (segment_ids) are not "
+                "supported " + std::string(cache_ ? "with a cache (generation)" : "under context parallelism") +
+                "; train without document masking");
+}
+
+at::Tensor LinearLayout::conv(const at::Tensor& x, const at::Tensor& weight) {
+  if (parts_) return nn::parts_causal_conv_silu(x, weight, *parts_);
+  if (!docs_.empty())
+    return per_document(docs_, {x}, [&](const std::vector<at::Tensor>& m) {
+      return nn::causal_depthwise_conv_silu(m[0], weight).first;
+    });
+  at::Tensor y;
+  std::tie(y, conv_state_) = nn::causal_depthwise_conv_silu(x, weight, past_.conv);
+  return y;
+}
+
+at::Tensor LinearLayout::delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                    const at::Tensor& beta, int64_t chunk) const {
+  if (parts_) return nn::parts_gated_delta_rule(q, k, v, g, beta, *parts_, chunk);
+  if (!docs_.empty())
+    return per_document(docs_, {q, k, v, g, beta}, [&](const std::vector<at::Tensor>& d) {
+      return nn::chunk_gated_delta_rule(d[0], d[1], d[2], d[3], d[4], {}, chunk).first;
+    });
+  auto [core, state] = past_.recurrent.defined() && q.size(1) == 1
+                           ? nn::recurrent_gated_delta_rule(q, k, v, g, beta, past_.recurrent)
+                           : nn::chunk_gated_delta_rule(q, k, v, g, beta, past_.recurrent, chunk, cache_ != nullptr);
+  if (cache_) store_linear_cache_state(*cache_, layer_, q.size(1), conv_state_, state);
+  return core;
+}
+
+GatedDeltaNetImpl::GatedDeltaNetImpl(const DecoderConfig& c, int64_t idx)
+    : nn::AttentionHook(c.linear_num_value_heads, c.linear_num_key_heads, 0), layer_idx(idx), key_heads(c.linear_num_key_heads), value_heads(c.linear_num_value_heads),
+      key_dim(c.linear_key_head_dim), value_dim(c.linear_value_head_dim), kernel(c.linear_conv_kernel_dim) {
+  const int64_t d = c.hidden_size, kd = key_heads * key_dim, vd = value_heads * value_dim;
+  if (c.linear_split_projections) {
+    in_proj_qkv = register_module("in_proj_qkv", nn::Linear(d, 2 * kd + vd, false));
+    in_proj_z = register_module("in_proj_z", nn::Linear(d, vd, false));
+    in_proj_b = register_module("in_proj_b", nn::Linear(d, value_heads, false));
+    in_proj_a = register_module("in_proj_a", nn::Linear(d, value_heads, false));
+  } else {
+    in_proj_qkvz = register_module("in_proj_qkvz", nn::Linear(d, 2 * kd + 2 * vd, false));
+    in_proj_ba = register_module("in_proj_ba", nn::Linear(d, 2 * value_heads, false));
+  }
+  conv1d = register_module("conv1d", DepthwiseConvWeight(2 * kd + vd, kernel));
+  dt_bias = register_parameter("dt_bias", at::ones({value_heads}));
+  A_log = register_parameter("A_log", at::empty({value_heads}).uniform_(0.01, 16.0).log_());
+  norm = register_module("norm", nn::RMSNorm(value_dim, c.rms_norm_eps));
+  out_proj = register_module("out_proj", nn::Linear(vd, d, false));
+}
+
 at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache, const at::Tensor& segment_ids) {
-  if (attention_fn)
-    throw Error("linear-attention layer " + std::to_string(layer_idx) +
-                ": attention replacements are not supported by Gated DeltaNet layers");
   // this rank's heads (AttentionHook::heads / kv_heads: value / key heads, divided by tensor parallelism)
   const int64_t key_heads = kv_heads, value_heads = heads;
   const int64_t kd = key_heads * key_dim, vd = value_heads * value_dim;
@@ -133,21 +152,8 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache, c
     a = ba.narrow(3, r, r).reshape({b, t, value_heads});
   }
   z = z.reshape({b, t, value_heads, value_dim});
-  if (parts && cache) throw Error("context parallel: a key/value cache (generation) is not supported");
-  // Packed documents: the state and the convolution restart at every document (each runs on its own).
-  const std::vector<std::pair<int64_t, int64_t>> docs = documents(segment_ids);
-  if (!docs.empty() && (cache || parts))
-    throw Error("linear-attention layer " + std::to_string(layer_idx) + ": packed documents (segment_ids) are not "
-                "supported " + std::string(cache ? "with a cache (generation)" : "under context parallelism") +
-                "; train without document masking");
-  const LinearCacheState past = linear_cache_state(cache, layer_idx);
-  at::Tensor conv, conv_state;
-  if (parts) conv = nn::parts_causal_conv_silu(mixed, conv1d->weight, *parts);
-  else if (!docs.empty())
-    conv = per_document(docs, {mixed}, [&](const std::vector<at::Tensor>& m) {
-      return nn::causal_depthwise_conv_silu(m[0], conv1d->weight).first;
-    });
-  else std::tie(conv, conv_state) = nn::causal_depthwise_conv_silu(mixed, conv1d->weight, past.conv);
+  LinearLayout layout(*this, segment_ids, parts, cache, layer_idx);
+  at::Tensor conv = layout.conv(mixed, conv1d->weight);
   auto qkv = conv.split_with_sizes({kd, kd, vd}, -1);
   at::Tensor q = qkv[0].reshape({b, t, key_heads, key_dim}), k = qkv[1].reshape({b, t, key_heads, key_dim});
   at::Tensor v = qkv[2].reshape({b, t, value_heads, value_dim});
@@ -157,16 +163,7 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, nn::KVCache* cache, c
   k = nn::l2_normalize(k.to(ct));
   at::Tensor beta = at::sigmoid(beta_in);
   at::Tensor g = -A_log.to(ct).exp() * at::softplus(a.to(ct) + dt_bias);
-  at::Tensor core;
-  if (parts) {
-    core = nn::parts_gated_delta_rule(q, k, v, g, beta, *parts, chunk);
-  } else if (!docs.empty()) {
-    core = per_document(docs, {q, k, v, g, beta}, [&](const std::vector<at::Tensor>& d) {
-      return nn::chunk_gated_delta_rule(d[0], d[1], d[2], d[3], d[4], {}, chunk).first;
-    });
-  } else {
-    core = cached_delta_rule(q, k, v, g, beta, past, conv_state, cache, layer_idx, chunk);
-  }
+  at::Tensor core = layout.delta_rule(q, k, v, g, beta, chunk);
   at::Tensor o = nn::gated_rms_norm(core, z, norm->weight, norm->eps);
   return out_proj->forward(o.reshape({b, t, vd}));
 }

@@ -19,6 +19,10 @@
 #pragma once
 #include <torch/nn/module.h>
 
+#include <optional>
+#include <utility>
+#include <vector>
+
 #include "loongforge/models/llama/config.h"
 #include "loongforge/nn/attention.h"
 #include "loongforge/nn/linear.h"
@@ -43,14 +47,31 @@ struct LinearCacheState {
 LinearCacheState linear_cache_state(const nn::KVCache* cache, int64_t layer);
 // Stores them after a call over t more tokens.
 void store_linear_cache_state(nn::KVCache& cache, int64_t layer, int64_t t, const at::Tensor& conv, const at::Tensor& recurrent);
-// The gated delta rule of a layer over t tokens: token by token when the cache holds a state and t = 1, else
-// chunk-wise from the state (if any); with a cache, stores the new conv inputs and recurrent state there. g: per head
-// or per channel (nn/gated_delta.h). Returns the outputs [B, T, Hv, Dv].
-at::Tensor cached_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                             const at::Tensor& beta, const LinearCacheState& past, const at::Tensor& conv_state,
-                             nn::KVCache* cache, int64_t layer, int64_t chunk);
-// Throws unless hook has no attention_fn (context parallelism would have to pass the recurrent state between ranks).
-void refuse_attention_fn(const nn::AttentionHook& hook, int64_t layer, const char* kind);
+
+// How a linear-attention layer (Gated DeltaNet, KDA) runs its short convolution and delta rule in one call: packed
+// documents (segment_ids [B, T]: each document alone, from a zero state and convolution past), this rank's parts of
+// the sequence (context parallelism, nn/sequence_parts.h), or one sequence per row continuing a cache's states
+// (token by token for one token with a state, else chunk-wise). Documents with a cache or with parts, parts with a
+// cache, and an attention_fn on the layer's hook are errors naming the layer.
+class LinearLayout {
+ public:
+  LinearLayout(const nn::AttentionHook& hook, const at::Tensor& segment_ids,
+               const std::optional<nn::SequenceParts>& parts, nn::KVCache* cache, int64_t layer);
+  // x [B, T, C] -> causal_depthwise_conv_silu(x) in this layout (keeps the last K - 1 inputs for the cache).
+  at::Tensor conv(const at::Tensor& x, const at::Tensor& weight);
+  // The gated delta rule in this layout (g per head or per channel, nn/gated_delta.h); with a cache, stores the new
+  // convolution inputs and recurrent state there. Returns the outputs [B, T, Hv, Dv].
+  at::Tensor delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                        const at::Tensor& beta, int64_t chunk) const;
+
+ private:
+  std::vector<std::pair<int64_t, int64_t>> docs_;  // [start, end) of the flattened [B*T] tokens; empty: none
+  const nn::SequenceParts* parts_ = nullptr;
+  nn::KVCache* cache_ = nullptr;
+  int64_t layer_ = 0;
+  LinearCacheState past_;
+  at::Tensor conv_state_;
+};
 
 class GatedDeltaNetImpl : public torch::nn::Module, public nn::AttentionHook, public nn::SequencePartsHook {
  public:

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <vector>
 
 #include "loongforge/nn/gated_delta.h"
 
@@ -18,7 +19,7 @@ KdaForgetGateImpl::KdaForgetGateImpl(int64_t hidden, int64_t h, int64_t dh) : he
 at::Tensor KdaForgetGateImpl::forward(const at::Tensor& x) {
   const at::ScalarType ct = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor a = f_b_proj->forward(f_a_proj->forward(x)).to(ct) + dt_bias.to(ct);
-  a = a.view({x.size(0), x.size(1), heads, head_dim});
+  a = a.view({a.size(0), a.size(1), -1, head_dim});
   return -A_log.to(ct).exp() * at::softplus(a);  // softplus(a) = a above 20, as transformers
 }
 
@@ -38,13 +39,14 @@ KimiDeltaAttentionImpl::KimiDeltaAttentionImpl(const DecoderConfig& c, int64_t i
   o_proj = register_module("o_proj", nn::Linear(hd, d, false));
 }
 
-at::Tensor KimiDeltaAttentionImpl::forward(const at::Tensor& x, nn::KVCache* cache) {
-  refuse_attention_fn(*this, layer_idx, "Kimi Delta Attention");
-  const int64_t b = x.size(0), t = x.size(1), hd = heads * head_dim;
+at::Tensor KimiDeltaAttentionImpl::forward(const at::Tensor& x, nn::KVCache* cache, const at::Tensor& segment_ids) {
+  LinearLayout layout(*this, segment_ids, parts, cache, layer_idx);
+  // this rank's heads (divided by tensor parallelism); b, t from the projections (a sequence-parallel entry gathers
+  // the sequence: t can exceed x's)
+  const int64_t hd = heads * head_dim;
   at::Tensor mixed = at::cat({q_proj->forward(x), k_proj->forward(x), v_proj->forward(x)}, -1);
-  const LinearCacheState past = linear_cache_state(cache, layer_idx);
-  auto [conv, conv_state] = nn::causal_depthwise_conv_silu(mixed, conv1d->weight, past.conv);
-  auto qkv = conv.split(hd, -1);
+  const int64_t b = mixed.size(0), t = mixed.size(1);
+  auto qkv = layout.conv(mixed, conv1d->weight).split(hd, -1);
   const std::vector<int64_t> shape{b, t, heads, head_dim};
   // q and k L2-normalised in the compute dtype (float32 unless float64), q scaled by D^-1/2, as transformers
   const at::ScalarType ct = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -53,7 +55,7 @@ at::Tensor KimiDeltaAttentionImpl::forward(const at::Tensor& x, nn::KVCache* cac
   at::Tensor v = qkv[2].reshape(shape);
   at::Tensor g = forget_gate->forward(x);
   at::Tensor beta = at::sigmoid(b_proj->forward(x));
-  at::Tensor core = cached_delta_rule(q, k, v, g, beta, past, conv_state, cache, layer_idx, chunk);
+  at::Tensor core = layout.delta_rule(q, k, v, g, beta, chunk);
   at::Tensor gate = g_b_proj->forward(g_a_proj->forward(x)).view(shape);
   at::Tensor o = nn::gated_rms_norm(core, gate, o_norm->weight, o_norm->eps, /*sigmoid_gate=*/true);
   return o_proj->forward(o.reshape({b, t, hd}));

@@ -9,7 +9,11 @@
 // cache; the output is o_norm(o, g_b_proj g_a_proj x) through o_proj. Checkpoints (save_pretrained, the Hub) keep
 // the forget gate's tensors directly under self_attn and the convolution as q_conv1d / k_conv1d / v_conv1d
 // (CausalLM::checkpoint_tensors maps them).
-// The cache layout and the refusal of attention_fn are Gated DeltaNet's (gated_deltanet.h).
+// The cache layout, packed documents, context parallelism (an nn::SequencePartsHook: the per-channel decay keeps the
+// delta rule affine in its start state, nn/sequence_parts.h) and the refusal of attention_fn are Gated DeltaNet's
+// (gated_deltanet.h: LinearLayout). Tensor parallelism splits the heads (AttentionHook::heads, kv_heads: H): q/k/v,
+// b_proj, f_b_proj, g_b_proj by rows, the convolution's [q | k | v] channels as three blocks, dt_bias and A_log by
+// heads, o_proj by columns; the low-rank entries f_a_proj / g_a_proj and o_norm stay whole.
 #pragma once
 #include <torch/nn/module.h>
 
@@ -18,13 +22,15 @@
 #include "loongforge/nn/attention.h"
 #include "loongforge/nn/linear.h"
 #include "loongforge/nn/rms_norm.h"
+#include "loongforge/nn/sequence_parts.h"
 
 namespace lf::models::llama {
 
 class KdaForgetGateImpl : public torch::nn::Module {
  public:
   KdaForgetGateImpl(int64_t hidden, int64_t heads, int64_t head_dim);
-  // x [B,T,d] -> the log decay g [B,T,H,D] in the compute dtype (float32 unless float64).
+  // x [B,T,d] -> the log decay g [B,T,H,D] in the compute dtype (float32 unless float64); H: the heads of dt_bias
+  // (this rank's under tensor parallelism), T: the projections' (a sequence-parallel entry gathers the sequence).
   at::Tensor forward(const at::Tensor& x);
 
   nn::Linear f_a_proj{nullptr}, f_b_proj{nullptr};
@@ -33,11 +39,12 @@ class KdaForgetGateImpl : public torch::nn::Module {
 };
 TORCH_MODULE(KdaForgetGate);
 
-class KimiDeltaAttentionImpl : public torch::nn::Module, public nn::AttentionHook {
+class KimiDeltaAttentionImpl : public torch::nn::Module, public nn::AttentionHook, public nn::SequencePartsHook {
  public:
   KimiDeltaAttentionImpl(const DecoderConfig& c, int64_t layer_idx);
-  // x [B,T,d] -> [B,T,d]. With a cache: continues from and updates the layer's states there.
-  at::Tensor forward(const at::Tensor& x, nn::KVCache* cache = nullptr);
+  // x [B,T,d] -> [B,T,d]. With a cache: continues from and updates the layer's states there. segment_ids [B,T]
+  // (packed documents): every document starts from a zero state and convolution past.
+  at::Tensor forward(const at::Tensor& x, nn::KVCache* cache = nullptr, const at::Tensor& segment_ids = {});
 
   nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, b_proj{nullptr}, g_a_proj{nullptr}, g_b_proj{nullptr},
       o_proj{nullptr};

@@ -152,11 +152,8 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t idx) {
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                      nn::KVCache* cache, const at::Tensor& segment_ids, const at::Tensor& q_scale) {
   at::Tensor a = apply_norm(input_layernorm, x, zero_centered);
-  if (kda && segment_ids.defined())
-    throw Error("decoder: packed documents (segment_ids) are not supported by KDA linear-attention layers (layer " +
-                std::to_string(kda->layer_idx) + "); train without document masking");
   at::Tensor attn = linear_attn ? linear_attn->forward(a, cache, segment_ids)
-                    : kda       ? kda->forward(a, cache)
+                    : kda       ? kda->forward(a, cache, segment_ids)
                     : mla       ? mla->forward(a, cos, sin, cache, segment_ids, q_scale)
                                 : self_attn->forward(a, cos, sin, cache, segment_ids);
   at::Tensor h, n;
@@ -285,7 +282,8 @@ std::vector<CheckpointTensor> CausalLMImpl::checkpoint_tensors() const {
       if (const size_t p = ck.find(fg); p != std::string::npos) ck.replace(p, fg.size(), ".self_attn.");
       if (ck.ends_with(".self_attn.conv1d.weight")) {
         const std::string stem = ck.substr(0, ck.size() - std::string("conv1d.weight").size());
-        const int64_t third = item.value().size(0) / 3;
+        const int64_t third = c.linear_num_value_heads * c.linear_value_head_dim;  // (the whole tensor's: a
+                                                                                    // tensor-parallel rank holds less)
         for (int64_t i = 0; i < 3; ++i) out.push_back({stem + "qkv"[i] + "_conv1d.weight", name, -1, i * third, (i + 1) * third});
         continue;
       }
