@@ -186,6 +186,25 @@ log: {{progress: lines, plot: false}}
 """)
     return r
 
+def check_first_loss_and_read_checkpoint(tmp_path, model, pattern, seq, mb, check_batch=None):
+    """After train_recipe's run on write_periodic_shard(pattern): its first step's loss is transformers' loss of
+    `model` on that batch (check_batch(model, ids) first when given); returns the latest checkpoint's tensors."""
+    losses = [json.loads(l)["loss"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if "loss" in json.loads(l) and "step" in json.loads(l)]
+    window = torch.tensor((pattern * 3)[: seq + 1])
+    ids, tgt = window[:seq].unsqueeze(0).repeat(mb, 1), window[1:].unsqueeze(0).repeat(mb, 1)
+    if check_batch:
+        check_batch(model, ids)
+    with torch.no_grad():
+        lg = model(input_ids=ids).logits
+    want = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.size(-1)), tgt.reshape(-1)).item()
+    assert abs(losses[0] - want) <= 1e-5 * want
+    runs = tmp_path / "run" / "checkpoints"
+    saved = {}
+    for f in (runs / (runs / "latest").read_text().strip()).glob("*.safetensors"):
+        saved.update(load_file(str(f)))
+    return saved
+
 
 @pytest.mark.parametrize("layout", ["one", "dp2", pytest.param("dp2_zero3", marks=pytest.mark.slow)])
 def test_train_leaves_the_indexers_as_loaded(layout, tmp_path):
@@ -207,19 +226,7 @@ def test_train_leaves_the_indexers_as_loaded(layout, tmp_path):
                                "--set", f"parallel.zero={3 if layout.endswith('zero3') else 0}"])
         for r in res:
             assert r.returncode == 0, r.stderr[-3000:]
-    losses = [json.loads(l)["loss"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-              if "loss" in json.loads(l) and "step" in json.loads(l)]
-    window = torch.tensor((pattern * 3)[: seq + 1])
-    ids, tgt = window[:seq].unsqueeze(0).repeat(mb, 1), window[1:].unsqueeze(0).repeat(mb, 1)
-    check_well_posed(model, ids)
-    with torch.no_grad():
-        lg = model(input_ids=ids).logits
-    want = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.size(-1)), tgt.reshape(-1)).item()
-    assert abs(losses[0] - want) <= 1e-5 * want
-    runs = tmp_path / "run" / "checkpoints"
-    saved = {}
-    for f in (runs / (runs / "latest").read_text().strip()).glob("*.safetensors"):
-        saved.update(load_file(str(f)))
+    saved = check_first_loss_and_read_checkpoint(tmp_path, model, pattern, seq, mb, check_well_posed)
     loaded = load_file(str(model_dir / "model.safetensors"))
     for k, v in loaded.items():
         if ".indexer." in k:
