@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from conftest import LF_BIN, launch_ranks, run_lf
 from test_dsa_parity import check_first_loss_and_read_checkpoint, train_recipe
@@ -86,6 +86,28 @@ def test_deepseek_v4_info_counts_parameters(tmp_path):
 def test_deepseek_v4_export_loads_in_transformers(tmp_path):
     model = make_model(CASES["mixed_layers"][0])
     check_export(model, saved(model, tmp_path / "src"), tmp_path / "out")
+
+
+def test_deepseek_v4_reads_deepseeks_own_names(tmp_path):
+    """A folder in DeepSeek's layout (embed.weight, layers.N.*, norm.weight, hc_head_fn, an mtp.* layer, as the
+    Hub's files name them) converts to save_pretrained's file (names and tensors bit for bit)."""
+    model = make_model(CASES["mixed_layers"][0])
+    src = saved(model, tmp_path / "src")
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    (hub / "config.json").write_text((src / "config.json").read_text())
+    renamed = {}
+    for k, v in load_file(str(src / "model.safetensors")).items():
+        k = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight"}.get(k, k)
+        k = k.replace("model.hc_head.hc_", "hc_head_").replace("model.layers.", "layers.")
+        renamed[k] = v
+    renamed["mtp.0.attn.wq_a.weight"] = torch.zeros(2, 2)  # skipped, as transformers skips it
+    save_file(renamed, str(hub / "model.safetensors"))
+    run_lf("convert", "--model", hub, "--out", tmp_path / "out", "--dtype", "fp32")
+    want, got = load_file(str(src / "model.safetensors")), load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
 
 
 def test_deepseek_v4_generate_greedy_matches_transformers(tmp_path):

@@ -493,6 +493,15 @@ std::string v4_checkpoint_name(const std::string& memory_name) {
   return s;
 }
 
+std::string v4_canonical_name(const std::string& stored) {
+  if (stored == "embed.weight") return "model.embed_tokens.weight";
+  if (stored == "norm.weight") return "model.norm.weight";
+  for (const char* part : {"fn", "base", "scale"})
+    if (stored == std::string("hc_head_") + part) return std::string("model.hc_head.hc_") + part;
+  if (stored.starts_with("layers.")) return "model." + stored;
+  return stored;
+}
+
 std::vector<CheckpointTensor> v4_checkpoint_tensors(const torch::nn::Module& m, const DecoderConfig& c) {
   std::vector<CheckpointTensor> out;
   const int64_t f = c.moe_intermediate_size;

@@ -131,6 +131,9 @@ Batch v4_block_inputs(const V4Rotary& rot, const at::Tensor& input_ids, const at
 void v4_init_weights(torch::nn::Module& m);
 // The checkpoint name of an in-memory name (transformers' save_pretrained names).
 std::string v4_checkpoint_name(const std::string& memory_name);
+// DeepSeek's original layout (the Hub's files: embed.weight, layers.N.*, norm.weight, hc_head_fn, ...) -> the
+// save_pretrained names; other names unchanged.
+std::string v4_canonical_name(const std::string& stored);
 std::vector<CheckpointTensor> v4_checkpoint_tensors(const torch::nn::Module& m, const DecoderConfig& c);
 
 }  // namespace lf::models::llama
