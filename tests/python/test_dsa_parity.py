@@ -193,6 +193,21 @@ log: {{progress: lines, plot: false}}
     return r
 
 
+def check_first_loss_and_read_checkpoint(tmp_path, model, pattern, seq, mb, check_batch=None):
+    """After train_recipe's run on write_periodic_shard(pattern): its first step's loss is transformers' loss of
+    `model` on that batch (check_batch(model, ids) first when given); returns the latest checkpoint's tensors."""
+    losses = [json.loads(l)["loss"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if "loss" in json.loads(l) and "step" in json.loads(l)]
+    ids, tgt = first_batch(pattern, seq, mb)
+    if check_batch:
+        check_batch(model, ids)
+    with torch.no_grad():
+        lg = model(input_ids=ids).logits
+    want = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.size(-1)), tgt.reshape(-1)).item()
+    assert abs(losses[0] - want) <= 1e-5 * want
+    return latest_checkpoint(tmp_path / "run")
+
+
 def train_setup(tmp_path, repeats):
     """A v32 model (vocab 64) saved in tmp_path/model, a periodic token shard of `repeats` periods in tmp_path/train
     and train_recipe's recipe (seq 32, micro-batch 2). Returns (model, model_dir, pattern, recipe)."""
@@ -234,15 +249,8 @@ def test_train_leaves_the_indexers_as_loaded(layout, tmp_path):
                                "--set", f"parallel.zero={3 if layout.endswith('zero3') else 0}"])
         for r in res:
             assert r.returncode == 0, r.stderr[-3000:]
-    losses = [json.loads(l)["loss"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-              if "loss" in json.loads(l) and "step" in json.loads(l)]
-    ids, tgt = first_batch(pattern, seq, mb)
-    check_well_posed(model, ids)
-    with torch.no_grad():
-        lg = model(input_ids=ids).logits
-    want = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.size(-1)), tgt.reshape(-1)).item()
-    assert abs(losses[0] - want) <= 1e-5 * want
-    saved, loaded = latest_checkpoint(tmp_path / "run"), load_file(str(model_dir / "model.safetensors"))
+    saved = check_first_loss_and_read_checkpoint(tmp_path, model, pattern, seq, mb, check_well_posed)
+    loaded = load_file(str(model_dir / "model.safetensors"))
     for k, v in loaded.items():
         if ".indexer." in k:
             assert torch.equal(saved[k], v), k

@@ -120,8 +120,10 @@ void export_model(models::Model& model, const std::string& out_dir, at::ScalarTy
                   const std::string& tokenizer_src) {
   fs::create_directories(out_dir);
   NamedTensors tensors;
-  for (auto& item : models::checkpoint_targets(model))
-    tensors.emplace_back(item.first, item.second.detach().to(at::kCPU, dtype).contiguous());
+  for (auto& item : models::checkpoint_targets(model)) {  // integer tensors (DeepSeek-V4's tid2eid) keep their type
+    const at::Tensor& t = item.second;
+    tensors.emplace_back(item.first, t.detach().to(at::kCPU, t.is_floating_point() ? dtype : t.scalar_type()).contiguous());
+  }
   save_sharded(out_dir, tensors, max_shard_bytes, {{"format", "pt"}}, model.weights_file_stem());
   write_model_metadata(model, out_dir, dtype, tokenizer_src);
 }

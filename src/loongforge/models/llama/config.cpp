@@ -2,13 +2,13 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/models/llama/deepseek_v4.h"
 #include "loongforge/models/llama/dsa.h"
 
 #include <algorithm>
 #include <cmath>
 
 namespace lf::models::llama {
-namespace {
 
 using nlohmann::json;
 
@@ -60,6 +60,8 @@ RopeConfig parse_rope(const json& j, const std::string& file, int64_t max_pos) {
   }
   return r;
 }
+
+namespace {
 
 // Mixture-of-experts fields of qwen3_moe and mixtral, with transformers' config defaults.
 void parse_moe(const JsonReader& rd, DecoderConfig& c) {
@@ -471,6 +473,10 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
   DecoderConfig c;
   c.raw = j;
   c.model_type = rd.string("model_type");
+  if (c.model_type == "deepseek_v4") {  // deepseek_v4.cpp reads every field
+    parse_deepseek_v4(rd, c);
+    return c;
+  }
   const bool gdn = gated_deltanet_family(c.model_type), kda = kda_family(c.model_type);
   const bool new_moe_family = c.model_type == "glm4_moe" || c.model_type == "minimax_m2" || c.model_type == "mistral4";
   if (!gdn && !kda && !new_moe_family && !is_dsa_family(c.model_type) && c.model_type != "llama" && c.model_type != "mistral" &&
@@ -479,7 +485,7 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
     throw file_error(file, "model_type", "unsupported model type '" + c.model_type +
                                              "' (decoders: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3, "
                                              "glm4_moe, minimax_m2, mistral4, qwen3_next, qwen3_5_text, qwen3_5_moe_text, "
-                                             "deepseek_v32, glm_moe_dsa, kimi_linear)");
+                                             "deepseek_v32, glm_moe_dsa, kimi_linear, deepseek_v4)");
   c.vocab_size = rd.integer("vocab_size");
   c.hidden_size = rd.integer("hidden_size");
   c.intermediate_size = rd.integer("intermediate_size");
@@ -608,6 +614,7 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
 DecoderConfig DecoderConfig::from_file(const std::string& path) { return from_json(read_json_file(path), path); }
 
 int64_t DecoderConfig::num_parameters() const {
+  if (deepseek_v4) return deepseek_v4_num_parameters(*this);
   int64_t d = hidden_size, q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
   int64_t attn = d * q + 2 * d * kv + q * d + (q_bias ? q : 0) + (k_bias ? kv : 0) + (v_bias ? kv : 0) + (o_bias ? d : 0) +
                  (qk_norm ? 2 * head_dim : 0);
@@ -647,6 +654,7 @@ int64_t DecoderConfig::num_parameters() const {
 }
 
 int64_t DecoderConfig::num_active_parameters() const {
+  if (deepseek_v4) return deepseek_v4_active_parameters(*this);
   int64_t total = num_parameters();
   const int64_t idle = (num_experts - num_experts_per_tok) * 3 * hidden_size * moe_intermediate_size;
   for (int64_t i = 0; i < num_hidden_layers; ++i)

@@ -105,6 +105,14 @@ struct DecoderConfig {
   bool mla_rope = true;
   bool moe_checkpoint_all_mlps = false;
   static bool kda_family(const std::string& model_type) { return model_type == "kimi_linear"; }
+  // DeepSeek-V4 (deepseek_v4; models/llama/deepseek_v4.h): v4_attn[i] 0 = sliding window only, 1 = compressed sparse
+  // attention (CSA), 2 = heavily compressed attention (HCA); v4_hash[i] 1 = hash-routed MoE (tid2eid); the window is
+  // layer_window's, the main rotary rope's, the compressed layers' compress_rope.
+  bool deepseek_v4 = false;
+  std::vector<int64_t> v4_attn, v4_hash;
+  int64_t v4_csa_rate = 4, v4_hca_rate = 128, hc_mult = 4, hc_sinkhorn_iters = 20, o_groups = 8, o_lora_rank = 1024;
+  double hc_eps = 1e-6, swiglu_limit = 10.0;
+  RopeConfig compress_rope;
   nlohmann::json raw;                   // the config.json as read, written back on export
 
   // Parses config.json's JSON; `file` names the file in errors. Fields that change the math and are not supported
@@ -116,5 +124,8 @@ struct DecoderConfig {
   // instead of num_experts times (the basis of training FLOPs per token, 6 x this, and MFU).
   int64_t num_active_parameters() const;
 };
+
+// A rotary block of config.json j (rope_scaling or rope_parameters, with rope_theta / partial_rotary_factor).
+RopeConfig parse_rope(const nlohmann::json& j, const std::string& file, int64_t max_pos);
 
 }  // namespace lf::models::llama

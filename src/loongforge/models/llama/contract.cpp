@@ -8,6 +8,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/kernels/linear_ce.h"
+#include "loongforge/models/llama/deepseek_v4.h"
 #include "loongforge/models/llama/family.h"
 #include "loongforge/models/llama/model.h"
 #include "loongforge/models/llama/mtp.h"
@@ -90,6 +91,7 @@ void CausalLMImpl::init_weights(double std) {
   if (config_.pad_token_id) model->embed_tokens->weight[*config_.pad_token_id].zero_();
   // Qwen3-Next / Qwen3.5: zero-centred norms start at 0; linear attention's dt_bias at 1 and A_log = log U(0.01, 16)
   if (config_.zero_centered_norm) zero_centered_norms_to_zero();
+  if (config_.deepseek_v4) v4_init_weights(*this);  // sinks, hyper-connection bases / scales, position biases
   for (auto& item : named_modules()) {
     if (auto* la = item.value()->as<GatedDeltaNetImpl>()) {
       la->dt_bias.fill_(1.0);
@@ -132,11 +134,21 @@ double CausalLMImpl::train_flops_per_sample(int64_t seq) const {
   return per_token * s;
 }
 
+at::Tensor CausalLMImpl::embed(const Batch& b) {
+  at::Tensor h = embed(b.at("input_ids"));
+  if (!config_.deepseek_v4) return h;
+  return h.unsqueeze(2).expand({h.size(0), h.size(1), config_.hc_mult, h.size(2)}).contiguous();  // the hc streams
+}
+
 Batch CausalLMImpl::block_inputs(const Batch& b, at::ScalarType dtype) const {
   at::Tensor pos = b.get("position_ids");
   if (!pos.defined()) {
     const at::Tensor& ids = b.at("input_ids");
     pos = at::arange(ids.size(1), ids.options().dtype(at::kLong)).unsqueeze(0).expand({ids.size(0), ids.size(1)});
+  }
+  if (config_.deepseek_v4) {
+    if (b.get("segment_ids").defined()) throw Error("deepseek_v4: packed documents (segment_ids) are not supported yet");
+    return v4_block_inputs(*v4_rotary_, b.at("input_ids"), pos, dtype);
   }
   auto [cos, sin] = rotary(pos, dtype);
   Batch in{{"cos", cos}, {"sin", sin}, {"segment_ids", b.get("segment_ids")}};
@@ -149,6 +161,7 @@ at::Tensor CausalLMImpl::block_forward(const Batch& in, const at::Tensor& h, int
 }
 
 at::Tensor CausalLMImpl::block_forward(const Batch& in, const at::Tensor& h, int64_t i, nn::KVCache* cache) {
+  if (config_.deepseek_v4) return (*model->layers)[static_cast<size_t>(i)]->as<V4DecoderLayerImpl>()->forward(h, in, *v4_rotary_);
   return (*model->layers)[static_cast<size_t>(i)]->as<DecoderLayerImpl>()->forward(h, in.at("cos"), in.at("sin"),
                                                                                   cache, in.get("segment_ids"), in.get("q_scale"));
 }
@@ -180,6 +193,7 @@ Split CausalLMImpl::split() const {
   s.pre = {"model.embed_tokens"};
   s.blocks = "model.layers";
   s.post = {"model.norm"};
+  if (model->hc_head) s.post.insert(s.post.begin(), "model.hc_head");
   if (lm_head) s.post.push_back("lm_head");
   else s.tied = {"model.embed_tokens.weight"};
   return s;
@@ -188,6 +202,7 @@ Split CausalLMImpl::split() const {
 TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
   const DecoderConfig& c = config_;
   // (asked for only when parallel.tp > 1)
+  if (c.deepseek_v4) throw OptionError("tp", "deepseek_v4: tensor parallelism is not supported yet (use dp / zero)");
   if (c.dsa) throw OptionError("tp", c.model_type + ": the sparse-attention indexers have no tensor-parallel plan yet (use dp / zero / ep)");
   TensorParallelSpec t;
   const std::string L = R"(model\.layers\.\d+\.)";
@@ -250,6 +265,10 @@ TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
 std::vector<nn::AttentionHook*> CausalLMImpl::attention_modules() {
   std::vector<nn::AttentionHook*> out;
   for (auto& m : *model->layers) {
+    if (auto* v4 = m->as<V4DecoderLayerImpl>()) {  // (its window refuses context parallelism)
+      out.push_back(v4->self_attn.get());
+      continue;
+    }
     auto* l = m->as<DecoderLayerImpl>();
     if (l->mla) out.push_back(l->mla.get());
     else if (l->linear_attn) out.push_back(l->linear_attn.get());  // refuses an attention_fn (context parallelism)
@@ -260,6 +279,7 @@ std::vector<nn::AttentionHook*> CausalLMImpl::attention_modules() {
 }
 
 std::string CausalLMImpl::cuda_graph_blocker() const {
+  if (config_.deepseek_v4) return "deepseek_v4's experts are picked on the host each step";
   if (!moe_layers().empty())
     return "a mixture-of-experts step cannot be captured (the tokens per expert reach the host each step)";
   if (config_.rope.type == "dynamic") return "rope_scaling 'dynamic' reads the longest position on the host each step";
@@ -267,6 +287,11 @@ std::string CausalLMImpl::cuda_graph_blocker() const {
 }
 
 std::string CausalLMImpl::reference_name(const std::string& n) const {
+  if (config_.deepseek_v4) {  // the in-memory name the checkpoint name comes from
+    for (const auto& e : checkpoint_tensors())
+      if (e.name == n) return e.param;
+    return n;
+  }
   const std::string from = "." + config_.moe_checkpoint_name + ".", to = "." + config_.moe_module_name + ".";
   std::string out = n;
   if (const size_t p = out.find(from); from != to && p != std::string::npos) out = out.substr(0, p) + to + out.substr(p + from.size());
@@ -291,6 +316,8 @@ bool CausalLMImpl::ignorable_checkpoint_tensor(const std::string& name) const {
   }
   // Qwen3-Next's MTP head when the config declares none (mtp_num_hidden_layers absent; transformers skips it too)
   if (!mtp_ && DecoderConfig::gated_deltanet_family(config_.model_type) && name.starts_with("mtp.")) return true;
+  // DeepSeek-V4's multi-token-prediction layers (transformers ignores them too)
+  if (config_.deepseek_v4 && (name.starts_with("mtp.") || name.find(".mtp.") != std::string::npos)) return true;
   // buffers older transformers versions saved; a tied checkpoint may still carry lm_head.weight
   return name.ends_with("rotary_emb.inv_freq") || (config_.tie_word_embeddings && name == "lm_head.weight") ||
          mtp_shared_copy(name, config_);  // DeepSeek's embedding / head copies beside the MTP layers (mtp.h)
@@ -301,7 +328,7 @@ Family family() {
   f.name = "decoder_lm";
   f.model_types = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "minimax_m2",
                    "mistral4"};
-  for (const char* t : {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "deepseek_v32", "glm_moe_dsa", "kimi_linear"})
+  for (const char* t : {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "deepseek_v32", "glm_moe_dsa", "kimi_linear", "deepseek_v4"})
     f.model_types.push_back(t);
   f.build = [](const nlohmann::json& j, const std::string& file) -> std::shared_ptr<Model> {
     return CausalLM(DecoderConfig::from_json(j, file)).ptr();

@@ -8,6 +8,7 @@
 #include "loongforge/kernels/add_rms_norm.h"
 #include "loongforge/kernels/rms_norm.h"
 #include "loongforge/kernels/swiglu.h"
+#include "loongforge/models/llama/deepseek_v4.h"
 #include "loongforge/models/llama/mtp.h"
 #include "loongforge/nn/recompute.h"
 
@@ -172,14 +173,19 @@ DecoderModelImpl::DecoderModelImpl(const DecoderConfig& c) {
   if (c.pad_token_id) eopts.padding_idx(*c.pad_token_id);
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(eopts));
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(DecoderLayer(c, i));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    if (c.deepseek_v4) layers->push_back(V4DecoderLayer(c, i));
+    else layers->push_back(DecoderLayer(c, i));
+  }
   link_dsa_layers(layers, c);  // GLM-5's shared sparse-attention layers read an earlier layer's selection (dsa.h)
   norm = register_module("norm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+  if (c.deepseek_v4) hc_head = register_module("hc_head", V4HyperConnection(c, true).ptr());
 }
 
 CausalLMImpl::CausalLMImpl(DecoderConfig c) : config_(std::move(c)), rotary_(rope_spec(config_)) {
   router_aux_loss_coef_ = config_.router_aux_loss_coef;
   model = register_module("model", DecoderModel(config_));
+  if (config_.deepseek_v4) v4_rotary_ = std::make_shared<V4Rotary>(config_);
   if (!config_.tie_word_embeddings) lm_head = register_module("lm_head", linear(config_.hidden_size, config_.vocab_size, false));
   if (mtp_layers_declared(config_) > 0) mtp_ = register_module("mtp", std::make_shared<MtpImpl>(config_));  // mtp.h
   if (config_.zero_centered_norm) zero_centered_norms_to_zero();
@@ -194,15 +200,21 @@ void CausalLMImpl::zero_centered_norms_to_zero() {
 void CausalLMImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
   torch::nn::Module::to(device, dtype, non_blocking);
   rotary_.to(device);
+  if (v4_rotary_) v4_rotary_->to(device);
 }
 
 void CausalLMImpl::to(torch::Device device, bool non_blocking) {
   torch::nn::Module::to(device, non_blocking);
   rotary_.to(device);
+  if (v4_rotary_) v4_rotary_->to(device);
 }
 
 at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids_in,
                                        nn::KVCache* cache, const at::Tensor& segment_ids) {
+  if (config_.deepseek_v4) {
+    if (segment_ids.defined()) throw Error("deepseek_v4: packed documents (segment_ids) are not supported yet");
+    return v4_hidden_states(input_ids, position_ids_in, cache);
+  }
   at::Tensor position_ids = position_ids_in;
   if (!position_ids.defined()) {
     int64_t past = cache ? cache->length() : 0;
@@ -263,6 +275,7 @@ std::vector<std::pair<int64_t, nn::MoEImpl*>> CausalLMImpl::moe_layers() const {
 }
 
 std::vector<CheckpointTensor> CausalLMImpl::checkpoint_tensors() const {
+  if (config_.deepseek_v4) return v4_checkpoint_tensors(*this, config_);
   std::vector<CheckpointTensor> out;
   const DecoderConfig& c = config_;
   const auto& m = *this;
@@ -322,7 +335,31 @@ std::vector<CheckpointTensor> CausalLMImpl::checkpoint_tensors() const {
   return out;
 }
 
-at::Tensor CausalLMImpl::final_norm(const at::Tensor& h) { return apply_norm(model->norm, h, config_.zero_centered_norm); }
+at::Tensor CausalLMImpl::final_norm(const at::Tensor& h) {
+  if (model->hc_head) return model->norm->forward(model->hc_head->as<V4HyperConnectionImpl>()->collapse(h));
+  return apply_norm(model->norm, h, config_.zero_centered_norm);
+}
+
+at::Tensor CausalLMImpl::v4_hidden_states(const at::Tensor& ids_in, const at::Tensor& position_ids, nn::KVCache* cache) {
+  at::Tensor ids = ids_in;
+  int64_t past = 0;
+  if (cache) {  // generation: the cache keeps the ids so far ([B,1,T] in keys[0]) and the whole sequence reruns
+    at::Tensor& held = cache->keys.at(0);
+    past = held.defined() ? held.size(2) : 0;
+    held = past ? at::cat({held, ids.unsqueeze(1)}, 2) : ids.unsqueeze(1);
+    ids = held.squeeze(1);
+  }
+  at::Tensor pos = position_ids;
+  if (!pos.defined() || cache) pos = at::arange(ids.size(1), ids.options()).unsqueeze(0).expand({ids.size(0), ids.size(1)});
+  at::Tensor h = embed(ids);
+  h = h.unsqueeze(2).expand({h.size(0), h.size(1), config_.hc_mult, h.size(2)}).contiguous();
+  Batch in = v4_block_inputs(*v4_rotary_, ids, pos, h.scalar_type());
+  if (!cache) h = run_blocks(in, h, 0, config_.num_hidden_layers);
+  else
+    for (int64_t i = 0; i < config_.num_hidden_layers; ++i) h = block_forward(in, h, i);
+  h = final_norm(h);
+  return past ? h.narrow(1, past, h.size(1) - past) : h;
+}
 
 at::Tensor CausalLMImpl::output_weight() const {
   return lm_head ? lm_head->weight : model->embed_tokens->weight;

@@ -78,10 +78,12 @@ class DecoderModelImpl : public torch::nn::Module {
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   nn::RMSNorm norm{nullptr};
+  std::shared_ptr<torch::nn::Module> hc_head;  // DeepSeek-V4's hyper head (deepseek_v4.h)
 };
 TORCH_MODULE(DecoderModel);
 
 class MtpImpl;  // models/llama/mtp.h
+struct V4Rotary;  // models/llama/deepseek_v4.h
 
 class CausalLMImpl : public models::Model {
  public:
@@ -97,7 +99,7 @@ class CausalLMImpl : public models::Model {
   BatchSchema batch_schema() const override;
   int64_t loss_terms(const Batch& b) const override;  // targets != -100
   double train_flops_per_sample(int64_t seq) const override;
-  at::Tensor embed(const Batch& b) override { return embed(b.at("input_ids")); }
+  at::Tensor embed(const Batch& b) override;  // DeepSeek-V4: hc_mult copies [B,T,hc_mult,hidden]
   Batch block_inputs(const Batch& b, at::ScalarType dtype) const override;  // cos, sin, segment_ids (, q_scale)
   at::Tensor block_forward(const Batch& inputs, const at::Tensor& h, int64_t i) override;
   // The same with a key/value cache (generation).
@@ -176,7 +178,10 @@ class CausalLMImpl : public models::Model {
     return mtp_loss_weight_ == 0 && indexer_loss_coef_ == 0 && !dsa_shares_selection(config_);
   }
   // GLM-5's shared sparse-attention layers read the selection an earlier layer made on the same micro-batch (dsa.h)
-  std::string pipeline_blocker() const override { return dsa_shares_selection(config_) ? dsa_pipeline_blocker : ""; }
+  std::string pipeline_blocker() const override {
+    if (config_.deepseek_v4) return "deepseek_v4: pipeline parallelism is not supported yet";
+    return dsa_shares_selection(config_) ? dsa_pipeline_blocker : "";
+  }
   // Stacked experts of the MTP blocks stored whole (model.layers.{L+k}.mlp.experts.gate_up_proj) -> their in-memory
   // names, as the main layers' load under theirs.
   std::string canonical_checkpoint_name(const std::string& stored) const override;
@@ -190,6 +195,9 @@ class CausalLMImpl : public models::Model {
   // The weighted MTP loss (summed over its terms) of a training forward's final hidden states (mtp.h).
   at::Tensor mtp_loss_part(const at::Tensor& hidden, const Batch& b);
   std::shared_ptr<MtpImpl> mtp_;
+  std::shared_ptr<V4Rotary> v4_rotary_;  // DeepSeek-V4's main and compress rotaries
+  // DeepSeek-V4 hidden states (no cache: a generation cache holds the ids so far, rerun whole)
+  at::Tensor v4_hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids, nn::KVCache* cache);
   double mtp_loss_weight_ = 0, mtp_loss_sum_ = 0;
   double indexer_loss_coef_ = 0, indexer_loss_sum_ = 0;
   std::vector<IndexerImpl*> indexers() const;  // the DSA layers' indexers, in layer order

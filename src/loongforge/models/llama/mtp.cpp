@@ -7,6 +7,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/kernels/rms_norm.h"
+#include "loongforge/models/llama/deepseek_v4.h"
 #include "loongforge/nn/loss.h"
 
 namespace lf::models::llama {
@@ -123,6 +124,7 @@ at::Tensor CausalLMImpl::mtp_forward(int64_t k, const at::Tensor& prev, const at
 }
 
 std::string CausalLMImpl::canonical_checkpoint_name(const std::string& stored) const {
+  if (config_.deepseek_v4) return v4_canonical_name(stored);  // DeepSeek's own names (deepseek_v4.h)
   if (!mtp_ || !stored.starts_with("model.layers.")) return stored;
   for (const char* stem : {".experts.gate_up_proj", ".experts.down_proj"}) {
     if (!stored.ends_with(stem)) continue;

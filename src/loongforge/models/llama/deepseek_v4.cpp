@@ -1,0 +1,532 @@
+#include "loongforge/models/llama/deepseek_v4.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+#include "loongforge/core/error.h"
+#include "loongforge/models/llama/model.h"
+
+namespace lf::models::llama {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+std::string str(int64_t v) { return std::to_string(v); }
+
+// A per-layer list of strings mapped to codes; absent: the default codes.
+std::vector<int64_t> layer_kinds(const JsonReader& rd, const std::string& field, int64_t n,
+                                 const std::vector<std::pair<std::string, int64_t>>& kinds) {
+  const nlohmann::json& list = rd.json().at(field);
+  if (!list.is_array() || static_cast<int64_t>(list.size()) < n)
+    rd.fail(field, "expected a list of num_hidden_layers (" + str(n) + ") strings");
+  std::vector<int64_t> out;
+  std::string known;
+  for (const auto& [name, code] : kinds) known += (known.empty() ? "" : ", ") + name;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string t = list[i].is_string() ? list[i].get<std::string>() : "";
+    int64_t code = -1;
+    for (const auto& [name, k] : kinds)
+      if (name == t) code = k;
+    if (code < 0) rd.fail(field, "unsupported entry " + list[i].dump() + " (" + known + ")");
+    out.push_back(code);
+  }
+  return out;
+}
+
+// One rotary block ("main" / "compress") of rope_parameters, read as parse_rope reads a config's.
+RopeConfig rope_block(const nlohmann::json& block, const std::string& file, int64_t max_pos) {
+  return parse_rope(nlohmann::json{{"rope_parameters", block}}, file, max_pos);
+}
+
+at::Tensor unweighted_rms(const at::Tensor& x, double eps) {
+  return x * at::rsqrt(x.to(at::kFloat).square().mean(-1, true) + eps).to(x.scalar_type());
+}
+
+}  // namespace
+
+void parse_deepseek_v4(const JsonReader& rd, DecoderConfig& c) {
+  const std::string& file = rd.file();
+  c.deepseek_v4 = true;
+  struct IntField {
+    const char* name;
+    int64_t DecoderConfig::*member;
+    int64_t dflt;
+  };
+  // transformers' DeepseekV4Config defaults; every one must be positive
+  for (const IntField& f : {IntField{"vocab_size", &DecoderConfig::vocab_size, 129280}, {"hidden_size", &DecoderConfig::hidden_size, 4096},
+                            {"moe_intermediate_size", &DecoderConfig::moe_intermediate_size, 2048},
+                            {"num_hidden_layers", &DecoderConfig::num_hidden_layers, 43},
+                            {"num_attention_heads", &DecoderConfig::num_attention_heads, 64},
+                            {"num_key_value_heads", &DecoderConfig::num_key_value_heads, 1}, {"head_dim", &DecoderConfig::head_dim, 512},
+                            {"q_lora_rank", &DecoderConfig::q_lora_rank, 1024}, {"num_experts_per_tok", &DecoderConfig::num_experts_per_tok, 6},
+                            {"n_routed_experts", &DecoderConfig::num_experts, 256},
+                            {"max_position_embeddings", &DecoderConfig::max_position_embeddings, 1048576},
+                            {"hc_mult", &DecoderConfig::hc_mult, 4}, {"hc_sinkhorn_iters", &DecoderConfig::hc_sinkhorn_iters, 20},
+                            {"o_groups", &DecoderConfig::o_groups, 8}, {"o_lora_rank", &DecoderConfig::o_lora_rank, 1024},
+                            {"index_n_heads", &DecoderConfig::index_n_heads, 64}, {"index_head_dim", &DecoderConfig::index_head_dim, 128},
+                            {"index_topk", &DecoderConfig::index_topk, 512}}) {
+    c.*f.member = rd.integer(f.name, f.dflt);
+    if (c.*f.member <= 0) rd.fail(f.name, "must be positive, got " + str(c.*f.member));
+  }
+  c.intermediate_size = c.moe_intermediate_size;  // transformers' attribute_map: the shared expert's width
+  c.routed_scaling_factor = rd.number("routed_scaling_factor", 1.5);
+  c.hc_eps = rd.number("hc_eps", 1e-6);
+  c.swiglu_limit = rd.number("swiglu_limit", 10.0);
+  c.rms_norm_eps = rd.number("rms_norm_eps", 1e-6);
+  const int64_t window = rd.integer("sliding_window", 128);
+  if (window <= 0) rd.fail("sliding_window", "must be positive, got " + str(window));
+  if (c.num_key_value_heads != 1) rd.fail("num_key_value_heads", "must be 1 for deepseek_v4 (one shared key/value head)");
+  if (c.num_experts_per_tok > c.num_experts) rd.fail("num_experts_per_tok", "exceeds n_routed_experts");
+  if ((c.num_attention_heads * c.head_dim) % c.o_groups) rd.fail("o_groups", "must divide num_attention_heads x head_dim");
+  if (rd.integer("n_shared_experts", 1) != 1)  // transformers builds exactly one shared expert, whatever the field
+    rd.fail("n_shared_experts", "must be 1 (transformers' DeepseekV4 has one shared expert)");
+  if (!rd.boolean("norm_topk_prob", true)) rd.fail("norm_topk_prob", "must be true (transformers always normalises)");
+  c.moe_scoring = rd.string("scoring_func", std::string("sqrtsoftplus"));
+  if (c.moe_scoring != "sqrtsoftplus" && c.moe_scoring != "sigmoid")
+    rd.fail("scoring_func", "unsupported '" + c.moe_scoring + "' (sqrtsoftplus, sigmoid)");
+  c.hidden_act = rd.string("hidden_act", std::string("silu"));
+  if (c.hidden_act != "silu") rd.fail("hidden_act", "must be silu for deepseek_v4, got '" + c.hidden_act + "'");
+  if (rd.boolean("attention_bias", false)) rd.fail("attention_bias", "deepseek_v4 attention has no biases (must be false)");
+  if (rd.boolean("mlp_bias", false)) rd.fail("mlp_bias", "biases of the shared expert are not supported (must be false)");
+  if (rd.has("attention_dropout") && rd.number("attention_dropout") != 0.0)
+    rd.fail("attention_dropout", "attention dropout is not supported (must be 0)");
+  if (rd.boolean("output_router_logits", false))
+    rd.fail("output_router_logits", "the router load-balancing loss of deepseek_v4 is not supported yet (must be false)");
+  c.tie_word_embeddings = rd.boolean("tie_word_embeddings", false);
+  if (rd.has("pad_token_id")) c.pad_token_id = rd.integer("pad_token_id");
+  if (c.pad_token_id && (*c.pad_token_id < 0 || *c.pad_token_id >= c.vocab_size)) c.pad_token_id.reset();
+  c.bos_token_ids = rd.has("bos_token_id") ? rd.int_list("bos_token_id") : std::vector<int64_t>{0};
+  c.eos_token_ids = rd.has("eos_token_id") ? rd.int_list("eos_token_id") : std::vector<int64_t>{1};
+  const int64_t n = c.num_hidden_layers;
+  c.layer_window.assign(n, window);
+
+  // compress_rates (legacy: compress_rate_csa / compress_rate_hca)
+  if (rd.has("compress_rates")) {
+    JsonReader cr = rd.object("compress_rates");
+    c.v4_csa_rate = cr.integer("compressed_sparse_attention", 4);
+    c.v4_hca_rate = cr.integer("heavily_compressed_attention", 128);
+  }
+  if (rd.has("compress_rate_csa")) c.v4_csa_rate = rd.integer("compress_rate_csa");
+  if (rd.has("compress_rate_hca")) c.v4_hca_rate = rd.integer("compress_rate_hca");
+  if (c.v4_csa_rate <= 0) rd.fail("compress_rates", "the compressed_sparse_attention rate must be positive");
+  if (c.v4_hca_rate <= 0) rd.fail("compress_rates", "the heavily_compressed_attention rate must be positive");
+  // layer_types (legacy: compress_ratios 0 / 4 / 128); default: 2 x HCA, then CSA / HCA alternating
+  if (rd.has("layer_types")) {
+    c.v4_attn = layer_kinds(rd, "layer_types", n, {{"sliding_attention", 0}, {"compressed_sparse_attention", 1},
+                                                   {"heavily_compressed_attention", 2}});
+  } else if (rd.has("compress_ratios")) {
+    const nlohmann::json& r = rd.json().at("compress_ratios");
+    if (!r.is_array() || static_cast<int64_t>(r.size()) < n) rd.fail("compress_ratios", "expected a list of num_hidden_layers integers");
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t v = r[i].is_number_integer() ? r[i].get<int64_t>() : -1;
+      if (v != 0 && v != 4 && v != 128) rd.fail("compress_ratios", "entries must be 0, 4 or 128, got " + r[i].dump());
+      c.v4_attn.push_back(v == 0 ? 0 : v == 4 ? 1 : 2);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) c.v4_attn.push_back(i < 2 ? 2 : ((i - 2) % 2 ? 1 : 2));
+  }
+  // mlp_layer_types (legacy: num_hash_layers; default 3 hash layers)
+  if (rd.has("mlp_layer_types")) {
+    c.v4_hash = layer_kinds(rd, "mlp_layer_types", n, {{"hash_moe", 1}, {"moe", 0}});
+  } else {
+    const int64_t hash = rd.integer("num_hash_layers", 3);
+    for (int64_t i = 0; i < n; ++i) c.v4_hash.push_back(i < hash ? 1 : 0);
+  }
+  c.layer_moe.assign(n, 1);
+
+  // partial rotary: partial_rotary_factor, else qk_rope_head_dim / head_dim, else 64 / 512
+  double partial = 64.0 / 512.0;
+  if (rd.has("qk_rope_head_dim")) partial = static_cast<double>(rd.integer("qk_rope_head_dim")) / static_cast<double>(c.head_dim);
+  if (rd.has("partial_rotary_factor")) partial = rd.number("partial_rotary_factor");
+  c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
+  if (!(partial > 0.0 && partial <= 1.0) || c.rotary_dim <= 0 || c.rotary_dim % 2)
+    rd.fail(rd.has("partial_rotary_factor") ? "partial_rotary_factor" : "qk_rope_head_dim",
+            "must give an even number of rotated features in (0, head_dim]");
+  if (c.index_head_dim < c.rotary_dim) rd.fail("index_head_dim", "must be at least the rotary width " + str(c.rotary_dim));
+  // rope_parameters: {main, compress} blocks, or one block (the compress one's scaling) with rope_theta /
+  // compress_rope_theta
+  const double theta = rd.number("rope_theta", 10000.0), ctheta = rd.number("compress_rope_theta", 160000.0);
+  const char* block = rd.has("rope_parameters") ? "rope_parameters" : rd.has("rope_scaling") ? "rope_scaling" : nullptr;
+  nlohmann::json main = {{"rope_type", "default"}, {"rope_theta", theta}}, compress;
+  const nlohmann::json rp = block ? rd.json().at(block) : nlohmann::json::object();
+  if (!rp.is_object()) rd.fail(block, "expected an object");
+  if (rp.contains("main") && rp.contains("compress")) {
+    main = rp.at("main");
+    compress = rp.at("compress");
+  } else {
+    compress = rp;
+    compress.erase("main");
+    compress.erase("compress");
+    compress["rope_theta"] = ctheta;
+    if (!compress.contains("rope_type")) compress["rope_type"] = compress.value("type", std::string("default"));
+    if (compress["rope_type"] == "yarn" && !compress.contains("attention_factor")) compress["attention_factor"] = 1.0;
+  }
+  c.rope = rope_block(main, file, c.max_position_embeddings);
+  c.compress_rope = rope_block(compress, file, c.max_position_embeddings);
+  if (c.rope.type == "dynamic" || c.compress_rope.type == "dynamic")
+    rd.fail(block ? block : "rope_parameters", "rope type 'dynamic' is not supported for deepseek_v4");
+  if (c.rope.mrope_section.size() || c.compress_rope.mrope_section.size()) rd.fail(block, "mrope_section is not supported");
+}
+
+int64_t deepseek_v4_num_parameters(const DecoderConfig& c) {
+  const int64_t d = c.hidden_size, D = c.head_dim, H = c.num_attention_heads, ql = c.q_lora_rank;
+  const int64_t g = c.o_groups, r = c.o_lora_rank, f = c.moe_intermediate_size, E = c.num_experts, N = c.hc_mult;
+  const int64_t Di = c.index_head_dim, Hi = c.index_n_heads;
+  const int64_t attn = d * ql + ql + ql * H * D + d * D + D + H * D * r + g * r * d + H;
+  const int64_t moe = E * d + 3 * E * f * d + 3 * d * f;
+  const int64_t hc = 2 * ((2 + N) * N * N * d + (2 + N) * N + 3);
+  int64_t total = c.vocab_size * d * (c.tie_word_embeddings ? 1 : 2) + d + N * N * d + N + 1;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    total += attn + moe + hc + 2 * d;
+    if (c.v4_attn[i] == 1) total += 4 * d * D + c.v4_csa_rate * 2 * D + D + 4 * d * Di + c.v4_csa_rate * 2 * Di + Di + ql * Hi * Di + d * Hi;
+    if (c.v4_attn[i] == 2) total += 2 * d * D + c.v4_hca_rate * D + D;
+  }
+  return total;
+}
+
+int64_t deepseek_v4_active_parameters(const DecoderConfig& c) {
+  return deepseek_v4_num_parameters(c) -
+         c.num_hidden_layers * (c.num_experts - c.num_experts_per_tok) * 3 * c.hidden_size * c.moe_intermediate_size;
+}
+
+at::Tensor v4_rotate(const at::Tensor& x, const at::Tensor& cos_h, const at::Tensor& sin_h) {
+  const at::Tensor cos = cos_h.repeat_interleave(2, -1).unsqueeze(1), sin = sin_h.repeat_interleave(2, -1).unsqueeze(1);
+  const int64_t rd = cos.size(-1), dim = x.size(-1);
+  const at::Tensor nope = x.narrow(-1, 0, dim - rd), rope = x.narrow(-1, dim - rd, rd);
+  const at::Tensor x1 = rope.slice(-1, 0, rd, 2), x2 = rope.slice(-1, 1, rd, 2);
+  const at::Tensor rotated = at::stack({-x2, x1}, -1).flatten(-2);
+  return at::cat({nope, (rope.to(at::kFloat) * cos + rotated.to(at::kFloat) * sin).to(x.scalar_type())}, -1);
+}
+
+V4Rotary::V4Rotary(const DecoderConfig& c)
+    : main_([&] {
+        DecoderConfig m = c;
+        return rope_spec(m);
+      }()),
+      compress_([&] {
+        DecoderConfig m = c;
+        m.rope = c.compress_rope;
+        return rope_spec(m);
+      }()) {}
+
+namespace {
+std::pair<at::Tensor, at::Tensor> half(const nn::Rotary& r, const at::Tensor& pos, at::ScalarType dtype) {
+  auto [cos, sin] = r.cos_sin(pos);  // [B,T,rd]: the rd / 2 angles twice
+  const int64_t h = cos.size(-1) / 2;
+  return {cos.narrow(-1, 0, h).to(dtype), sin.narrow(-1, 0, h).to(dtype)};
+}
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> V4Rotary::main(const at::Tensor& pos, at::ScalarType dtype) const { return half(main_, pos, dtype); }
+std::pair<at::Tensor, at::Tensor> V4Rotary::compress(const at::Tensor& pos, at::ScalarType dtype) const {
+  return half(compress_, pos, dtype);
+}
+void V4Rotary::to(const at::Device& d) {
+  main_.to(d);
+  compress_.to(d);
+}
+
+V4CompressorImpl::V4CompressorImpl(const DecoderConfig& c, int64_t kind)
+    : rate(kind == 2 ? c.v4_hca_rate : c.v4_csa_rate), dim(kind == 3 ? c.index_head_dim : c.head_dim), overlap(kind != 2) {
+  const int64_t w = overlap ? 2 * dim : dim;
+  kv_proj = register_module("kv_proj", nn::Linear(c.hidden_size, w, false));
+  gate_proj = register_module("gate_proj", nn::Linear(c.hidden_size, w, false));
+  position_bias = register_parameter("position_bias", at::zeros({rate, w}));
+  kv_norm = register_module("kv_norm", nn::RMSNorm(dim, c.rms_norm_eps));
+  if (kind == 1) indexer = register_module("indexer", std::make_shared<V4CompressorImpl>(c, 3));
+  if (kind == 3) {
+    heads = c.index_n_heads;
+    topk = c.index_topk;
+    q_b_proj = register_module("q_b_proj", nn::Linear(c.q_lora_rank, heads * dim, false));
+    auto scorer = register_module("scorer", std::make_shared<torch::nn::Module>());
+    weights_proj = scorer->register_module("weights_proj", nn::Linear(c.hidden_size, heads, false));
+    for (auto& p : parameters()) p.set_requires_grad(false);  // the selection gets no gradient (as transformers')
+  }
+}
+
+at::Tensor V4CompressorImpl::compress(const at::Tensor& x, const V4Rotary& rot) {
+  const int64_t b = x.size(0), n = x.size(1) / rate;
+  if (n == 0) return at::zeros({b, 0, dim}, x.options());
+  at::Tensor kv = kv_proj->forward(x.narrow(1, 0, n * rate)).view({b, n, rate, -1});
+  at::Tensor gate = gate_proj->forward(x.narrow(1, 0, n * rate)).view({b, n, rate, -1}) + position_bias;
+  if (overlap) {  // window w pools window w-1's first half-features (Ca) with its own second half (Cb)
+    const at::Tensor prev_kv = at::cat({at::zeros({b, 1, rate, dim}, kv.options()), kv.narrow(1, 0, n - 1).narrow(-1, 0, dim)}, 1);
+    const at::Tensor prev_gate =
+        at::cat({at::full({b, 1, rate, dim}, -kInf, gate.options()), gate.narrow(1, 0, n - 1).narrow(-1, 0, dim)}, 1);
+    kv = at::cat({prev_kv, kv.narrow(-1, dim, dim)}, 2);
+    gate = at::cat({prev_gate, gate.narrow(-1, dim, dim)}, 2);
+  }
+  at::Tensor pooled = kv_norm->forward((kv * gate.softmax(2, at::kFloat).to(kv.scalar_type())).sum(2));
+  const at::Tensor pos = (at::arange(n, x.options().dtype(at::kLong)) * rate).unsqueeze(0).expand({b, n});
+  auto [cos, sin] = rot.compress(pos, pooled.scalar_type());
+  return v4_rotate(pooled.unsqueeze(1), cos, sin).squeeze(1);
+}
+
+at::Tensor V4CompressorImpl::select(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& pos,
+                                    const at::Tensor& cos, const at::Tensor& sin, const V4Rotary& rot) {
+  at::NoGradGuard no_grad;
+  const int64_t b = x.size(0), t = x.size(1);
+  const at::Tensor keys = compress(x, rot);  // [B,n,Di]
+  const int64_t n = keys.size(1);
+  at::Tensor q = q_b_proj->forward(q_resid).view({b, t, heads, dim}).transpose(1, 2);
+  q = v4_rotate(q, cos, sin).transpose(1, 2);  // [B,T,Hi,Di]
+  at::Tensor scores = at::matmul(q.to(at::kFloat), keys.transpose(-1, -2).to(at::kFloat).unsqueeze(1));  // [B,T,Hi,n]
+  scores = at::relu(scores) * std::pow(static_cast<double>(dim), -0.5);
+  const at::Tensor w = weights_proj->forward(x).to(at::kFloat) * std::pow(static_cast<double>(heads), -0.5);
+  at::Tensor index = (scores * w.unsqueeze(-1)).sum(2);  // [B,T,n]
+  const int64_t k = std::min(topk, n);
+  if (n == 0) return at::zeros({b, t, 0}, pos.options());
+  const at::Tensor threshold = at::floor_divide(pos + 1, rate).unsqueeze(-1);  // entries a query may see: < this
+  index = index.masked_fill(at::arange(n, pos.options()).view({1, 1, n}) >= threshold, -kInf);
+  const at::Tensor top = std::get<1>(index.topk(k, -1));
+  return at::where(top >= threshold, at::full_like(top, -1), top);
+}
+
+V4AttentionImpl::V4AttentionImpl(const DecoderConfig& c, int64_t layer_idx)
+    : nn::AttentionHook(c.num_attention_heads, 1, c.layer_window.at(layer_idx)), kind(c.v4_attn.at(layer_idx)),
+      head_dim(c.head_dim), groups(c.o_groups), eps(c.rms_norm_eps) {
+  const int64_t d = c.hidden_size;
+  q_a_proj = register_module("q_a_proj", nn::Linear(d, c.q_lora_rank, false));
+  q_a_norm = register_module("q_a_norm", nn::RMSNorm(c.q_lora_rank, c.rms_norm_eps));
+  q_b_proj = register_module("q_b_proj", nn::Linear(c.q_lora_rank, heads * head_dim, false));
+  kv_proj = register_module("kv_proj", nn::Linear(d, head_dim, false));
+  kv_norm = register_module("kv_norm", nn::RMSNorm(head_dim, c.rms_norm_eps));
+  o_a_proj = register_module("o_a_proj", nn::Linear(heads * head_dim / groups, groups * c.o_lora_rank, false));
+  o_b_proj = register_module("o_b_proj", nn::Linear(groups * c.o_lora_rank, d, false));
+  sinks = register_parameter("sinks", at::zeros({heads}));
+  if (kind != 0) compressor = register_module("compressor", V4Compressor(c, kind));
+}
+
+at::Tensor V4AttentionImpl::forward(const at::Tensor& x, const at::Tensor& pos, const at::Tensor& cos,
+                                    const at::Tensor& sin, const at::Tensor& cos_c, const at::Tensor& sin_c,
+                                    const V4Rotary& rot) {
+  if (attention_fn) throw Error("deepseek_v4: context parallelism and packed-document attention are not supported yet");
+  const int64_t b = x.size(0), t = x.size(1);
+  const at::Tensor q_resid = q_a_norm->forward(q_a_proj->forward(x));
+  at::Tensor q = unweighted_rms(q_b_proj->forward(q_resid).view({b, t, heads, head_dim}).transpose(1, 2), eps);
+  q = v4_rotate(q, cos, sin);
+  at::Tensor kv = v4_rotate(kv_norm->forward(kv_proj->forward(x)).view({b, t, 1, head_dim}).transpose(1, 2), cos, sin);
+  // the sliding window: key j visible to query i when i - window < j <= i
+  const at::Tensor i = at::arange(t, pos.options()).unsqueeze(1), j = at::arange(t, pos.options()).unsqueeze(0);
+  at::Tensor mask = at::zeros({t, t}, q.options()).masked_fill((j > i) | (j <= i - window), -kInf).expand({b, 1, t, t});
+  if (compressor) {
+    const at::Tensor entries = compressor->compress(x, rot);  // [B,n,D]
+    const int64_t n = entries.size(1);
+    at::Tensor bias;
+    if (compressor->indexer) {  // only the indexer's picks
+      const at::Tensor top = compressor->indexer->select(x, q_resid, pos, cos_c, sin_c, rot);
+      const at::Tensor safe = at::where(top >= 0, top, at::full_like(top, n));
+      bias = at::full({b, 1, t, n + 1}, -kInf, q.options()).scatter(-1, safe.unsqueeze(1), 0.0).narrow(-1, 0, n);
+    } else {  // every complete window before the query
+      const at::Tensor threshold = at::floor_divide(pos + 1, compressor->rate).view({b, 1, t, 1});
+      bias = at::zeros({b, 1, t, n}, q.options()).masked_fill(at::arange(n, pos.options()).view({1, 1, 1, n}) >= threshold, -kInf);
+    }
+    kv = at::cat({kv, entries.unsqueeze(1)}, 2);
+    mask = at::cat({mask, bias}, -1);
+  }
+  at::Tensor scores = at::matmul(q, kv.transpose(2, 3)) * std::pow(static_cast<double>(head_dim), -0.5) + mask;
+  scores = at::cat({scores, sinks.to(scores.scalar_type()).view({1, heads, 1, 1}).expand({b, heads, t, 1})}, -1);
+  scores = scores - std::get<0>(scores.max(-1, true));
+  const at::Tensor probs = scores.softmax(-1).narrow(-1, 0, scores.size(-1) - 1).to(kv.scalar_type());
+  at::Tensor o = v4_rotate(at::matmul(probs, kv), cos, -sin).transpose(1, 2);  // [B,T,H,D], rotated back
+  const int64_t in = heads * head_dim / groups;
+  const at::Tensor w = o_a_proj->weight.view({groups, -1, in});
+  o = at::einsum("btgi,gri->btgr", {o.reshape({b, t, groups, in}), w}).reshape({b, t, -1});
+  return o_b_proj->forward(o);
+}
+
+V4MoEImpl::V4MoEImpl(const DecoderConfig& c, bool hash_)
+    : hash(hash_), top_k(c.num_experts_per_tok), num_experts(c.num_experts), ffn(c.moe_intermediate_size),
+      limit(c.swiglu_limit), scaling(c.routed_scaling_factor) {
+  const int64_t d = c.hidden_size;
+  gate = register_module("gate", std::make_shared<torch::nn::Module>());
+  gate_weight = gate->register_parameter("weight", at::zeros({num_experts, d}));
+  if (hash) tid2eid = gate->register_buffer("tid2eid", at::zeros({c.vocab_size, top_k}, at::kLong));
+  else bias = gate->register_buffer("e_score_correction_bias", at::zeros({num_experts}));
+  experts = register_module("experts", std::make_shared<torch::nn::Module>());
+  gate_up = experts->register_parameter("gate_up_proj", at::zeros({num_experts, 2 * ffn, d}));
+  down = experts->register_parameter("down_proj", at::zeros({num_experts, d, ffn}));
+  shared = register_module("shared_experts", std::make_shared<torch::nn::Module>());
+  s_gate = shared->register_module("gate_proj", nn::Linear(d, ffn, false));
+  s_up = shared->register_module("up_proj", nn::Linear(d, ffn, false));
+  s_down = shared->register_module("down_proj", nn::Linear(ffn, d, false));
+  scoring_sigmoid = c.moe_scoring == "sigmoid";
+}
+
+void V4MoEImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  const at::Tensor keep = hash ? tid2eid.detach().clone() : at::Tensor();
+  torch::nn::Module::to(device, dtype, non_blocking);
+  if (hash) tid2eid.set_data(keep.to(device));
+}
+
+void V4MoEImpl::to(torch::Dtype dtype, bool non_blocking) {
+  const at::Tensor keep = hash ? tid2eid.detach().clone() : at::Tensor();
+  torch::nn::Module::to(dtype, non_blocking);
+  if (hash) tid2eid.set_data(keep);
+}
+
+at::Tensor V4MoEImpl::forward(const at::Tensor& x, const at::Tensor& input_ids) {
+  const int64_t d = x.size(-1);
+  const at::Tensor flat = x.reshape({-1, d});
+  const at::Tensor logits = at::linear(flat, gate_weight);
+  const at::Tensor scores = scoring_sigmoid ? at::sigmoid(logits) : at::softplus(logits).sqrt();
+  at::Tensor idx;
+  if (hash) {
+    if (!input_ids.defined()) throw Error("deepseek_v4: hash-routed MoE layers need the input token ids");
+    idx = tid2eid.index_select(0, input_ids.reshape({-1}).to(tid2eid.device())).to(at::kLong);
+  } else {
+    idx = std::get<1>(at::topk(scores + bias, top_k, -1, true, false));
+  }
+  at::Tensor w = scores.gather(1, idx);
+  w = w / (w.sum(-1, true) + 1e-20) * scaling;
+  at::Tensor out = at::zeros_like(flat);
+  const at::Tensor hit = std::get<0>(at::_unique2(idx.flatten())).to(at::kCPU).contiguous();
+  for (int64_t e : std::vector<int64_t>(hit.data_ptr<int64_t>(), hit.data_ptr<int64_t>() + hit.numel())) {
+    if (e < 0 || e >= num_experts) continue;
+    const at::Tensor where = (idx == e).nonzero();  // [m, 2]: token, slot
+    const at::Tensor tok = where.select(1, 0), slot = where.select(1, 1);
+    const at::Tensor gu = at::linear(flat.index_select(0, tok), gate_up[e]);
+    const at::Tensor g = gu.narrow(-1, 0, ffn).clamp_max(limit), u = gu.narrow(-1, ffn, ffn).clamp(-limit, limit);
+    const at::Tensor y = at::linear(at::silu(g) * u, down[e]) * w.index({tok, slot}).unsqueeze(-1);
+    out = out.index_add(0, tok, y.to(out.scalar_type()));
+  }
+  const at::Tensor sg = s_gate->forward(x).clamp_max(limit), su = s_up->forward(x).clamp(-limit, limit);
+  return out.view(x.sizes()) + s_down->forward(at::silu(sg) * su);
+}
+
+V4HyperConnectionImpl::V4HyperConnectionImpl(const DecoderConfig& c, bool head)
+    : n(c.hc_mult), iters(c.hc_sinkhorn_iters), eps(c.rms_norm_eps), hc_eps(c.hc_eps) {
+  const int64_t out = head ? n : (2 + n) * n;
+  fn = register_parameter(head ? "hc_fn" : "fn", at::zeros({out, n * c.hidden_size}));
+  base = register_parameter(head ? "hc_base" : "base", at::zeros({out}));
+  scale = register_parameter(head ? "hc_scale" : "scale", at::ones({head ? 1 : 3}));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> V4HyperConnectionImpl::forward(const at::Tensor& h) {
+  const int64_t b = h.size(0), t = h.size(1);
+  const at::Tensor mix = at::linear(unweighted_rms(h.reshape({b, t, -1}).to(at::kFloat), eps), fn.to(at::kFloat));
+  const auto w = mix.split({n, n, n * n}, -1);
+  const auto bb = base.split({n, n, n * n});
+  const at::Tensor pre = at::sigmoid(w[0] * scale[0] + bb[0]) + hc_eps;
+  const at::Tensor post = 2 * at::sigmoid(w[1] * scale[1] + bb[1]);
+  at::Tensor comb = at::softmax(w[2].view({b, t, n, n}) * scale[2] + bb[2].view({n, n}), -1) + hc_eps;
+  comb = comb / (comb.sum(-2, true) + hc_eps);
+  for (int64_t i = 0; i + 1 < iters; ++i) {
+    comb = comb / (comb.sum(-1, true) + hc_eps);
+    comb = comb / (comb.sum(-2, true) + hc_eps);
+  }
+  const at::Tensor collapsed = (pre.unsqueeze(-1) * h).sum(2).to(h.scalar_type());
+  return {post, comb, collapsed};
+}
+
+at::Tensor V4HyperConnectionImpl::collapse(const at::Tensor& h) {
+  const at::Tensor flat = unweighted_rms(h.flatten(2).to(at::kFloat), eps);
+  const at::Tensor pre = at::sigmoid(at::linear(flat, fn.to(at::kFloat)) * scale.to(at::kFloat) + base.to(at::kFloat)) + hc_eps;
+  return (pre.unsqueeze(-1) * h).sum(2).to(h.scalar_type());
+}
+
+V4DecoderLayerImpl::V4DecoderLayerImpl(const DecoderConfig& c, int64_t idx) : compress_rope(c.v4_attn.at(idx) != 0) {
+  self_attn = register_module("self_attn", V4Attention(c, idx));
+  mlp = register_module("mlp", V4MoE(c, c.v4_hash.at(idx) != 0));
+  input_layernorm = register_module("input_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm = register_module("post_attention_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+  attn_hc = register_module("attn_hc", V4HyperConnection(c, false));
+  ffn_hc = register_module("ffn_hc", V4HyperConnection(c, false));
+}
+
+at::Tensor V4DecoderLayerImpl::forward(const at::Tensor& h_in, const Batch& in, const V4Rotary& rot) {
+  const auto dtype = h_in.scalar_type();
+  const at::Tensor &cos_c = in.at("cos_compress"), &sin_c = in.at("sin_compress");
+  const at::Tensor& cos = compress_rope ? cos_c : in.at("cos");
+  const at::Tensor& sin = compress_rope ? sin_c : in.at("sin");
+  auto [post, comb, collapsed] = attn_hc->forward(h_in);
+  const at::Tensor a = self_attn->forward(input_layernorm->forward(collapsed), in.at("position_ids"), cos, sin, cos_c, sin_c, rot);
+  at::Tensor h = post.to(dtype).unsqueeze(-1) * a.unsqueeze(-2) + at::matmul(comb.to(dtype).transpose(-1, -2), h_in);
+  std::tie(post, comb, collapsed) = ffn_hc->forward(h);
+  const at::Tensor m = mlp->forward(post_attention_layernorm->forward(collapsed), in.get("input_ids"));
+  return post.to(dtype).unsqueeze(-1) * m.unsqueeze(-2) + at::matmul(comb.to(dtype).transpose(-1, -2), h);
+}
+
+Batch v4_block_inputs(const V4Rotary& rot, const at::Tensor& input_ids, const at::Tensor& pos, at::ScalarType dtype) {
+  auto [cos, sin] = rot.main(pos, dtype);
+  auto [cos_c, sin_c] = rot.compress(pos, dtype);
+  return Batch{{"cos", cos}, {"sin", sin}, {"cos_compress", cos_c}, {"sin_compress", sin_c}, {"position_ids", pos},
+               {"input_ids", input_ids}};
+}
+
+void v4_init_weights(torch::nn::Module& m) {
+  at::NoGradGuard no_grad;
+  for (auto& item : m.named_parameters()) {
+    const std::string& n = item.key();
+    if (n.ends_with(".sinks") || n.ends_with("_hc.base") || n.ends_with("hc_base") || n.ends_with("position_bias")) item.value().zero_();
+    if (n.ends_with("_hc.scale") || n.ends_with("hc_scale")) item.value().fill_(1.0);
+  }
+}
+
+std::string v4_checkpoint_name(const std::string& memory_name) {
+  if (memory_name == "lm_head.weight") return "head.weight";
+  std::string s = memory_name;
+  const auto rep = [&](const std::string& from, const std::string& to) {
+    if (const size_t p = s.find(from); p != std::string::npos) s.replace(p, from.size(), to);
+  };
+  rep(".shared_experts.gate_proj.", ".shared_experts.w1.");
+  rep(".shared_experts.up_proj.", ".shared_experts.w3.");
+  rep(".shared_experts.down_proj.", ".shared_experts.w2.");
+  rep(".compressor.indexer.q_b_proj.", ".indexer.wq_b.");
+  rep(".compressor.indexer.scorer.weights_proj.", ".indexer.weights_proj.");
+  rep(".compressor.indexer.", ".indexer.compressor.");
+  rep(".self_attn.", ".attn.");
+  rep(".mlp.", ".ffn.");
+  rep(".input_layernorm.", ".attn_norm.");
+  rep(".post_attention_layernorm.", ".ffn_norm.");
+  rep(".attn_hc.", ".hc_attn_");
+  rep(".ffn_hc.", ".hc_ffn_");
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {".q_a_proj.", ".wq_a."}, {".q_a_norm.", ".q_norm."}, {".q_b_proj.", ".wq_b."}, {".kv_proj.", ".wkv."},
+           {".gate_proj.", ".wgate."}, {".kv_norm.", ".norm."}, {".o_a_proj.", ".wo_a."}, {".o_b_proj.", ".wo_b."},
+           {".gate.e_score_correction_bias", ".gate.bias"}})
+    rep(from, to);
+  if (s.ends_with(".sinks")) s = s.substr(0, s.size() - 6) + ".attn_sink";
+  if (s.ends_with(".position_bias")) s = s.substr(0, s.size() - 14) + ".ape";
+  return s;
+}
+
+std::string v4_canonical_name(const std::string& stored) {
+  if (stored == "embed.weight") return "model.embed_tokens.weight";
+  if (stored == "norm.weight") return "model.norm.weight";
+  for (const char* part : {"fn", "base", "scale"})
+    if (stored == std::string("hc_head_") + part) return std::string("model.hc_head.hc_") + part;
+  if (stored.starts_with("layers.")) return "model." + stored;
+  return stored;
+}
+
+std::vector<CheckpointTensor> v4_checkpoint_tensors(const torch::nn::Module& m, const DecoderConfig& c) {
+  std::vector<CheckpointTensor> out;
+  const int64_t f = c.moe_intermediate_size;
+  for (const auto& item : m.named_parameters()) {
+    const std::string& name = item.key();
+    const bool gu = name.ends_with(".experts.gate_up_proj"), down = name.ends_with(".experts.down_proj");
+    if (!gu && !down) {
+      out.push_back({v4_checkpoint_name(name), name});
+      continue;
+    }
+    const std::string prefix = v4_checkpoint_name(name.substr(0, name.rfind('.') + 1));  // "...ffn.experts."
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      const std::string p = prefix + std::to_string(e) + ".";
+      if (gu) {
+        out.push_back({p + "w1.weight", name, e, 0, f});
+        out.push_back({p + "w3.weight", name, e, f, 2 * f});
+      } else {
+        out.push_back({p + "w2.weight", name, e, 0, c.hidden_size});
+      }
+    }
+  }
+  for (const auto& item : m.named_buffers())
+    if (item.key().ends_with(".tid2eid") || item.key().ends_with(".e_score_correction_bias"))
+      out.push_back({v4_checkpoint_name(item.key()), item.key(), -1, 0, 0, true});
+  return out;
+}
+
+}  // namespace lf::models::llama

@@ -1,0 +1,139 @@
+// DeepSeek-V4 (deepseek_v4), as transformers' DeepseekV4ForCausalLM:
+// - the residual is hc_mult streams [B,T,hc_mult,hidden] mixed by manifold-constrained hyper-connections (attn_hc,
+//   ffn_hc: sigmoid pre / post weights and a Sinkhorn-normalised comb matrix); the hyper head (model.hc_head) collapses
+//   the streams before the final norm;
+// - attention: low-rank queries with an unweighted per-head RMSNorm, one shared key = value head (kv_proj, kv_norm),
+//   interleaved rotary on the trailing rotary_dim features (the output rotated back), per-head sinks, a sliding window,
+//   and a grouped low-rank output projection (o_a_proj per o_groups group, o_b_proj); per layer_types it also attends
+//   to compressed entries: heavily compressed attention (HCA) pools every compress_rate tokens into one entry,
+//   compressed sparse attention (CSA) pools overlapping windows and keeps, per query, the index_topk entries its
+//   lightning indexer scores best (the indexer gets no gradient: its parameters are frozen);
+// - MoE with sqrt(softplus) scores, a correction bias (top-k layers) or a fixed token -> experts table (tid2eid,
+//   hash_moe layers), swiglu_limit clamps, one shared expert.
+// Checkpoints use the names transformers' save_pretrained writes (attn.wq_a, ffn.experts.E.w1, hc_attn_fn, head, ...).
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <string>
+#include <vector>
+
+#include "loongforge/core/json.h"
+#include "loongforge/models/llama/config.h"
+#include "loongforge/models/model.h"
+#include "loongforge/nn/attention.h"
+#include "loongforge/nn/linear.h"
+#include "loongforge/nn/rms_norm.h"
+#include "loongforge/nn/rotary.h"
+
+namespace lf::models::llama {
+
+// Every field of a deepseek_v4 config.json (from_json hands the whole parse here).
+void parse_deepseek_v4(const JsonReader& rd, DecoderConfig& c);
+int64_t deepseek_v4_num_parameters(const DecoderConfig& c);
+int64_t deepseek_v4_active_parameters(const DecoderConfig& c);
+
+// Interleaved rotary of the trailing features of x [B,H,T,D] by cos / sin [B,T,rotary_dim/2].
+at::Tensor v4_rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// The two rotaries of the model: "main" (sliding layers) and "compress" (compressed layers, compressors, indexers).
+struct V4Rotary {
+  explicit V4Rotary(const DecoderConfig& c);
+  // cos, sin [B,T,rotary_dim/2] of positions [B,T], in dtype
+  std::pair<at::Tensor, at::Tensor> main(const at::Tensor& pos, at::ScalarType dtype) const;
+  std::pair<at::Tensor, at::Tensor> compress(const at::Tensor& pos, at::ScalarType dtype) const;
+  void to(const at::Device& d);
+  nn::Rotary main_, compress_;
+};
+
+// A layer's compressor (kind 1: CSA, overlapping windows, with its indexer; kind 2: HCA), or (kind 3) the CSA
+// indexer: a compressor of its own at index_head_dim plus the query projection and head weights that score entries.
+class V4CompressorImpl : public torch::nn::Module {
+ public:
+  V4CompressorImpl(const DecoderConfig& c, int64_t kind);
+  // The compressed entries [B,n,dim] of the complete windows of x [B,T,hidden], rotated at their windows' first
+  // positions by the compress rotary.
+  at::Tensor compress(const at::Tensor& x, const V4Rotary& rot);
+  // The indexer's top index_topk entries per query [B,T,k] (-1: none) over its entries, no autograd. pos [B,T];
+  // cos / sin: the compress rotary at pos.
+  at::Tensor select(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& pos, const at::Tensor& cos,
+                    const at::Tensor& sin, const V4Rotary& rot);
+  nn::Linear kv_proj{nullptr}, gate_proj{nullptr};
+  at::Tensor position_bias;
+  nn::RMSNorm kv_norm{nullptr};
+  std::shared_ptr<V4CompressorImpl> indexer;  // CSA
+  nn::Linear q_b_proj{nullptr}, weights_proj{nullptr};  // the indexer (weights_proj under "scorer")
+  int64_t rate, dim, heads = 0, topk = 0;
+  bool overlap;
+};
+TORCH_MODULE(V4Compressor);
+
+class V4AttentionImpl : public torch::nn::Module, public nn::AttentionHook {
+ public:
+  V4AttentionImpl(const DecoderConfig& c, int64_t layer_idx);
+  // x [B,T,hidden]; pos [B,T]; cos/sin of this layer's rotary at pos, cos_c/sin_c of the compress one.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& pos, const at::Tensor& cos, const at::Tensor& sin,
+                     const at::Tensor& cos_c, const at::Tensor& sin_c, const V4Rotary& rot);
+  nn::Linear q_a_proj{nullptr}, q_b_proj{nullptr}, kv_proj{nullptr}, o_a_proj{nullptr}, o_b_proj{nullptr};
+  nn::RMSNorm q_a_norm{nullptr}, kv_norm{nullptr};
+  at::Tensor sinks;
+  V4Compressor compressor{nullptr};
+  int64_t kind, head_dim, groups;
+  double eps;
+};
+TORCH_MODULE(V4Attention);
+
+class V4MoEImpl : public torch::nn::Module {
+ public:
+  V4MoEImpl(const DecoderConfig& c, bool hash);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& input_ids);
+  // integer tid2eid stays int64 when the model changes dtype
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override { torch::nn::Module::to(device, non_blocking); }
+  std::shared_ptr<torch::nn::Module> gate, experts, shared;
+  at::Tensor gate_weight, bias, tid2eid, gate_up, down;
+  nn::Linear s_gate{nullptr}, s_up{nullptr}, s_down{nullptr};
+  bool hash, scoring_sigmoid = false;
+  int64_t top_k, num_experts, ffn;
+  double limit, scaling;
+};
+TORCH_MODULE(V4MoE);
+
+class V4HyperConnectionImpl : public torch::nn::Module {
+ public:
+  V4HyperConnectionImpl(const DecoderConfig& c, bool head);
+  // (post [B,T,N], comb [B,T,N,N], collapsed [B,T,hidden]) of the streams h [B,T,N,hidden]
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& h);
+  at::Tensor collapse(const at::Tensor& h);  // the hyper head (head: parameters hc_fn, hc_base, hc_scale)
+  at::Tensor fn, base, scale;
+  int64_t n, iters;
+  double eps, hc_eps;
+};
+TORCH_MODULE(V4HyperConnection);
+
+class V4DecoderLayerImpl : public torch::nn::Module {
+ public:
+  V4DecoderLayerImpl(const DecoderConfig& c, int64_t layer_idx);
+  // h [B,T,hc_mult,hidden]
+  at::Tensor forward(const at::Tensor& h, const Batch& in, const V4Rotary& rot);
+  V4Attention self_attn{nullptr};
+  V4MoE mlp{nullptr};
+  nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  V4HyperConnection attn_hc{nullptr}, ffn_hc{nullptr};
+  bool compress_rope;
+};
+TORCH_MODULE(V4DecoderLayer);
+
+// The block inputs: positions, input_ids (hash routing), the main and compress rotaries' cos / sin.
+Batch v4_block_inputs(const V4Rotary& rot, const at::Tensor& input_ids, const at::Tensor& pos, at::ScalarType dtype);
+// transformers' init of the V4 parameters the generic init does not cover (sinks, hc bases / scales, position biases).
+void v4_init_weights(torch::nn::Module& m);
+// The checkpoint name of an in-memory name (transformers' save_pretrained names).
+std::string v4_checkpoint_name(const std::string& memory_name);
+// DeepSeek's original layout (the Hub's files: embed.weight, layers.N.*, norm.weight, hc_head_fn, ...) -> the
+// save_pretrained names; other names unchanged.
+std::string v4_canonical_name(const std::string& stored);
+std::vector<CheckpointTensor> v4_checkpoint_tensors(const torch::nn::Module& m, const DecoderConfig& c);
+
+}  // namespace lf::models::llama
