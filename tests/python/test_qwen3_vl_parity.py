@@ -86,11 +86,9 @@ def test_qwen3_vl_video_dump_matches_transformers(tmp_path):
     compare(ours, ref)
 
 
-def test_qwen3_vl_rope_and_deepstack_matter(tmp_path):
-    """Our logits equal transformers' with its get_rope_index positions given explicitly; 1D positions or no deepstack
-    features give other logits (so the parity above tests interleaved M-RoPE and deepstack)."""
-    torch.manual_seed(4)
-    model = transformers.Qwen3VLForConditionalGeneration(qwen3_config()).eval()
+def check_rope_positions(model, tmp_path):
+    """Our logits equal transformers' with its get_rope_index positions given explicitly and 1D positions give other
+    logits; returns the batch (ids, pixels, grid, mm_token_type_ids) and transformers' logits. (Also for Qwen3.5.)"""
     ids, pixels, grid, _ = make_batch([[(1, 4, 6), (1, 6, 4)], [(1, 8, 12)]], seed=4)
     tt = (ids == IMAGE).int()
     pos, _ = model.model.get_rope_index(ids, mm_token_type_ids=tt, image_grid_thw=grid)
@@ -103,6 +101,15 @@ def test_qwen3_vl_rope_and_deepstack_matter(tmp_path):
                      position_ids=torch.arange(ids.shape[1]).expand_as(ids)).logits  # 1D positions
     assert (flat - want).abs().max() > 1e-3
     assert ((ours["logits"] - want).abs().max() / want.abs().max()).item() <= 1e-5
+    return (ids, pixels, grid, tt), want
+
+
+def test_qwen3_vl_rope_and_deepstack_matter(tmp_path):
+    """1D positions or no deepstack features give other logits (so the parity above tests interleaved M-RoPE and
+    deepstack)."""
+    torch.manual_seed(4)
+    model = transformers.Qwen3VLForConditionalGeneration(qwen3_config()).eval()
+    (ids, pixels, grid, tt), want = check_rope_positions(model, tmp_path)
     # without deepstack (same weights otherwise) the logits differ
     torch.manual_seed(4)
     plain = transformers.Qwen3VLForConditionalGeneration(qwen3_config(deepstack=[])).eval()
