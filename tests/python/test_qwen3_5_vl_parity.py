@@ -3,7 +3,7 @@ Qwen3_5MoeForConditionalGeneration (qwen3_5_moe), fp32 on the CPU: Qwen3-VL's to
 the Qwen3.5 text decoder (Gated DeltaNet + gated full attention, MoE with a shared expert for qwen3_5_moe) whose
 partial rotary features take interleaved multimodal RoPE sections. `loongforge dump` on a batch of images with
 different grids gives transformers' logits (<= 1e-5 rel), loss, every gradient (<= 1e-4 rel, under transformers'
-names) and parameters after one AdamW step; positions follow get_rope_index; save_pretrained's and the
+names) and parameters after one AdamW step, with videos beside images too; positions follow get_rope_index; save_pretrained's and the
 Qwen2.5-VL-style key layouts load; `convert` writes a folder transformers loads; `info` counts the components as
 transformers does; deepstack indexes in the vision config are one line."""
 import json
@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from conftest import run_lf
 from test_qwen3_next_parity import perturb
-from test_qwen3_vl_parity import check_rope_positions
+from test_qwen3_vl_parity import check_rope_positions, check_video_dump
 from test_qwen_vl_parity import (END, IMAGE, START, VIDEO, check_bad_inputs_one_line, check_layout_and_convert,
                                  dump_parity)
 
@@ -63,6 +63,13 @@ def test_qwen3_5_vl_dump_matches_transformers(case, tmp_path):
     ref = dump_parity(make_model(moe=spec["moe"], tied=spec["tied"]), spec, tmp_path)
     assert ref["grad.model.visual.merger.linear_fc2.weight"].abs().max() > 0
     assert ref["grad.model.language_model.layers.0.linear_attn.A_log"].abs().max() > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moe", [False, True])
+def test_qwen3_5_vl_video_dump_matches_transformers(moe, tmp_path):
+    """Videos beside an image (each frame between timestamp text takes positions as its own t = 1 grid)."""
+    check_video_dump(make_model(moe=moe, seed=5), tmp_path)
 
 
 @pytest.mark.slow

@@ -55,10 +55,15 @@ def test_qwen3_vl_video_dump_matches_transformers(tmp_path):
     """Videos beside an image: the tower runs over each video, its features fill the video tokens, the deepstack
     features of images and videos join in sequence order, and each frame (between timestamp text, as Qwen3-VL's
     processor writes) takes positions as its own t = 1 grid; logits, loss and every gradient as transformers'."""
+    torch.manual_seed(5)
+    check_video_dump(transformers.Qwen3VLForConditionalGeneration(qwen3_config()).eval(), tmp_path)
+
+
+def check_video_dump(model, tmp_path):
+    """`dump` of model's saved folder on two rows with two videos (each frame between timestamp text) and an image
+    gives transformers' logits, loss and every gradient. (Also for Qwen3.5.)"""
     from test_qwen_vl_parity import MERGE
     from test_vlm_parity import compare, hf_reference
-    torch.manual_seed(5)
-    model = transformers.Qwen3VLForConditionalGeneration(qwen3_config()).eval()
     model.save_pretrained(tmp_path / "model")
     g = torch.Generator().manual_seed(5)
     text = lambda n: torch.randint(3, END, (n,), generator=g).tolist()
