@@ -22,6 +22,8 @@ def test_model_config_parses_like_transformers(config, tmp_path):
     with torch.device("meta"):
         if cfg.model_type == "mistral4":  # not in AutoModelForCausalLM's mapping
             model = transformers.Mistral4ForCausalLM._from_config(cfg)
+        elif hasattr(cfg, "vision_config"):  # a vision-language model (AutoModelForCausalLM would give its LM alone)
+            model = transformers.AutoModelForImageTextToText.from_config(cfg)
         else:
             model = transformers.AutoModelForCausalLM.from_config(cfg)
     info = json.loads(run_lf("info", config).stdout)

@@ -55,10 +55,15 @@ def test_qwen3_vl_video_dump_matches_transformers(tmp_path):
     """Videos beside an image: the tower runs over each video, its features fill the video tokens, the deepstack
     features of images and videos join in sequence order, and each frame (between timestamp text, as Qwen3-VL's
     processor writes) takes positions as its own t = 1 grid; logits, loss and every gradient as transformers'."""
+    torch.manual_seed(5)
+    check_video_dump(transformers.Qwen3VLForConditionalGeneration(qwen3_config()).eval(), tmp_path)
+
+
+def check_video_dump(model, tmp_path):
+    """`dump` of model's saved folder on two rows with two videos (each frame between timestamp text) and an image
+    gives transformers' logits, loss and every gradient. (Also for Qwen3.5.)"""
     from test_qwen_vl_parity import MERGE
     from test_vlm_parity import compare, hf_reference
-    torch.manual_seed(5)
-    model = transformers.Qwen3VLForConditionalGeneration(qwen3_config()).eval()
     model.save_pretrained(tmp_path / "model")
     g = torch.Generator().manual_seed(5)
     text = lambda n: torch.randint(3, END, (n,), generator=g).tolist()
@@ -86,11 +91,9 @@ def test_qwen3_vl_video_dump_matches_transformers(tmp_path):
     compare(ours, ref)
 
 
-def test_qwen3_vl_rope_and_deepstack_matter(tmp_path):
-    """Our logits equal transformers' with its get_rope_index positions given explicitly; 1D positions or no deepstack
-    features give other logits (so the parity above tests interleaved M-RoPE and deepstack)."""
-    torch.manual_seed(4)
-    model = transformers.Qwen3VLForConditionalGeneration(qwen3_config()).eval()
+def check_rope_positions(model, tmp_path):
+    """Our logits equal transformers' with its get_rope_index positions given explicitly and 1D positions give other
+    logits; returns the batch (ids, pixels, grid, mm_token_type_ids) and transformers' logits. (Also for Qwen3.5.)"""
     ids, pixels, grid, _ = make_batch([[(1, 4, 6), (1, 6, 4)], [(1, 8, 12)]], seed=4)
     tt = (ids == IMAGE).int()
     pos, _ = model.model.get_rope_index(ids, mm_token_type_ids=tt, image_grid_thw=grid)
@@ -103,6 +106,15 @@ def test_qwen3_vl_rope_and_deepstack_matter(tmp_path):
                      position_ids=torch.arange(ids.shape[1]).expand_as(ids)).logits  # 1D positions
     assert (flat - want).abs().max() > 1e-3
     assert ((ours["logits"] - want).abs().max() / want.abs().max()).item() <= 1e-5
+    return (ids, pixels, grid, tt), want
+
+
+def test_qwen3_vl_rope_and_deepstack_matter(tmp_path):
+    """1D positions or no deepstack features give other logits (so the parity above tests interleaved M-RoPE and
+    deepstack)."""
+    torch.manual_seed(4)
+    model = transformers.Qwen3VLForConditionalGeneration(qwen3_config()).eval()
+    (ids, pixels, grid, tt), want = check_rope_positions(model, tmp_path)
     # without deepstack (same weights otherwise) the logits differ
     torch.manual_seed(4)
     plain = transformers.Qwen3VLForConditionalGeneration(qwen3_config(deepstack=[])).eval()

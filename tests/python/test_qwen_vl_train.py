@@ -35,7 +35,7 @@ TEMPLATE = (
 
 
 def make_model_dir(d, family="qwen2_5_vl", seed=0):
-    """A tiny Qwen2.5-VL (or Qwen3-VL) over a byte-level tokenizer with Qwen's special tokens, the template above and
+    """A tiny Qwen2.5-VL (or Qwen3-VL, Qwen3.5, Qwen3.5-MoE) over a byte-level tokenizer with Qwen's special tokens, the template above and
     a Qwen2-VL image processor with 2x2 patches merged 2x2 (a 36x30 image: a 14x18 grid, 63 tokens)."""
     tok = Tokenizer.from_file(str(FIXTURES / "tok_bytelevel_gpt2" / "tokenizer.json"))
     tok.add_special_tokens(SPECIAL)
@@ -53,13 +53,25 @@ def make_model_dir(d, family="qwen2_5_vl", seed=0):
                       fullatt_block_indexes=[1])
         cfg = transformers.Qwen2_5_VLConfig(vision_config=vision, text_config=text, **tokens)
         model = transformers.Qwen2_5_VLForConditionalGeneration(cfg).eval()
-    else:
+    elif family == "qwen3_vl":
         vision = dict(depth=2, hidden_size=32, intermediate_size=40, num_heads=4, in_channels=3, patch_size=2,
                       spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=48, num_position_embeddings=16,
                       deepstack_visual_indexes=[0])
         text.update(head_dim=12)
         cfg = transformers.Qwen3VLConfig(vision_config=vision, text_config=text, **tokens)
         model = transformers.Qwen3VLForConditionalGeneration(cfg).eval()
+    else:  # qwen3_5 / qwen3_5_moe: Gated DeltaNet + gated attention, partial rotary (12 of head_dim 24)
+        from test_qwen3_5_vl_parity import qwen3_5_config
+        from test_qwen3_next_parity import perturb
+        moe = family == "qwen3_5_moe"
+        cfg = qwen3_5_config(moe=moe)
+        cfg.text_config.vocab_size = text["vocab_size"]
+        cfg.text_config.eos_token_id, cfg.text_config.bos_token_id = text["eos_token_id"], None
+        cfg.text_config.max_position_embeddings = 512
+        for k, v in tokens.items():
+            setattr(cfg, k, v)
+        cls = transformers.Qwen3_5MoeForConditionalGeneration if moe else transformers.Qwen3_5ForConditionalGeneration
+        model = perturb(cls(cfg)).eval()
     model.save_pretrained(d)
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "bos_token": None,
@@ -134,7 +146,10 @@ def hf_loss_sum(model, ids, px, image_id):
     return out.loss.item() * n, n
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+QWEN3_5 = [pytest.param(f, marks=pytest.mark.slow) for f in ("qwen3_5", "qwen3_5_moe")]
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", *QWEN3_5])
 @pytest.mark.parametrize("packing", [False, True])
 def test_first_step_loss_matches_transformers(tmp_path, family, packing):
     model_dir = tmp_path / "m"
@@ -168,7 +183,7 @@ def test_packed_positions_restart_per_conversation(tmp_path):
     assert abs(js / jn - sum(s) / sum(n)) > 1e-4
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", *QWEN3_5])
 def test_generate_with_image_matches_transformers(tmp_path, family):
     model_dir = tmp_path / "m"
     model, ids = make_model_dir(model_dir, family, seed=3)

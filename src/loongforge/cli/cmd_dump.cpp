@@ -38,13 +38,14 @@ void run_dump(const DumpArgs& a) {
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
   if (a.lora.empty()) {
-    // grad.<name> / after_step.<name> under the reference library's parameter names (Model::reference_name)
+    // grad.<name> / after_step.<name> under the reference library's parameter names (Model::reference_name); a
+    // parameter no single checkpoint tensor names (stacked experts) by reference_name of its module path
     std::map<std::string, std::string> ref;
     for (const auto& e : model->checkpoint_tensors())
       if (e.index < 0 && !e.buffer) ref[e.param] = model->reference_name(e.name);
     for (auto& item : model->named_parameters()) {
       auto it = ref.find(item.key());
-      names.push_back(it != ref.end() ? it->second : item.key());
+      names.push_back(it != ref.end() ? it->second : model->reference_name(item.key()));
       params.push_back(item.value());
     }
   } else {  // only the adapter trains; outputs are deterministic, so adapter dropout is off (eval mode)

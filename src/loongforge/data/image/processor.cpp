@@ -32,7 +32,7 @@ constexpr std::array<double, 3> kImagenetStandard{0.5, 0.5, 0.5};
 const std::map<std::string, std::string>& model_type_classes() {
   static const std::map<std::string, std::string> m{
       {"clip", kClip},         {"siglip", kSiglip},     {"paligemma", kSiglip}, {"qwen2_vl", kQwen2VL},
-      {"qwen2_5_vl", kQwen2VL}, {"qwen3_vl", kQwen2VL},
+      {"qwen2_5_vl", kQwen2VL}, {"qwen3_vl", kQwen2VL}, {"qwen3_5", kQwen2VL}, {"qwen3_5_moe", kQwen2VL},
   };
   return m;
 }

@@ -488,7 +488,9 @@ DecoderConfig DecoderConfig::from_json(const json& j, const std::string& file) {
                                              "deepseek_v32, glm_moe_dsa, kimi_linear, deepseek_v4)");
   c.vocab_size = rd.integer("vocab_size");
   c.hidden_size = rd.integer("hidden_size");
-  c.intermediate_size = rd.integer("intermediate_size");
+  // Qwen3.5-MoE: every layer's MLP is a MoE, transformers' Qwen3_5MoeTextConfig has no intermediate_size (unused)
+  c.intermediate_size = c.model_type == "qwen3_5_moe_text" ? rd.integer("intermediate_size", 1)
+                                                            : rd.integer("intermediate_size");
   c.num_hidden_layers = rd.integer("num_hidden_layers");
   c.num_attention_heads = rd.integer("num_attention_heads");
   c.num_key_value_heads = rd.integer("num_key_value_heads", c.num_attention_heads);

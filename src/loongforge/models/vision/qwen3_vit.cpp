@@ -14,7 +14,8 @@
 
 namespace lf::models::vision {
 
-Qwen3VitConfig Qwen3VitConfig::from_json(const nlohmann::json& j, const std::string& file, const std::string& path) {
+Qwen3VitConfig Qwen3VitConfig::from_json(const nlohmann::json& j, const std::string& file, const std::string& path,
+                                         bool deepstack) {
   JsonReader r(j, file, path);
   Qwen3VitConfig c;
   c.raw = j;
@@ -28,9 +29,16 @@ Qwen3VitConfig Qwen3VitConfig::from_json(const nlohmann::json& j, const std::str
   c.hidden_act = "gelu_pytorch_tanh";
   c.fullatt_block_indexes.clear();
   c.window_size = int64_t(1) << 40;  // no windows: one per frame (qwen_vit_layout then keeps the processor's order)
-  c.read_common(r, {"qwen3_vl_vision", "qwen3_vl"});
+  if (deepstack) {
+    c.read_common(r, {"qwen3_vl_vision", "qwen3_vl"});
+  } else {  // Qwen3.5's tower (older checkpoints name it by the whole model's type)
+    c.read_common(r, {"qwen3_5_vision", "qwen3_5_moe_vision", "qwen3_5", "qwen3_5_moe"});
+    c.deepstack_visual_indexes.clear();
+  }
   c.num_position_embeddings = r.integer("num_position_embeddings", c.num_position_embeddings);
   if (r.has("deepstack_visual_indexes")) c.deepstack_visual_indexes = r.int_list("deepstack_visual_indexes");
+  if (!deepstack && !c.deepstack_visual_indexes.empty())
+    r.fail("deepstack_visual_indexes", "Qwen3.5's vision tower has no deepstack mergers (an empty list or none expected)");
   if (c.num_position_embeddings <= 0) r.fail("num_position_embeddings", "must be positive");
   std::set<int64_t> seen;
   for (int64_t i : c.deepstack_visual_indexes)

@@ -8,7 +8,8 @@
 //   - no window attention: every block attends within each frame;
 //   - the merger is LayerNorm -> 2x2 patch concatenation -> linear_fc1 -> GELU -> linear_fc2, and "deepstack"
 //     mergers (deepstack_merger_list.N, LayerNorm after the concatenation) turn the outputs of the blocks in
-//     deepstack_visual_indexes into features the language model adds to its first hidden states.
+//     deepstack_visual_indexes into features the language model adds to its first hidden states (Qwen3.5's tower,
+//     transformers' Qwen3_5VisionModel, is this one without them).
 // Module names are transformers' (`patch_embed.proj`, `pos_embed`, `blocks.N.{norm1,attn.qkv,mlp.linear_fc1}`,
 // `merger.norm`, `deepstack_merger_list.N.linear_fc1`).
 #pragma once
@@ -36,8 +37,10 @@ struct Qwen3VitConfig : QwenVitConfig {
   int64_t num_tower_parameters() const;
   int64_t num_merger_parameters() const;
   int64_t num_deepstack_parameters() const;
-  // transformers' Qwen3VLVisionConfig defaults for absent fields; `file` and `path` name it in errors.
-  static Qwen3VitConfig from_json(const nlohmann::json& j, const std::string& file, const std::string& path = "");
+  // transformers' Qwen3VLVisionConfig defaults for absent fields; `file` and `path` name it in errors. Without
+  // `deepstack`: Qwen3.5's tower (Qwen3_5VisionConfig: the same fields, no deepstack_visual_indexes / mergers).
+  static Qwen3VitConfig from_json(const nlohmann::json& j, const std::string& file, const std::string& path = "",
+                                  bool deepstack = true);
 };
 
 class Qwen3VitMLPImpl : public torch::nn::Module {

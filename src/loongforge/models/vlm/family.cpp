@@ -9,13 +9,16 @@
 namespace lf::models::vlm {
 
 namespace {
-std::string type_of(const nlohmann::json& j) { return j.value("model_type", std::string()); }
+std::string type_of(const nlohmann::json& j) {
+  const std::string t = j.value("model_type", std::string());
+  return t == "qwen3_5" || t == "qwen3_5_moe" ? "qwen3_vl" : t;  // Qwen3-VL's model with Qwen3.5's parts
+}
 }  // namespace
 
 Family family() {
   Family f;
   f.name = "vlm";
-  f.model_types = {"llava", "qwen2_5_vl", "qwen3_vl"};
+  f.model_types = {"llava", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe"};
   f.projectors = {"mlp2x_gelu", "patch_merger"};
   f.compose = [](const ComposeParts& p) { return p.projector == "patch_merger" ? compose_qwen_vl(p) : compose_llava(p); };
   f.build = [](const nlohmann::json& j, const std::string& file) {

@@ -25,6 +25,19 @@ const std::vector<std::pair<const char*, nlohmann::json>>& text_defaults() {
   return d;
 }
 
+// transformers' Qwen3_5TextConfig / Qwen3_5MoeTextConfig defaults (the Gated DeltaNet fields: the decoder's own)
+const std::vector<std::pair<const char*, nlohmann::json>>& qwen3_5_text_defaults(bool moe) {
+  static const std::vector<std::pair<const char*, nlohmann::json>> dense = {
+      {"vocab_size", 248320},       {"hidden_size", 4096},         {"intermediate_size", 12288},
+      {"num_hidden_layers", 32},    {"num_attention_heads", 16},   {"num_key_value_heads", 4},
+      {"head_dim", 256},            {"max_position_embeddings", 32768}, {"rms_norm_eps", 1e-6}};
+  static const std::vector<std::pair<const char*, nlohmann::json>> sparse = {
+      {"vocab_size", 248320},       {"hidden_size", 2048},         {"num_hidden_layers", 40},
+      {"num_attention_heads", 16},  {"num_key_value_heads", 2},    {"head_dim", 256},
+      {"max_position_embeddings", 32768}, {"rms_norm_eps", 1e-6}};
+  return moe ? sparse : dense;
+}
+
 std::string deepstack_key(size_t k) { return "deepstack." + std::to_string(k); }
 
 }  // namespace
@@ -33,11 +46,21 @@ Qwen3VLConfig Qwen3VLConfig::from_json(const nlohmann::json& j, const std::strin
   JsonReader r(j, file);
   Qwen3VLConfig c;
   c.raw = j;
+  c.model_type = r.string("model_type", c.model_type);
+  const bool qwen3_5 = c.model_type == "qwen3_5" || c.model_type == "qwen3_5_moe";
   const nlohmann::json vision = r.has("vision_config") ? j.at("vision_config") : nlohmann::json::object();
   if (!vision.is_object()) r.expected("vision_config", "an object");
-  c.vision = vision::Qwen3VitConfig::from_json(vision, file, "vision_config");
-  c.text = qwen_vl_text_config(j, file, "qwen3", text_defaults(), {24, 20, 20});
-  c.text.rope.mrope_interleaved = true;  // transformers' Qwen3VLTextRotaryEmbedding always interleaves
+  c.vision = vision::Qwen3VitConfig::from_json(vision, file, "vision_config", !qwen3_5);
+  if (qwen3_5) {  // Gated DeltaNet + gated attention decoder, partial rotary; Qwen3.5's own vision token ids
+    const bool moe = c.model_type == "qwen3_5_moe";
+    c.text = qwen_vl_text_config(j, file, moe ? "qwen3_5_moe_text" : "qwen3_5_text", qwen3_5_text_defaults(moe),
+                                 {11, 11, 10});
+    c.image_token_id = 248056, c.video_token_id = 248057;
+    c.vision_start_token_id = 248053, c.vision_end_token_id = 248054;
+  } else {
+    c.text = qwen_vl_text_config(j, file, "qwen3", text_defaults(), {24, 20, 20});
+  }
+  c.text.rope.mrope_interleaved = true;  // transformers' Qwen3VL / Qwen3_5 TextRotaryEmbedding always interleaves
   qwen_vl_tokens(j, file, c.text.vocab_size, c.vision.out_hidden_size, c.text.hidden_size, &c.image_token_id,
                  &c.video_token_id, &c.vision_start_token_id, &c.vision_end_token_id);
   return c;
@@ -252,6 +275,12 @@ std::string Qwen3VLImpl::canonical_checkpoint_name(const std::string& n) const {
   return n;
 }
 
+std::string Qwen3VLImpl::reference_name(const std::string& n) const {
+  if (starts(n, "language_model.model.")) return "model.language_model." + n.substr(21);
+  if (starts(n, "language_model.lm_head.")) return n.substr(15);
+  return n;
+}
+
 std::shared_ptr<Model> build_qwen3_vl(const nlohmann::json& j, const std::string& file) {
   return Qwen3VL(Qwen3VLConfig::from_json(j, file)).ptr();
 }
@@ -270,10 +299,9 @@ nlohmann::json describe_qwen3_vl(const nlohmann::json& j, const std::string& fil
                        {"temporal_patch_size", v.temporal_patch_size},
                        {"num_position_embeddings", v.num_position_embeddings}};
   nlohmann::json mg = {{"kind", "patch_merger"}, {"spatial_merge_size", v.spatial_merge_size}, {"parameters", merger}};
-  nlohmann::json ds = {{"kind", "patch_merger"},
-                       {"deepstack_visual_indexes", v.deepstack_visual_indexes},
-                       {"parameters", deep}};
-  nlohmann::json lm = {{"model_type", "qwen3"},
+  const bool qwen3_5 = c.model_type != "qwen3_vl";
+  if (qwen3_5) vt["model_type"] = c.model_type + "_vision";
+  nlohmann::json lm = {{"model_type", qwen3_5 ? c.text.model_type : "qwen3"},
                        {"parameters", text},
                        {"layers", c.text.num_hidden_layers},
                        {"hidden_size", c.text.hidden_size},
@@ -281,11 +309,15 @@ nlohmann::json describe_qwen3_vl(const nlohmann::json& j, const std::string& fil
                        {"mrope_section", c.text.rope.mrope_section},
                        {"mrope_interleaved", true},
                        {"tied_embeddings", c.text.tie_word_embeddings}};
+  nlohmann::json components = {{"vision_tower", vt}, {"merger", mg}, {"language_model", lm}};
+  if (!qwen3_5)
+    components["deepstack_mergers"] = {
+        {"kind", "patch_merger"}, {"deepstack_visual_indexes", v.deepstack_visual_indexes}, {"parameters", deep}};
   return {{"family", "vlm"},
-          {"model_type", "qwen3_vl"},
+          {"model_type", c.model_type},
           {"parameters", tower + merger + deep + text},
           {"image_token_id", c.image_token_id},
-          {"components", {{"vision_tower", vt}, {"merger", mg}, {"deepstack_mergers", ds}, {"language_model", lm}}}};
+          {"components", components}};
 }
 
 }  // namespace lf::models::vlm

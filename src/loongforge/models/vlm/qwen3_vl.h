@@ -12,6 +12,12 @@
 // deepstack features must run on the stage that ran embed() (pipeline stage 0), without recomputation or FSDP units
 // (their gradients would not reach the tower): block_forward says so in one line instead.
 //
+// Qwen3.5 (transformers' Qwen3_5ForConditionalGeneration / Qwen3_5MoeForConditionalGeneration, model_type qwen3_5 /
+// qwen3_5_moe) is this model with a tower without deepstack (Qwen3_5VisionModel) and the qwen3_5_text /
+// qwen3_5_moe_text decoder (Gated DeltaNet + gated full attention, models/llama/gated_deltanet.h) whose partial
+// rotary features (rotary_dim = head_dim x partial_rotary_factor) take the interleaved sections (default 11, 11, 10);
+// its positions are Qwen3-VL's get_rope_index.
+//
 // Module names: `visual.*` (the tower) and `language_model.{model,lm_head}.*`. Checkpoints use the key layout
 // save_pretrained writes, transformers' in-memory names (`model.visual.*`, `model.language_model.*`,
 // `lm_head.weight`); loading also takes the Qwen2.5-VL-style layout (`visual.*`, `model.*`).
@@ -33,6 +39,7 @@
 namespace lf::models::vlm {
 
 struct Qwen3VLConfig {
+  std::string model_type = "qwen3_vl";  // or qwen3_5 / qwen3_5_moe
   vision::Qwen3VitConfig vision;
   llama::DecoderConfig text;
   int64_t image_token_id = 151655, video_token_id = 151656;
@@ -47,7 +54,7 @@ class Qwen3VLImpl : public VisionLanguageModel {
   explicit Qwen3VLImpl(Qwen3VLConfig c);
 
   std::string family() const override { return "vlm"; }
-  std::string model_type() const override { return "qwen3_vl"; }
+  std::string model_type() const override { return config_.model_type; }
   const nlohmann::json& config_json() const override { return config_.raw; }
   // the language model's terms plus the vision tower's (load balancing)
   TrainWork train_work() const override;
@@ -70,7 +77,9 @@ class Qwen3VLImpl : public VisionLanguageModel {
   std::vector<CheckpointTensor> checkpoint_tensors() const override;
   bool ignorable_checkpoint_tensor(const std::string& name) const override;
   std::string canonical_checkpoint_name(const std::string& stored) const override;
-  std::string reference_name(const std::string& checkpoint_name) const override { return checkpoint_name; }
+  // checkpoint names are transformers' in-memory names; a module path `dump` asks for (stacked experts, which no
+  // single checkpoint tensor names) is placed as transformers places it
+  std::string reference_name(const std::string& checkpoint_name) const override;
   const Qwen3VLConfig& config() const { return config_; }
 
   vision::Qwen3VisionTower visual{nullptr};
@@ -106,7 +115,7 @@ class Qwen3VLImpl : public VisionLanguageModel {
 };
 TORCH_MODULE(Qwen3VL);
 
-// Registry pieces of model_type qwen3_vl (models/vlm/family.h lists them in the vision-language family).
+// Registry pieces of model_types qwen3_vl, qwen3_5 and qwen3_5_moe (models/vlm/family.h lists them in the vision-language family).
 std::shared_ptr<Model> build_qwen3_vl(const nlohmann::json& config, const std::string& file);
 nlohmann::json describe_qwen3_vl(const nlohmann::json& config, const std::string& file);
 

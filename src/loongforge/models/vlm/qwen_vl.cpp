@@ -54,12 +54,18 @@ llama::DecoderConfig qwen_vl_text_config(const nlohmann::json& j, const std::str
                                  (t.contains("rope_scaling") && !t.at("rope_scaling").is_null() ? "rope_scaling"
                                                                                                  : "rope_parameters");
   auto& sections = c.rope.mrope_section;
+  // the Gated DeltaNet decoders (Qwen3.5) drop the sections as text models (1D positions): read them back
+  const std::string block_key = rope_block.substr(rope_block.rfind('.') + 1);
+  if (sections.empty() && t.contains(block_key) && t.at(block_key).is_object() &&
+      t.at(block_key).contains("mrope_section"))
+    sections = JsonReader(t.at(block_key), file, rope_block).int_list("mrope_section");
   if (sections.empty()) sections = default_sections;  // transformers' default
   int64_t sum = 0;
   for (int64_t n : sections) sum += n;
-  if (sum != c.head_dim / 2 || sections.size() != 3)
+  // partial rotary (Qwen3.5): the sections cover the rotated features only
+  if (sum != c.rotary_dim / 2 || sections.size() != 3)
     throw file_error(file, rope_block + ".mrope_section",
-                     "three sections summing to head_dim / 2 = " + std::to_string(c.head_dim / 2) + " expected");
+                     "three sections summing to rotary_dim / 2 = " + std::to_string(c.rotary_dim / 2) + " expected");
   if (c.rope.type != "default")
     throw file_error(file, rope_block + ".rope_type", "'" + c.rope.type + "' is not supported with multimodal rope");
   return c;
