@@ -123,7 +123,7 @@ def test_old_rotary_buffers_are_ignored(model_dir, batch, tmp_path):
 
 
 @pytest.mark.parametrize("cfg, field, known", [
-    ({"model_type": "gpt_neox"}, "model_type", "deepseek_v3, deepseek_v32, glm4_moe, glm_moe_dsa, kimi_linear, llama, llava, minimax_m2, mistral, mistral4, mixtral, qwen2, qwen2_5_vl, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next"),
+    ({"model_type": "gpt_neox"}, "model_type", "deepseek_v3, deepseek_v32, deepseek_v4, glm4_moe, glm_moe_dsa, kimi_linear, llama, llava, minimax_m2, mistral, mistral4, mixtral, qwen2, qwen2_5_vl, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_next"),
     ({"_class_name": "NoSuchTransformer2DModel"}, "_class_name", None),
     ({"type": "no_such_policy"}, "type", None),
     ({"hidden_size": 8}, "model_type", "llama"),
