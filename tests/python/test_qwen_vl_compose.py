@@ -29,6 +29,18 @@ def make_language(d, family, hidden=64):
               eos_token_id=tok.token_to_id("<|im_end|>"), bos_token_id=None)
     if family == "qwen3_vl":
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=16, **kw))
+    elif family in ("qwen3_5", "qwen3_5_moe"):  # Gated DeltaNet + gated attention, 8 of head_dim 16 rotated
+        from test_qwen3_next_parity import perturb
+        kw.update(head_dim=16, layer_types=["linear_attention", "full_attention"], linear_conv_kernel_dim=4,
+                  linear_key_head_dim=8, linear_value_head_dim=12, linear_num_key_heads=2, linear_num_value_heads=4,
+                  rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))
+        if family == "qwen3_5":
+            model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**kw))
+        else:
+            del kw["intermediate_size"]
+            kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=32)
+            model = transformers.Qwen3_5MoeForCausalLM(transformers.Qwen3_5MoeTextConfig(**kw))
+        model = perturb(model)
     else:
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw))
     model.save_pretrained(d)
@@ -62,14 +74,20 @@ def latest(run):
 
 
 CLASSES = {"qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
-           "qwen3_vl": transformers.Qwen3VLForConditionalGeneration}
+           "qwen3_vl": transformers.Qwen3VLForConditionalGeneration,
+           "qwen3_5": transformers.Qwen3_5ForConditionalGeneration,
+           "qwen3_5_moe": transformers.Qwen3_5MoeForConditionalGeneration}
+LM_CLASSES = {"qwen3_5": transformers.Qwen3_5ForCausalLM, "qwen3_5_moe": transformers.Qwen3_5MoeForCausalLM}
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
-def test_composed_qwen_vl_loads_in_transformers_with_the_parts(tmp_path, family):
+@pytest.mark.parametrize("family,tower", [("qwen2_5_vl", "qwen2_5_vl"), ("qwen3_vl", "qwen3_vl"),
+                                          ("qwen3_5", "qwen3_5"),
+                                          pytest.param("qwen3_5_moe", "qwen3_5", marks=pytest.mark.slow)])
+def test_composed_qwen_vl_loads_in_transformers_with_the_parts(tmp_path, family, tower):
+    """(Qwen3.5: the tower of a dense Qwen3.5 folder (merger out 64) with a Qwen3.5 or Qwen3.5-MoE text LM.)"""
     vdir, ldir = tmp_path / "vision", tmp_path / "language"
-    make_model_dir(vdir, family)  # a whole tiny Qwen VL (merger out 48)
-    n = make_language(ldir, family)  # hidden 64
+    make_model_dir(vdir, tower)  # a whole tiny Qwen VL (merger out 48; Qwen3.5's 64)
+    n = make_language(ldir, family, hidden=96 if tower.startswith("qwen3_5") else 64)
     msgs, images = conversations(tmp_path)
     run_lf("train", recipe(tmp_path, vdir, ldir, tmp_path / "data.json", seq_len=256))
     ck = latest(tmp_path / "run")
@@ -78,10 +96,11 @@ def test_composed_qwen_vl_loads_in_transformers_with_the_parts(tmp_path, family)
     added = [tok.token_to_id(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")]
     assert added == [n, n + 1, n + 2, n + 3]
     assert model.config.image_token_id == n and model.config.vision_start_token_id == n + 2
-    assert model.config.vision_config.out_hidden_size == 64
+    hidden = model.config.text_config.hidden_size
+    assert model.config.vision_config.out_hidden_size == hidden == (96 if family.startswith("qwen3_5") else 64)
     sections = model.config.text_config.rope_parameters["mrope_section"]
-    head = 16 if family == "qwen3_vl" else 64 // 4
-    assert len(sections) == 3 and sum(sections) == head // 2
+    rotary = {"qwen3_vl": 16, "qwen2_5_vl": 64 // 4}.get(family, 16 // 2)  # Qwen3.5: half of head_dim 16 rotated
+    assert len(sections) == 3 and sum(sections) == rotary // 2
     # the parts' weights as they were (lr 0); the merger's output layers are new
     sd = model.state_dict()
     new = ("merger.mlp.2.", "merger.linear_fc2.", ".linear_fc2.")
@@ -92,12 +111,15 @@ def test_composed_qwen_vl_loads_in_transformers_with_the_parts(tmp_path, family)
             continue
         k = k if k.startswith("model.") else "model." + k
         if any(s in k for s in new) and ("merger" in k):
-            assert sd[k].shape[0] == 64, k
+            assert sd[k].shape[0] == hidden, k
             continue
         assert torch.equal(sd[k], v), k
         checked += 1
     assert checked > 10
-    for k, v in load_file(str(ldir / "model.safetensors")).items():
+    # the language model's tensors by transformers' in-memory names (Qwen3.5-MoE's experts stacked)
+    lm = LM_CLASSES[family].from_pretrained(ldir).state_dict() if family in LM_CLASSES else \
+        load_file(str(ldir / "model.safetensors"))
+    for k, v in lm.items():
         name = "model.language_model." + k[6:] if k.startswith("model.") else k
         assert torch.equal(sd[name], v), k
     # the first step's loss is transformers' on the same data
@@ -141,4 +163,14 @@ def test_bad_patch_merger_compositions_are_one_line(tmp_path):
     assert len(err.strip().splitlines()) == 1, err
     err = run_lf("train", r, "--set", f"model.vision.path={ldir}", check=False).stderr
     assert all(w in err for w in ["language/config.json", "model_type", "patch_merger"]), err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_qwen3_5_tower_takes_only_a_qwen3_5_language_model(tmp_path):
+    vdir, ldir = tmp_path / "vision", tmp_path / "language"
+    make_model_dir(vdir, "qwen3_5")
+    make_language(ldir, "qwen3_vl")  # a Qwen3 LM (softmax attention only) cannot be Qwen3.5's decoder
+    conversations(tmp_path)
+    err = run_lf("train", recipe(tmp_path, vdir, ldir, tmp_path / "data.json", seq_len=256), check=False).stderr
+    assert all(w in err for w in ["language/config.json", "model_type", "'qwen3'", "qwen3_5_text"]), err
     assert len(err.strip().splitlines()) == 1, err

@@ -89,9 +89,21 @@ def test_vlm_layout_matches_one_process(setup, reference, tmp_path, layout):
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 5e-5 * abs(b["grad_norm"]), (layout, a["step"])
 
 
+class QwenSetups(dict):
+    """The tiny model folder and data of each family, made when a test first asks for it."""
+
+    def __init__(self, factory):
+        super().__init__()
+        self.factory = factory
+
+    def __missing__(self, family):
+        self[family] = make_qwen_setup(self.factory, family)
+        return self[family]
+
+
 @pytest.fixture(scope="module")
 def qwen_setups(tmp_path_factory):
-    return {family: make_qwen_setup(tmp_path_factory, family) for family in ("qwen2_5_vl", "qwen3_vl")}
+    return QwenSetups(tmp_path_factory)
 
 
 def make_qwen_setup(tmp_path_factory, family):
@@ -109,13 +121,13 @@ def make_qwen_setup(tmp_path_factory, family):
     return d
 
 
-def qwen_recipe(d, out):
+def qwen_recipe(d, out, packing=True):
     r = out / "r.yaml"
     r.write_text(f"""
 output_dir: {out / 'run'}
 seed: 3
 model: {{path: {d / 'm'}}}
-data: {{format: sft, train: [{{path: {d / 'data.json'}}}], seq_len: 160, packing: true}}
+data: {{format: sft, train: [{{path: {d / 'data.json'}}}], seq_len: 160, packing: {'true' if packing else 'false'}}}
 train: {{steps: 6, micro_batch_size: 2, threads: 1}}
 optim: {{lr: 1.0e-3, clip: 0.5}}
 log: {{progress: off, plot: false, tensorboard: false}}
@@ -123,21 +135,20 @@ log: {{progress: off, plot: false, tensorboard: false}}
     return r
 
 
-@pytest.mark.parametrize("family,layout", [("qwen2_5_vl", "dp2"), ("qwen2_5_vl", "tp2_sp"), ("qwen2_5_vl", "pp2"),
-                                           ("qwen3_vl", "tp2"), ("qwen3_vl", "tp2_sp"), ("qwen3_vl", "fsdp2")])
-def test_qwen_vl_packed_layout_matches_one_process(qwen_setups, tmp_path, family, layout):
-    """(Qwen3-VL under sequence parallelism: its deepstack features cut like the sequence; as FSDP units: the
-    features added after each unit, outside its recomputation.)"""
-    qwen_setup = qwen_setups[family]
-    sets = {"dp2": ["parallel.dp=2", "train.micro_batch_size=1"], "tp2": ["parallel.tp=2"],
-            "tp2_sp": ["parallel.tp=2", "parallel.sp=true"], "pp2": ["parallel.pp=2"],
-            "fsdp2": ["parallel.dp=2", "parallel.zero=3", "train.micro_batch_size=1"]}[layout]
+QWEN_LAYOUTS = {"dp2": ["parallel.dp=2", "train.micro_batch_size=1"], "tp2": ["parallel.tp=2"],
+                "tp2_sp": ["parallel.tp=2", "parallel.sp=true"], "pp2": ["parallel.pp=2"],
+                "fsdp2": ["parallel.dp=2", "parallel.zero=3", "train.micro_batch_size=1"],
+                "ep2": ["parallel.dp=2", "parallel.ep=2", "train.micro_batch_size=1"]}
+
+
+def check_qwen_layout(setup, tmp_path, layout, packing=True):
+    """The per-step losses and gradient norms of the layout on two ranks = a world of one (distributed engine)."""
     one = tmp_path / "one"
     one.mkdir()
-    run_lf("train", qwen_recipe(qwen_setup, one), "--set", "parallel.zero=1")  # a world of one, distributed engine
+    run_lf("train", qwen_recipe(setup, one, packing), "--set", "parallel.zero=1")
     ref = metrics(one / "run")
-    res = launch_ranks(2, [LF_BIN, "train", qwen_recipe(qwen_setup, tmp_path), *sum((["--set", s] for s in sets), [])],
-                       timeout=600)
+    sets = sum((["--set", s] for s in QWEN_LAYOUTS[layout]), [])
+    res = launch_ranks(2, [LF_BIN, "train", qwen_recipe(setup, tmp_path, packing), *sets], timeout=600)
     for r, p in enumerate(res):
         assert p.returncode == 0, f"rank {r}: {p.stderr[-3000:]}"
     got = metrics(tmp_path / "run")
@@ -145,3 +156,24 @@ def test_qwen_vl_packed_layout_matches_one_process(qwen_setups, tmp_path, family
     for a, b in zip(got, ref):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (layout, a["step"], a["loss"], b["loss"])
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * abs(b["grad_norm"]), (layout, a["step"])
+
+
+@pytest.mark.parametrize("family,layout", [("qwen2_5_vl", "dp2"), ("qwen2_5_vl", "tp2_sp"), ("qwen2_5_vl", "pp2"),
+                                           ("qwen3_vl", "tp2"), ("qwen3_vl", "tp2_sp"), ("qwen3_vl", "fsdp2")])
+def test_qwen_vl_packed_layout_matches_one_process(qwen_setups, tmp_path, family, layout):
+    """(Qwen3-VL under sequence parallelism: its deepstack features cut like the sequence; as FSDP units: the
+    features added after each unit, outside its recomputation.)"""
+    check_qwen_layout(qwen_setups[family], tmp_path, layout)
+
+
+QWEN3_5_CASES = [(f, l, p) for f in ("qwen3_5", "qwen3_5_moe") for l in QWEN_LAYOUTS
+                 if l != "ep2" or f == "qwen3_5_moe" for p in (True, False)]
+QWEN3_5_FAST = {("qwen3_5", "tp2_sp", True), ("qwen3_5_moe", "ep2", True)}
+
+
+@pytest.mark.parametrize("family,layout,packing", [
+    pytest.param(*c, marks=() if c in QWEN3_5_FAST else pytest.mark.slow) for c in QWEN3_5_CASES])
+def test_qwen3_5_vl_layout_matches_one_process(qwen_setups, tmp_path, family, layout, packing):
+    """Qwen3.5 / Qwen3.5-MoE (Gated DeltaNet + gated attention decoder): packed rows restart the linear-attention
+    state and convolution at each conversation under every layout; the linear-attention heads split over tp."""
+    check_qwen_layout(qwen_setups[family], tmp_path, layout, packing)

@@ -1,4 +1,4 @@
-// A Qwen2.5-VL / Qwen3-VL composed from a Qwen vision tower and its patch merger plus a language-model folder
+// A Qwen2.5-VL / Qwen3-VL / Qwen3.5 composed from a Qwen vision tower and its patch merger plus a language-model folder
 // (models/vlm/qwen_compose.h): the whole model's config.json as transformers writes it, and where the parts'
 // tensors go.
 #include "loongforge/models/vlm/qwen_compose.h"
@@ -35,41 +35,56 @@ std::vector<int64_t> sections_of(const nlohmann::json& text) {
 
 Composition compose_qwen_vl(const ComposeParts& p) {
   JsonReader vr(p.vision, p.vision_file), lr(p.language, p.language_file);
-  // the vision part: a whole Qwen2.5-VL / Qwen3-VL folder (its vision_config; its language model is not taken), or
-  // the vision model's own config (model_type qwen2_5_vl_vision / qwen3_vl_vision, tensors without "visual.")
+  // the vision part: a whole Qwen2.5-VL / Qwen3-VL / Qwen3.5 folder (its vision_config; its language model is not
+  // taken), or the vision model's own config (model_type qwen2_5_vl_vision, ..., tensors without "visual.")
   const std::string vt = vr.string("model_type", "");
   const bool whole = vr.has("vision_config");
-  std::string family;
-  if (vt == "qwen2_5_vl" || vt == "qwen2_5_vl_vision") family = "qwen2_5_vl";
-  if (vt == "qwen3_vl" || vt == "qwen3_vl_vision") family = "qwen3_vl";
-  if (family.empty() || (whole && !p.vision.at("vision_config").is_object()))
+  std::string tower;  // the tower's family
+  for (const char* f : {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe"})
+    if (vt == f || vt == std::string(f) + "_vision") tower = f;
+  if (tower.empty() || (whole && !p.vision.at("vision_config").is_object()))
     vr.fail("model_type", "'" + vt + "' is not a vision tower the patch_merger projector composes (known: qwen2_5_vl, "
-                          "qwen3_vl and their _vision configs)");
-  const bool qwen3 = family == "qwen3_vl";
+                          "qwen3_vl, qwen3_5, qwen3_5_moe and their _vision configs)");
+  // Qwen3.5's tower (no deepstack mergers) is the same in the dense and the MoE model: the language model picks which
+  const bool qwen3_5 = tower == "qwen3_5" || tower == "qwen3_5_moe";
+  const bool qwen3 = tower == "qwen3_vl" || qwen3_5;  // Qwen3-VL's model (qwen3_vl.h)
+  const std::string lt = lr.string("model_type", "");
+  std::string family = tower;
+  if (qwen3_5) family = lt == "qwen3_5_moe_text" ? "qwen3_5_moe" : "qwen3_5";
   nlohmann::json vision = whole ? p.vision.at("vision_config") : p.vision;
   vision.erase("architectures");
   vision["model_type"] = family + "_vision";
+  const std::string name = family == "qwen2_5_vl" ? "Qwen2.5-VL" : family == "qwen3_vl" ? "Qwen3-VL" : "Qwen3.5";
 
-  // the language part: the decoder transformers' class fixes (Qwen2.5-VL's is Qwen2's, Qwen3-VL's Qwen3's)
-  const std::string lt = lr.string("model_type", "");
-  const std::string decoder = qwen3 ? "qwen3" : "qwen2";
-  if (lt != decoder && lt != family + "_text")
-    lr.fail("model_type", "'" + lt + "' cannot be the language model of a " + std::string(qwen3 ? "Qwen3-VL" : "Qwen2.5-VL") +
-                              " (transformers' class fixes its decoder: " + decoder + ")");
+  // the language part: the decoder transformers' class fixes (Qwen2.5-VL's is Qwen2's, Qwen3-VL's Qwen3's, Qwen3.5's
+  // the Qwen3.5 text decoder, dense or MoE)
+  if (qwen3_5 ? lt != "qwen3_5_text" && lt != "qwen3_5_moe_text"
+              : lt != (qwen3 ? "qwen3" : "qwen2") && lt != family + "_text")
+    lr.fail("model_type", "'" + lt + "' cannot be the language model of a " + name + " (transformers' class fixes its decoder: " +
+                              (qwen3_5 ? "qwen3_5_text or qwen3_5_moe_text" : qwen3 ? "qwen3" : "qwen2") + ")");
   nlohmann::json text = p.language;
   text.erase("architectures");
   text["model_type"] = family + "_text";
   const int64_t hidden = lr.integer("hidden_size"), heads = lr.integer("num_attention_heads");
   if (heads <= 0 || hidden % heads != 0) lr.fail("num_attention_heads", "must divide hidden_size");
-  // Qwen2.5-VL's attention uses hidden_size / heads; Qwen3's head_dim defaults to 128 (transformers' Qwen3Config)
-  const int64_t head_dim = qwen3 ? lr.integer("head_dim", 128) : hidden / heads;
+  // Qwen2.5-VL's attention uses hidden_size / heads; Qwen3's head_dim defaults to 128 (transformers' Qwen3Config),
+  // Qwen3.5's to 256 with a quarter of it rotated (partial_rotary_factor)
+  int64_t rotary = qwen3 ? lr.integer("head_dim", qwen3_5 ? 256 : 128) : hidden / heads;
+  if (qwen3_5) {
+    double factor = lr.number("partial_rotary_factor", 0.25);
+    for (const char* block : {"rope_parameters", "rope_scaling"})
+      if (text.contains(block) && text.at(block).is_object() && text.at(block).contains("partial_rotary_factor"))
+        factor = JsonReader(text.at(block), p.language_file, block).number("partial_rotary_factor");
+    rotary = static_cast<int64_t>(static_cast<double>(rotary) * factor);
+  }
   // multimodal rope: the vision folder's sections when they fit this head, else the family's scaled to it
+  // (Qwen2.5-VL's [16, 24, 24] and Qwen3-VL's [24, 20, 20] of 64 pairs, Qwen3.5's [11, 11, 10] of 32)
   std::vector<int64_t> sections = whole && p.vision.contains("text_config") ? sections_of(p.vision.at("text_config"))
                                                                             : std::vector<int64_t>{};
   if (sections.empty() && whole) sections = sections_of(p.vision);
   int64_t sum = 0;
   for (int64_t s : sections) sum += s;
-  if (sections.size() != 3 || sum != head_dim / 2) sections = scaled_sections(head_dim / 2, qwen3 ? 24 : 16);
+  if (sections.size() != 3 || sum != rotary / 2) sections = scaled_sections(rotary / 2, qwen3_5 ? 22 : qwen3 ? 24 : 16);
   const bool scaling = text.contains("rope_scaling") && text.at("rope_scaling").is_object();
   nlohmann::json& rope = text[scaling ? "rope_scaling" : "rope_parameters"];
   if (!rope.is_object()) rope = nlohmann::json::object();
@@ -83,7 +98,11 @@ Composition compose_qwen_vl(const ComposeParts& p) {
   vision["out_hidden_size"] = hidden;
   const bool tied = lr.boolean("tie_word_embeddings", false);
   text["tie_word_embeddings"] = tied;
-  nlohmann::json j = {{"architectures", {qwen3 ? "Qwen3VLForConditionalGeneration" : "Qwen2_5_VLForConditionalGeneration"}},
+  const char* architecture = family == "qwen2_5_vl" ? "Qwen2_5_VLForConditionalGeneration"
+                             : family == "qwen3_vl"   ? "Qwen3VLForConditionalGeneration"
+                             : family == "qwen3_5"    ? "Qwen3_5ForConditionalGeneration"
+                                                      : "Qwen3_5MoeForConditionalGeneration";
+  nlohmann::json j = {{"architectures", {architecture}},
                       {"model_type", family},
                       {"vision_config", vision},
                       {"text_config", text},
@@ -92,8 +111,7 @@ Composition compose_qwen_vl(const ComposeParts& p) {
                       {"vision_start_token_id", p.token_id("<|vision_start|>")},
                       {"vision_end_token_id", p.token_id("<|vision_end|>")},
                       {"tie_word_embeddings", tied}};
-  const std::string what = "the " + std::string(qwen3 ? "Qwen3-VL" : "Qwen2.5-VL") + " composed of " + p.vision_file +
-                           " and " + p.language_file;
+  const std::string what = "the " + name + " composed of " + p.vision_file + " and " + p.language_file;
   std::vector<std::string> skip;
   if (qwen3) {
     const Qwen3VLConfig c = Qwen3VLConfig::from_json(j, what);  // checks it
@@ -115,7 +133,7 @@ Composition compose_qwen_vl(const ComposeParts& p) {
   out.config = j;
   // a whole VLM folder stores visual.* (or model.visual.*); a vision model's folder its names without "visual.";
   // a language folder model.* and lm_head.weight (the older saved layout of the VLM's language model). The parts
-  // take the model's checkpoint names (Qwen2.5-VL: visual.*, model.*; Qwen3-VL: model.visual.*,
+  // take the model's checkpoint names (Qwen2.5-VL: visual.*, model.*; Qwen3-VL and Qwen3.5: model.visual.*,
   // model.language_model.*).
   const std::string vis = qwen3 ? "model.visual." : "visual.", lm = qwen3 ? "model.language_model." : "model.";
   out.parts = {{p.vision_dir, whole ? "" : "visual.", {vis}, skip}, {p.language_dir, "", {lm, "lm_head."}, {}}};
