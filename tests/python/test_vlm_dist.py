@@ -177,3 +177,13 @@ def test_qwen3_5_vl_layout_matches_one_process(qwen_setups, tmp_path, family, la
     """Qwen3.5 / Qwen3.5-MoE (Gated DeltaNet + gated attention decoder): packed rows restart the linear-attention
     state and convolution at each conversation under every layout; the linear-attention heads split over tp."""
     check_qwen_layout(qwen_setups[family], tmp_path, layout, packing)
+
+
+def test_qwen3_5_vl_under_context_parallelism_is_one_line(qwen_setups, tmp_path):
+    """The cp chunks would be cut from the token rows before the image features join them: one line naming the key."""
+    res = launch_ranks(2, [LF_BIN, "train", qwen_recipe(qwen_setups["qwen3_5"], tmp_path), "--set", "parallel.cp=2"],
+                       timeout=300)
+    for p in res:
+        assert p.returncode == 1
+        err = p.stderr.strip()
+        assert "parallel.cp" in err and "vision-language" in err and len(err.splitlines()) == 1, err

@@ -277,6 +277,10 @@ void apply_context_parallel(models::Model& model, const Group& cp, const std::st
   const bool ring = mode == "ring";
   const int n = cp.size();
   const bool inside = model.sequence_inside();
+  // the chunks are cut from the batch's token rows, before embed() would put each image's features at its tokens
+  if (n > 1 && model.merges_embeddings())
+    throw cp_error("the model merges image features into its token embeddings (a vision-language model); context "
+                   "parallelism is not supported for it (use dp / zero, tp + sp, pp or ep)");
   std::vector<nn::AttentionHook*> attns = model.attention_modules();
   for (size_t i = 0; i < attns.size(); ++i) {
     nn::AttentionHook* attn = attns[i];
