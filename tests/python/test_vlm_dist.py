@@ -3,7 +3,9 @@ per-step losses and gradient norms of one process (fp32, 1e-5) with data paralle
 ZeRO-1, tensor parallelism of the language model with the vision tower replicated over the tp group (+ sequence
 parallelism), and pipeline parallelism with the tower on the first stage (also with tp2). Qwen2.5-VL trained on packed
 chat data (several conversations per row: per-document attention and multimodal positions) likewise under dp2,
-tp2 + sp and pp2."""
+tp2 + sp and pp2; Qwen3-VL under tp2 (+ sp) and FSDP dp2. Qwen3.5 / Qwen3.5-MoE (Gated DeltaNet + gated attention),
+packed or not, under dp2, tp2 (+ sp), pp2, FSDP dp2, tp2 x pp2 and (MoE) ep2, ep2 x tp2 + sp, ep2 x pp2; context
+parallelism with a VLM is one line."""
 import json
 
 import pytest
@@ -138,17 +140,24 @@ log: {{progress: off, plot: false, tensorboard: false}}
 QWEN_LAYOUTS = {"dp2": ["parallel.dp=2", "train.micro_batch_size=1"], "tp2": ["parallel.tp=2"],
                 "tp2_sp": ["parallel.tp=2", "parallel.sp=true"], "pp2": ["parallel.pp=2"],
                 "fsdp2": ["parallel.dp=2", "parallel.zero=3", "train.micro_batch_size=1"],
-                "ep2": ["parallel.dp=2", "parallel.ep=2", "train.micro_batch_size=1"]}
+                "ep2": ["parallel.dp=2", "parallel.ep=2", "train.micro_batch_size=1"],
+                # four ranks
+                "tp2_pp2": ["parallel.tp=2", "parallel.pp=2"],
+                "ep2_tp2_sp": ["parallel.dp=2", "parallel.ep=2", "parallel.tp=2", "parallel.sp=true",
+                               "train.micro_batch_size=1"],
+                "ep2_pp2": ["parallel.dp=2", "parallel.ep=2", "parallel.pp=2", "train.micro_batch_size=1"]}
 
 
 def check_qwen_layout(setup, tmp_path, layout, packing=True):
-    """The per-step losses and gradient norms of the layout on two ranks = a world of one (distributed engine)."""
+    """The per-step losses and gradient norms of the layout (two or four ranks) = a world of one (distributed
+    engine)."""
     one = tmp_path / "one"
     one.mkdir()
     run_lf("train", qwen_recipe(setup, one, packing), "--set", "parallel.zero=1")
     ref = metrics(one / "run")
     sets = sum((["--set", s] for s in QWEN_LAYOUTS[layout]), [])
-    res = launch_ranks(2, [LF_BIN, "train", qwen_recipe(setup, tmp_path, packing), *sets], timeout=600)
+    n = 4 if layout in ("tp2_pp2", "ep2_tp2_sp", "ep2_pp2") else 2
+    res = launch_ranks(n, [LF_BIN, "train", qwen_recipe(setup, tmp_path, packing), *sets], timeout=600)
     for r, p in enumerate(res):
         assert p.returncode == 0, f"rank {r}: {p.stderr[-3000:]}"
     got = metrics(tmp_path / "run")
@@ -167,7 +176,7 @@ def test_qwen_vl_packed_layout_matches_one_process(qwen_setups, tmp_path, family
 
 
 QWEN3_5_CASES = [(f, l, p) for f in ("qwen3_5", "qwen3_5_moe") for l in QWEN_LAYOUTS
-                 if l != "ep2" or f == "qwen3_5_moe" for p in (True, False)]
+                 if not l.startswith("ep2") or f == "qwen3_5_moe" for p in (True, False)]
 QWEN3_5_FAST = {("qwen3_5", "tp2_sp", True), ("qwen3_5_moe", "ep2", True)}
 
 
