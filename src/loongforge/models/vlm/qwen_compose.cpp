@@ -16,11 +16,12 @@ namespace lf::models::vlm {
 namespace {
 
 // M-RoPE sections (temporal, height, width) for a head of `half` rotary pairs, in the proportions of the family's
-// default (Qwen2.5-VL's [16, 24, 24], Qwen3-VL's [24, 20, 20] for 64 pairs); height and width split the rest evenly.
+// default (Qwen2.5-VL's [16, 24, 24], Qwen3-VL's [24, 20, 20] for 64 pairs, Qwen3.5's [11, 11, 10] for 32); height
+// and width split the rest evenly, height taking an odd one.
 std::vector<int64_t> scaled_sections(int64_t half, int64_t temporal_of_64) {
   const int64_t t = std::max<int64_t>(1, std::llround(static_cast<double>(half) * temporal_of_64 / 64.0));
-  const int64_t h = (half - t) / 2;
-  return {t, h, half - t - h};
+  const int64_t w = (half - t) / 2;
+  return {t, half - t - w, w};
 }
 
 std::vector<int64_t> sections_of(const nlohmann::json& text) {
