@@ -6,6 +6,7 @@
 #include "loongforge/core/json.h"
 #include "loongforge/models/diffusion/family.h"
 #include "loongforge/models/llama/family.h"
+#include "loongforge/models/policy/family.h"
 #include "loongforge/models/text_encoder/family.h"
 #include "loongforge/models/vlm/family.h"
 
@@ -18,6 +19,7 @@ std::vector<Family> builtin() {
   out.push_back(vlm::family());
   out.push_back(diffusion::family());
   out.push_back(text_encoder::family());
+  out.push_back(policy::family());
   return out;
 }
 

@@ -1,0 +1,48 @@
+// The robot-policy family's registry entry (models/policy/family.h).
+#include "loongforge/models/policy/family.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "loongforge/core/error.h"
+#include "loongforge/core/json.h"
+#include "loongforge/models/policy/act.h"
+
+namespace lf::models::policy {
+
+namespace {
+
+// One LeRobot policy type: how to build it and describe it (`loongforge info`).
+struct Entry {
+  const char* type;
+  std::function<std::shared_ptr<Model>(const nlohmann::json&, const std::string&)> build;
+  std::function<nlohmann::json(const nlohmann::json&, const std::string&)> describe;
+};
+
+const std::vector<Entry>& entries() {
+  static const std::vector<Entry> e = {
+      {"act", build_act, describe_act},
+  };
+  return e;
+}
+
+const Entry& entry_for(const nlohmann::json& j, const std::string& file) {
+  const std::string t = JsonReader(j, file).string("type");
+  for (const Entry& e : entries())
+    if (t == e.type) return e;
+  throw file_error(file, "type", "'" + t + "' is not a LeRobot policy type LoongForge builds");
+}
+
+}  // namespace
+
+Family family() {
+  Family f;
+  f.name = "policy";
+  for (const Entry& e : entries()) f.policy_types.push_back(e.type);
+  f.build = [](const nlohmann::json& j, const std::string& file) { return entry_for(j, file).build(j, file); };
+  f.describe = [](const nlohmann::json& j, const std::string& file) { return entry_for(j, file).describe(j, file); };
+  return f;
+}
+
+}  // namespace lf::models::policy

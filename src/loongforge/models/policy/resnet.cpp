@@ -1,0 +1,112 @@
+#include "loongforge/models/policy/resnet.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/init.h>
+
+namespace lf::models::policy {
+
+namespace {
+torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t k, int64_t stride, int64_t dilation) {
+  // torchvision: 3x3 convolutions pad by their dilation, 1x1 by nothing, the 7x7 stem by 3
+  const int64_t pad = k == 3 ? dilation : (k == 7 ? 3 : 0);
+  return torch::nn::Conv2d(
+      torch::nn::Conv2dOptions(in, out, k).stride(stride).padding(pad).dilation(dilation).bias(false));
+}
+}  // namespace
+
+ResNetLayout ResNetLayout::named(const std::string& name, std::string* error) {
+  ResNetLayout l;
+  if (name == "resnet18") l.blocks = {2, 2, 2, 2};
+  else if (name == "resnet34") l.blocks = {3, 4, 6, 3};
+  else if (name == "resnet50") l.blocks = {3, 4, 6, 3}, l.bottleneck = true;
+  else if (name == "resnet101") l.blocks = {3, 4, 23, 3}, l.bottleneck = true;
+  else if (name == "resnet152") l.blocks = {3, 8, 36, 3}, l.bottleneck = true;
+  else if (error) *error = "'" + name + "' is not one of resnet18, resnet34, resnet50, resnet101, resnet152";
+  return l;
+}
+
+FrozenBatchNorm2dImpl::FrozenBatchNorm2dImpl(int64_t channels) {
+  weight = register_buffer("weight", at::ones({channels}));
+  bias = register_buffer("bias", at::zeros({channels}));
+  running_mean = register_buffer("running_mean", at::zeros({channels}));
+  running_var = register_buffer("running_var", at::ones({channels}));
+}
+
+at::Tensor FrozenBatchNorm2dImpl::forward(const at::Tensor& x) {
+  // torchvision's order of operations: scale = w * rsqrt(var + eps), shift = b - mean * scale
+  const at::Tensor scale = weight * (running_var + 1e-5).rsqrt();
+  const at::Tensor shift = bias - running_mean * scale;
+  return x * scale.view({1, -1, 1, 1}) + shift.view({1, -1, 1, 1});
+}
+
+ResBlockImpl::ResBlockImpl(bool bottleneck, int64_t in, int64_t planes, int64_t stride, int64_t dilation) {
+  const int64_t out = planes * (bottleneck ? 4 : 1);
+  if (bottleneck) {
+    conv1 = register_module("conv1", conv(in, planes, 1, 1, 1));
+    conv2 = register_module("conv2", conv(planes, planes, 3, stride, dilation));
+    conv3 = register_module("conv3", conv(planes, out, 1, 1, 1));
+    bn3 = register_module("bn3", FrozenBatchNorm2d(out));
+  } else {
+    conv1 = register_module("conv1", conv(in, planes, 3, stride, 1));
+    conv2 = register_module("conv2", conv(planes, planes, 3, 1, 1));
+  }
+  bn1 = register_module("bn1", FrozenBatchNorm2d(planes));
+  bn2 = register_module("bn2", FrozenBatchNorm2d(planes));
+  if (stride != 1 || in != out) {
+    downsample = register_module("downsample", torch::nn::Sequential(conv(in, out, 1, stride, 1), FrozenBatchNorm2d(out)));
+  }
+}
+
+at::Tensor ResBlockImpl::forward(const at::Tensor& x) {
+  at::Tensor y = at::relu(bn1(conv1(x)));
+  if (conv3) {
+    y = at::relu(bn2(conv2(y)));
+    y = bn3(conv3(y));
+  } else {
+    y = bn2(conv2(y));
+  }
+  return at::relu(y + (downsample ? downsample->forward(x) : x));
+}
+
+ResNetImpl::ResNetImpl(const ResNetLayout& l) : layout_(l) {
+  conv1 = register_module("conv1", conv(3, l.stem, 7, 2, 1));
+  bn1 = register_module("bn1", FrozenBatchNorm2d(l.stem));
+  int64_t in = l.stem, dilation = 1;
+  for (size_t s = 0; s < l.blocks.size(); ++s) {
+    int64_t stride = s == 0 ? 1 : 2;
+    const int64_t previous = dilation;
+    if (s + 1 == l.blocks.size() && l.dilate_last) {  // torchvision's replace_stride_with_dilation
+      dilation *= stride;
+      stride = 1;
+    }
+    torch::nn::Sequential layer;
+    for (int64_t b = 0; b < l.blocks[s]; ++b) {
+      layer->push_back(ResBlock(l.bottleneck, in, l.widths[s], b == 0 ? stride : 1, b == 0 ? previous : dilation));
+      in = l.widths[s] * (l.bottleneck ? 4 : 1);
+    }
+    layers.push_back(register_module("layer" + std::to_string(s + 1), layer));
+  }
+}
+
+at::Tensor ResNetImpl::forward(const at::Tensor& x) {
+  at::Tensor h = at::relu(bn1(conv1(x)));
+  h = at::max_pool2d(h, {3, 3}, {2, 2}, {1, 1});
+  for (auto& layer : layers) h = layer->forward(h);
+  return h;
+}
+
+void ResNetImpl::init_weights() {
+  torch::NoGradGuard g;
+  for (auto& m : modules(/*include_self=*/false)) {
+    if (auto* c = m->as<torch::nn::Conv2dImpl>())
+      torch::nn::init::kaiming_normal_(c->weight, 0, torch::kFanOut, torch::kReLU);
+    if (auto* bn = m->as<FrozenBatchNorm2dImpl>()) {
+      bn->weight.fill_(1);
+      bn->bias.zero_();
+      bn->running_mean.zero_();
+      bn->running_var.fill_(1);
+    }
+  }
+}
+
+}  // namespace lf::models::policy

@@ -1,0 +1,135 @@
+"""ACT (LeRobot's ACTPolicy) in LoongForge = LeRobot's own, built from small configs in the lerobot oracle environment:
+`dump` on a batch as LeRobot's policy.forward receives it (normalised, with the latent's draw `vae_eps` passed in)
+gives its loss, l1_loss, kld_loss, every parameter's gradient under LeRobot's names and the eval-mode action chunk;
+one AdamW step equals torch.optim.AdamW's."""
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from conftest import run_lerobot, run_lf
+
+# In the lerobot environment: build ACTPolicy from CONFIG (json), save it to DIR (LeRobot's folder layout), draw a
+# batch, run policy.forward in train mode with torch.randn_like fixed to the batch's vae_eps, backward, one AdamW
+# step, and predict_action_chunk; write the batch and the results.
+ORACLE = r'''
+import json, sys, torch
+from safetensors.torch import save_file
+from lerobot.configs.types import FeatureType, PolicyFeature
+from lerobot.policies.act.configuration_act import ACTConfig
+from lerobot.policies.act.modeling_act import ACTPolicy
+spec = json.loads(sys.argv[1]); out = sys.argv[2]
+torch.manual_seed(spec.pop("seed"))
+B = spec.pop("batch"); pad = spec.pop("pad")
+feats = {k: PolicyFeature(FeatureType[t], tuple(s)) for k, (t, s) in spec.pop("inputs").items()}
+cfg = ACTConfig(input_features=feats, output_features={"action": PolicyFeature(FeatureType.ACTION, (spec.pop("action_dim"),))},
+                pretrained_backbone_weights=None, device="cpu", **spec)
+policy = ACTPolicy(cfg)
+with torch.no_grad():  # non-trivial frozen batch-norm statistics and biases (a fresh ResNet has identities)
+    for n, b in policy.named_buffers():
+        if "running_var" in n: b.uniform_(0.5, 2.0)
+        elif "running_mean" in n or n.endswith(".bias"): b.normal_(0, 0.1)
+        elif n.endswith(".weight"): b.uniform_(0.5, 1.5)
+    for n, p in policy.named_parameters():
+        if p.dim() == 1: p.normal_(0, 0.1)
+policy.save_pretrained(out + "/policy")
+batch = {}
+for k, f in feats.items():
+    batch[k] = torch.randn(B, *f.shape)
+batch["action"] = torch.randn(B, cfg.chunk_size, cfg.action_feature.shape[0])
+is_pad = torch.zeros(B, cfg.chunk_size, dtype=torch.bool)
+for row, n in enumerate(pad):
+    if n: is_pad[row, -n:] = True
+batch["action_is_pad"] = is_pad
+batch["vae_eps"] = torch.randn(B, cfg.latent_dim)
+save_file({k: v.contiguous() for k, v in batch.items()}, out + "/batch.safetensors")
+policy.train()
+real_randn_like = torch.randn_like
+torch.randn_like = lambda t, **kw: batch["vae_eps"].to(t.dtype)
+loss, parts = policy.forward({k: v for k, v in batch.items() if k != "vae_eps"})
+torch.randn_like = real_randn_like
+loss.backward()
+res = {"loss": loss.detach().reshape(1)}
+for k, v in parts.items(): res[k] = torch.tensor([v])
+for n, p in policy.named_parameters():
+    res["grad." + n] = p.grad if p.grad is not None else torch.zeros_like(p)
+res["action_chunk"] = policy.predict_action_chunk({k: v for k, v in batch.items() if k not in ("action", "action_is_pad", "vae_eps")})
+policy.train()
+opt = torch.optim.AdamW(policy.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+opt.step()
+for n, p in policy.named_parameters(): res["after_step." + n] = p.detach().clone()
+save_file({k: v.contiguous() for k, v in res.items()}, out + "/ref.safetensors")
+'''
+
+CASES = {
+    # one camera + state, post-norm, the CVAE; padded chunk ends
+    "camera_state": dict(inputs={"observation.state": ["STATE", [4]], "observation.images.top": ["VISUAL", [3, 48, 64]]},
+                         action_dim=3, chunk_size=6, n_action_steps=6, dim_model=16, n_heads=2, dim_feedforward=24,
+                         n_encoder_layers=2, n_decoder_layers=2, n_vae_encoder_layers=1, latent_dim=4, dropout=0.0,
+                         batch=3, pad=[0, 2, 5], seed=0),
+    # two cameras + environment state, pre-norm, GELU
+    "two_cameras_prenorm": dict(inputs={"observation.state": ["STATE", [5]], "observation.environment_state": ["ENV", [3]],
+                                        "observation.images.left": ["VISUAL", [3, 32, 32]],
+                                        "observation.images.right": ["VISUAL", [3, 32, 32]]},
+                                action_dim=2, chunk_size=4, n_action_steps=1, dim_model=8, n_heads=2, dim_feedforward=12,
+                                n_encoder_layers=1, n_decoder_layers=1, n_vae_encoder_layers=2, latent_dim=3, dropout=0.0,
+                                pre_norm=True, feedforward_activation="gelu", temporal_ensemble_coeff=0.01,
+                                batch=2, pad=[1, 0], seed=1),
+    # no camera, no CVAE: the robot and environment states (LeRobot's forward needs observation.state)
+    "env_state_no_vae": dict(inputs={"observation.state": ["STATE", [2]], "observation.environment_state": ["ENV", [6]]}, action_dim=4, chunk_size=5,
+                             n_action_steps=5, dim_model=12, n_heads=3, dim_feedforward=16, n_encoder_layers=2,
+                             n_decoder_layers=1, use_vae=False, latent_dim=2, dropout=0.0, batch=4, pad=[0, 0, 3, 1],
+                             seed=2),
+}
+
+
+def close(a, b, rtol, atol):
+    return np.allclose(a, b, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("case", [c if c == "camera_state" else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
+def test_act_dump_matches_lerobot(tmp_path, case):
+    run_lerobot(ORACLE, json.dumps(CASES[case]), tmp_path)
+    out = tmp_path / "lf.safetensors"
+    run_lf("dump", "--model", tmp_path / "policy", "--batch", tmp_path / "batch.safetensors", "--out", out,
+           "--adamw", "lr=1e-3,beta1=0.9,beta2=0.95,eps=1e-8,weight_decay=0.1")
+    ref, got = load_file(tmp_path / "ref.safetensors"), load_file(out)
+    assert abs(got["loss"][0] - ref["loss"][0]) <= 1e-5 * max(1.0, abs(ref["loss"][0]))
+    for part in ("l1_loss", "kld_loss"):
+        assert (part in got) == (part in ref), part
+        if part in ref:
+            assert abs(got[part][0] - ref[part][0]) <= 1e-5 * max(1.0, abs(ref[part][0])), part
+    assert got["action_chunk"].shape == ref["action_chunk"].shape
+    assert close(got["action_chunk"], ref["action_chunk"], 1e-5, 1e-5)
+    grads = [k for k in ref if k.startswith("grad.")]
+    assert grads and sorted(grads) == sorted(k for k in got if k.startswith("grad."))
+    for k in grads:
+        scale = max(np.abs(ref[k]).max(), 1e-6)
+        assert np.abs(got[k] - ref[k]).max() <= 1e-4 * scale + 1e-7, (k, np.abs(got[k] - ref[k]).max(), scale)
+    # The AdamW step: Adam turns a gradient of rounding noise (the key bias of an attention: softmax ignores it) into
+    # a step of about lr with that noise's sign, so such elements are held to lr, the others to float rounding.
+    for k in (k for k in ref if k.startswith("after_step.")):
+        g = ref["grad." + k[len("after_step."):]]
+        noise = np.abs(g) <= 1e-5 * max(np.abs(g).max(), 1e-6)
+        diff = np.abs(got[k] - ref[k])
+        assert (diff <= 1e-5 * np.abs(ref[k]) + 1e-6)[~noise].all(), k
+        assert (diff <= 1.1e-3)[noise].all(), k
+
+
+@pytest.mark.slow
+def test_act_info_and_bad_config(tmp_path):
+    spec = dict(CASES["camera_state"])
+    run_lerobot(ORACLE, json.dumps(spec), tmp_path)
+    info = json.loads(run_lf("info", tmp_path / "policy").stdout)
+    assert info["model_type"] == "act" and info["cameras"] == ["observation.images.top"]
+    ref = run_lerobot("import sys, torch; from safetensors.torch import load_file; "
+                      "print(sum(v.numel() for k, v in load_file(sys.argv[1]).items() if 'running' not in k and "
+                      "'.bn' not in k and 'downsample.1' not in k and 'pos_enc' not in k))",
+                      tmp_path / "policy" / "model.safetensors")
+    assert info["parameters"] == int(ref)
+    cfg = json.loads((tmp_path / "policy" / "config.json").read_text())
+    cfg["n_heads"] = 5
+    (tmp_path / "policy" / "config.json").write_text(json.dumps(cfg))
+    proc = run_lf("info", tmp_path / "policy", check=False)
+    assert proc.returncode != 0 and "config.json: field 'n_heads'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
