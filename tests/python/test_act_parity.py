@@ -20,6 +20,19 @@ from lerobot.configs.types import FeatureType, PolicyFeature
 from lerobot.policies.act.configuration_act import ACTConfig
 from lerobot.policies.act.modeling_act import ACTPolicy
 spec = json.loads(sys.argv[1]); out = sys.argv[2]
+if spec.pop("narrow", False):  # a narrow "resnet18": widths / 8, fewer blocks (LoongForge reads them from the weights)
+    import torchvision
+    from torchvision.models.resnet import BasicBlock, ResNet
+    def narrow_resnet18(weights=None, **kw):
+        make = ResNet._make_layer
+        ResNet._make_layer = lambda self, block, planes, blocks, stride=1, dilate=False: make(self, block, planes // 8, blocks, stride, dilate)
+        try:
+            m = ResNet(BasicBlock, [2, 1, 1, 1], **kw)
+        finally:
+            ResNet._make_layer = make
+        m.fc = torch.nn.Linear(64, 10)  # ACT sizes its projection by fc.in_features
+        return m
+    torchvision.models.resnet18 = narrow_resnet18
 torch.manual_seed(spec.pop("seed"))
 B = spec.pop("batch"); pad = spec.pop("pad")
 feats = {k: PolicyFeature(FeatureType[t], tuple(s)) for k, (t, s) in spec.pop("inputs").items()}
@@ -63,11 +76,11 @@ save_file({k: v.contiguous() for k, v in res.items()}, out + "/ref.safetensors")
 '''
 
 CASES = {
-    # one camera + state, post-norm, the CVAE; padded chunk ends
+    # one camera (a narrow ResNet-18 trunk) + state, post-norm, the CVAE; padded chunk ends
     "camera_state": dict(inputs={"observation.state": ["STATE", [4]], "observation.images.top": ["VISUAL", [3, 48, 64]]},
                          action_dim=3, chunk_size=6, n_action_steps=6, dim_model=16, n_heads=2, dim_feedforward=24,
                          n_encoder_layers=2, n_decoder_layers=2, n_vae_encoder_layers=1, latent_dim=4, dropout=0.0,
-                         batch=3, pad=[0, 2, 5], seed=0),
+                         batch=3, pad=[0, 2, 5], seed=0, narrow=True),
     # two cameras + environment state, pre-norm, GELU
     "two_cameras_prenorm": dict(inputs={"observation.state": ["STATE", [5]], "observation.environment_state": ["ENV", [3]],
                                         "observation.images.left": ["VISUAL", [3, 32, 32]],
@@ -119,7 +132,7 @@ def test_act_dump_matches_lerobot(tmp_path, case):
 
 @pytest.mark.slow
 def test_act_info_and_bad_config(tmp_path):
-    spec = dict(CASES["camera_state"])
+    spec = dict(CASES["camera_state"], narrow=False)
     run_lerobot(ORACLE, json.dumps(spec), tmp_path)
     info = json.loads(run_lf("info", tmp_path / "policy").stdout)
     assert info["model_type"] == "act" and info["cameras"] == ["observation.images.top"]

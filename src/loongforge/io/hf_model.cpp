@@ -96,7 +96,19 @@ std::shared_ptr<models::Model> load_composed(const models::Composition& c, doubl
 std::shared_ptr<models::Model> load_model(const std::string& dir, at::ScalarType dtype, const std::string& family) {
   fs::path cfg = fs::path(dir) / "config.json";
   if (!fs::exists(cfg)) throw Error(cfg.string() + ": missing (expected a Hugging Face model folder)");
-  std::shared_ptr<models::Model> model = models::build_model_from_file(cfg.string(), family);
+  std::shared_ptr<models::Model> model;
+  {
+    const nlohmann::json config = read_json_file(cfg.string());
+    const models::Family& fam = models::family_for(config, cfg.string(), family);
+    if (fam.build_for_weights) {  // widths the config leaves open come from the stored shapes
+      const SafetensorsCheckpoint weights = SafetensorsCheckpoint::open(dir);
+      models::Family::TensorShapes shapes;
+      for (const auto& name : weights.names()) shapes[name] = weights.shape(name);
+      model = fam.build_for_weights(config, cfg.string(), shapes);
+    } else {
+      model = fam.build(config, cfg.string());
+    }
+  }
   model->to(dtype);
   SafetensorsCheckpoint ckpt = SafetensorsCheckpoint::open(dir);
   std::set<std::string> stored;  // optional parts the folder lacks (multi-token prediction layers) are dropped

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,11 @@ struct Family {
   std::vector<std::string> policy_types;  // LeRobot's policy `type`
   // Builds the model from the parsed config (`file` names it in errors); parameters uninitialised.
   std::function<std::shared_ptr<Model>(const nlohmann::json& config, const std::string& file)> build;
+  // Optional: the build for a folder with weights, given every stored tensor's shape (by stored name), for families
+  // whose config does not fix every width (a policy's ResNet backbone named "resnet18" may be a narrow one).
+  using TensorShapes = std::map<std::string, std::vector<int64_t>>;
+  std::function<std::shared_ptr<Model>(const nlohmann::json& config, const std::string& file, const TensorShapes& shapes)>
+      build_for_weights;
   // `loongforge info`: components, shapes and parameter counts from the config alone (no weights allocated).
   std::function<nlohmann::json(const nlohmann::json& config, const std::string& file)> describe;
   // Families that compose models from parts: the projector kinds they know, and the composition.

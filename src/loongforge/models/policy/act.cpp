@@ -421,6 +421,12 @@ std::shared_ptr<Model> build_act(const nlohmann::json& j, const std::string& fil
   return ACTPolicy(ACTConfig::from_json(j, file)).ptr();
 }
 
+std::shared_ptr<Model> build_act_for_weights(const nlohmann::json& j, const std::string& file, const Family::TensorShapes& shapes) {
+  ACTConfig c = ACTConfig::from_json(j, file);
+  c.backbone = ResNetLayout::from_shapes(shapes, "model.backbone.", c.backbone);
+  return ACTPolicy(c).ptr();
+}
+
 nlohmann::json describe_act(const nlohmann::json& j, const std::string& file) {
   const ACTConfig c = ACTConfig::from_json(j, file);
   ACTPolicy p(c);

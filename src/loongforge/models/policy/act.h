@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "loongforge/models/policy/resnet.h"
+#include "loongforge/models/registry.h"
 #include "loongforge/models/whole_model.h"
 
 namespace lf::models::policy {
@@ -162,6 +163,8 @@ class ACTPolicyImpl : public WholeModel {
 TORCH_MODULE(ACTPolicy);
 
 std::shared_ptr<Model> build_act(const nlohmann::json& j, const std::string& file);
+// The backbone's stages, blocks and widths from the stored tensors (narrow ResNets named "resnet18" load too).
+std::shared_ptr<Model> build_act_for_weights(const nlohmann::json& j, const std::string& file, const Family::TensorShapes& shapes);
 nlohmann::json describe_act(const nlohmann::json& j, const std::string& file);
 
 }  // namespace lf::models::policy

@@ -18,11 +18,12 @@ struct Entry {
   const char* type;
   std::function<std::shared_ptr<Model>(const nlohmann::json&, const std::string&)> build;
   std::function<nlohmann::json(const nlohmann::json&, const std::string&)> describe;
+  decltype(Family::build_for_weights) build_for_weights;
 };
 
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> e = {
-      {"act", build_act, describe_act},
+      {"act", build_act, describe_act, build_act_for_weights},
   };
   return e;
 }
@@ -42,6 +43,10 @@ Family family() {
   for (const Entry& e : entries()) f.policy_types.push_back(e.type);
   f.build = [](const nlohmann::json& j, const std::string& file) { return entry_for(j, file).build(j, file); };
   f.describe = [](const nlohmann::json& j, const std::string& file) { return entry_for(j, file).describe(j, file); };
+  f.build_for_weights = [](const nlohmann::json& j, const std::string& file, const Family::TensorShapes& shapes) {
+    const Entry& e = entry_for(j, file);
+    return e.build_for_weights ? e.build_for_weights(j, file, shapes) : e.build(j, file);
+  };
   return f;
 }
 

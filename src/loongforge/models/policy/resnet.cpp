@@ -25,6 +25,28 @@ ResNetLayout ResNetLayout::named(const std::string& name, std::string* error) {
   return l;
 }
 
+ResNetLayout ResNetLayout::from_shapes(const std::map<std::string, std::vector<int64_t>>& shapes, const std::string& prefix,
+                                       const ResNetLayout& fallback) {
+  auto it = shapes.find(prefix + "conv1.weight");
+  if (it == shapes.end() || it->second.empty()) return fallback;
+  ResNetLayout l;
+  l.dilate_last = fallback.dilate_last;
+  l.stem = it->second[0];
+  l.bottleneck = shapes.count(prefix + "layer1.0.conv3.weight") > 0;
+  l.blocks.clear();
+  l.widths.clear();
+  for (int s = 1;; ++s) {
+    const std::string stage = prefix + "layer" + std::to_string(s) + ".";
+    auto first = shapes.find(stage + "0.conv1.weight");
+    if (first == shapes.end() || first->second.empty()) break;
+    int64_t n = 0;
+    while (shapes.count(stage + std::to_string(n) + ".conv1.weight")) ++n;
+    l.blocks.push_back(n);
+    l.widths.push_back(first->second[0]);  // conv1's output: the block's inner width (planes)
+  }
+  return l.blocks.empty() ? fallback : l;
+}
+
 FrozenBatchNorm2dImpl::FrozenBatchNorm2dImpl(int64_t channels) {
   weight = register_buffer("weight", at::ones({channels}));
   bias = register_buffer("bias", at::zeros({channels}));

@@ -7,6 +7,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,10 @@ struct ResNetLayout {
   int64_t out_channels() const { return widths.back() * (bottleneck ? 4 : 1); }
   // torchvision's resnet18 / 34 / 50 / 101 / 152 by name; "" when the name is none of them (why, in `error`).
   static ResNetLayout named(const std::string& name, std::string* error);
+  // The layout of the trunk whose tensors are stored under `prefix` (conv1.weight, layerS.B.convK.weight: stages,
+  // blocks, widths and block kind from their shapes), with `fallback`'s dilation; `fallback` when none is stored.
+  static ResNetLayout from_shapes(const std::map<std::string, std::vector<int64_t>>& shapes, const std::string& prefix,
+                                  const ResNetLayout& fallback);
 };
 
 // FrozenBatchNorm2d: x * w / sqrt(var + eps) + (b - mean * w / sqrt(var + eps)), all four buffers.
