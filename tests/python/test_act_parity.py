@@ -146,3 +146,41 @@ def test_act_info_and_bad_config(tmp_path):
     (tmp_path / "policy" / "config.json").write_text(json.dumps(cfg))
     proc = run_lf("info", tmp_path / "policy", check=False)
     assert proc.returncode != 0 and "config.json: field 'n_heads'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+# In the lerobot environment: the policy's pre / post-processors (normaliser stats) saved beside it (SRC), then the
+# folder LoongForge wrote (DST) loaded by LeRobot: the same weights, the same processors, the same action chunk.
+ROUND_TRIP = r'''
+import sys, torch
+from lerobot.policies.act.modeling_act import ACTPolicy
+from lerobot.policies.factory import make_pre_post_processors
+src, dst, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+if mode == "save":
+    p = ACTPolicy.from_pretrained(src)
+    stats = {k: {"mean": torch.randn(*f.shape[:1]), "std": torch.rand(*f.shape[:1]) + 0.5}
+             for k, f in {**p.config.input_features, **p.config.output_features}.items()}
+    pre, post = make_pre_post_processors(p.config, dataset_stats=stats)
+    pre.save_pretrained(src)
+    post.save_pretrained(src)
+    sys.exit(0)
+a, b = ACTPolicy.from_pretrained(src), ACTPolicy.from_pretrained(dst)
+sa, sb = a.state_dict(), b.state_dict()
+assert sorted(sa) == sorted(sb), set(sa) ^ set(sb)
+for k in sa: assert torch.equal(sa[k], sb[k]), k
+pa, _ = make_pre_post_processors(a.config, pretrained_path=src)
+pb, _ = make_pre_post_processors(b.config, pretrained_path=dst)
+obs = {k: torch.rand(1, *f.shape) for k, f in a.config.input_features.items()}
+xa, xb = pa(dict(obs)), pb(dict(obs))
+assert torch.equal(a.predict_action_chunk(xa), b.predict_action_chunk(xb))
+print("ok")
+'''
+
+
+@pytest.mark.slow
+def test_act_convert_writes_a_folder_lerobot_loads(tmp_path):
+    run_lerobot(ORACLE, json.dumps(dict(CASES["camera_state"], narrow=False)), tmp_path)
+    run_lerobot(ROUND_TRIP, tmp_path / "policy", "-", "save")
+    run_lf("convert", "--model", tmp_path / "policy", "--out", tmp_path / "out", "--dtype", "fp32")
+    cfg_in = json.loads((tmp_path / "policy" / "config.json").read_text())
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == cfg_in
+    assert "ok" in run_lerobot(ROUND_TRIP, tmp_path / "policy", tmp_path / "out", "check")

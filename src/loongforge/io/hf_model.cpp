@@ -156,6 +156,15 @@ void write_model_metadata(const models::Model& model, const std::string& out_dir
       if (fs::exists(src) && fs::absolute(src) != fs::absolute(fs::path(out_dir) / f))
         write_file_atomic((fs::path(out_dir) / f).string(), read_text_file(src.string()));
     }
+    // LeRobot's processor pipelines beside a policy (policy_preprocessor.json, its normaliser's
+    // policy_preprocessor_step_N_normalizer_processor.safetensors, policy_postprocessor*)
+    if (fs::is_directory(tokenizer_src))
+      for (const auto& e : fs::directory_iterator(tokenizer_src)) {
+        const std::string f = e.path().filename().string();
+        if (!e.is_regular_file() || !(f.starts_with("policy_preprocessor") || f.starts_with("policy_postprocessor"))) continue;
+        if (fs::absolute(e.path()) != fs::absolute(fs::path(out_dir) / f))
+          write_file_atomic((fs::path(out_dir) / f).string(), read_text_file(e.path().string()));
+      }
   }
 }
 

@@ -142,6 +142,7 @@ class ACTPolicyImpl : public WholeModel {
   // ATen's CPU convolutions give wrong weight gradients when several threads run backward at once
   bool thread_split_safe() const override { return false; }
   std::vector<CheckpointTensor> checkpoint_tensors() const override;
+  bool config_records_dtype() const override { return false; }  // LeRobot's config has no dtype field
 
   // (l1, kld, loss) of a training forward's packed output (mean over the batch as LeRobot's forward).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> losses(const at::Tensor& h, const Batch& b) const;
