@@ -5,7 +5,7 @@ sequence parallelism too) follow one process."""
 import pytest
 
 from test_kimi_linear_parity import CASES, make_model, save
-from test_qwen3_next_train import (check_cp2_follows_one_process, check_cp2_packed_documents, check_dp2_follows_one_process,
+from test_qwen3_next_train import (ALIGNED_DOCS, RANDOM_DOCS, check_cp2_follows_one_process, check_cp2_packed_documents, check_dp2_follows_one_process,
                                    check_loss_falls, check_tp2_follows_one_process, write_tiny_data)
 
 
@@ -47,7 +47,8 @@ def test_cp2_follows_one_process(tiny, mode):
 
 
 @pytest.mark.slow
-def test_cp2_packed_documents_follow_one_process(tiny):
+@pytest.mark.parametrize("lengths", [ALIGNED_DOCS, RANDOM_DOCS])
+def test_cp2_packed_documents_follow_one_process(tiny, lengths):
     """Packed documents under context parallelism (ring): the KDA layers restart their state and convolutions at
     every document start, within a part or at its first token (test_qwen3_next_train.py's check)."""
-    check_cp2_packed_documents(tiny, "ring")
+    check_cp2_packed_documents(tiny, "ring", lengths)

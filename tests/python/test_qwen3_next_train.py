@@ -145,18 +145,27 @@ def write_documents_shard(prefix, vocab, lengths, seed=5):
     (prefix.parent / (prefix.name + ".idx")).write_bytes(idx)
 
 
-@pytest.mark.parametrize("mode", ["ring", pytest.param("a2a", marks=pytest.mark.slow)])
-def test_cp2_packed_documents_follow_one_process(tiny, mode):
+# Documents of multiples of 33 tokens: windows start at multiples of 264 of the stream, so every document starts at
+# a part's first token (parts of 66) or in its middle, and long ones run on over parts. Random lengths: starts
+# anywhere, also within the convolution's past of the next part.
+ALIGNED_DOCS = [33, 66, 99, 165, 33, 132, 33, 198, 66, 33] * 4
+RANDOM_DOCS = [66, 5, 61, 40, 150, 3, 21, 66, 1, 32, 17, 96, 70] * 4
+
+
+@pytest.mark.parametrize("mode,lengths", [("ring", ALIGNED_DOCS), pytest.param("ring", RANDOM_DOCS, marks=pytest.mark.slow),
+                                          pytest.param("a2a", RANDOM_DOCS, marks=pytest.mark.slow)])
+def test_cp2_packed_documents_follow_one_process(tiny, mode, lengths):
     """Packed documents (data.per_document_attention) under context parallelism: every document starts from a zero
-    recurrent state and convolution past, also where it starts inside a rank's part, and a document running on from
-    the part before (on the other rank) continues. 264 tokens in parts of 66, documents of 1-150 tokens."""
-    check_cp2_packed_documents(tiny, mode)
+    recurrent state and convolution past, whether it starts inside a rank's part or at a part's first token, and a
+    document running on from the part before (on the other rank) continues. 264 tokens in parts of 66."""
+    check_cp2_packed_documents(tiny, mode, lengths)
 
 
-def check_cp2_packed_documents(tmp, mode):
-    """check_cp2_follows_one_process on a shard of packed documents with data.per_document_attention, whose first
-    gradient norm differs from that of the same run without document masking."""
-    write_documents_shard(tmp / "train", 128, [66, 5, 61, 40, 150, 3, 21, 66, 1, 32, 17, 96, 70] * 4)
+def check_cp2_packed_documents(tmp, mode, lengths):
+    """check_cp2_follows_one_process on a shard of packed documents of these lengths with
+    data.per_document_attention, whose first gradient norm differs from that of the same run without document
+    masking."""
+    write_documents_shard(tmp / "train", 128, lengths)
     run_lf("train", write_recipe(tmp, "plain", steps=1), "--set", "data.seq_len=264")
     one = check_cp2_follows_one_process(tmp, mode, ["data.per_document_attention=true"])
     plain = metrics(tmp / "plain")[0]
