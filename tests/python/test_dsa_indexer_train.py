@@ -21,7 +21,7 @@ from transformers.models.deepseek_v32 import modeling_deepseek_v32 as v32
 from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as glm
 
 from conftest import run_lf
-from test_dsa_parity import CASES, dump_case, first_batch, indexers, latest_checkpoint, make_model, train_recipe, train_setup
+from test_dsa_parity import CASES, check_layout_follows_one_process, dump_case, first_batch, indexers, latest_checkpoint, make_model, train_recipe, train_setup
 from test_model_parity import ADAMW, BETAS, EPS, LR, WD, compare, make_batch, run_dump
 from test_moe_parity import write_periodic_shard
 
@@ -130,6 +130,24 @@ def test_train_logs_and_lowers_the_indexer_kl(tmp_path):
     saved, loaded = latest_checkpoint(tmp_path / "run"), load_file(str(model_dir / "model.safetensors"))
     for k, v in loaded.items():
         assert torch.equal(saved[k], v) != (".indexer." in k), k  # frozen, or trained
+
+
+@pytest.mark.parametrize("case,layout", [
+    ("v32", ["parallel.tp=2"]),
+    ("v32", ["parallel.cp=2"]),
+    pytest.param("glm_shared", ["parallel.tp=2", "parallel.sp=true"], marks=pytest.mark.slow),
+])
+def test_layout_indexer_training_follows_one_process(case, layout, tmp_path):
+    """Indexer training under tensor parallelism: each rank has half the heads, and the KL's target (the mean over
+    every head of the attention probabilities) sums the ranks' parts; the indexers are whole and their loss the same
+    on every rank, so their gradients are never summed. Under context parallelism each rank's queries score the
+    whole sequence's index keys (gathered with autograd: their gradients go back to the rank that made them) and the
+    KL terms and gradients sum over the ranks. Loss, indexer_kl and gradient norm per step = one process, and the
+    trained indexer tensors alike."""
+    one, _ = check_layout_follows_one_process(tmp_path, case, layout, [f"model.indexer_loss_coef={COEF}"],
+                                              keys=("loss", "indexer_kl"))
+    saved, loaded = latest_checkpoint(tmp_path / "one"), load_file(str(tmp_path / "model" / "model.safetensors"))
+    assert any(not torch.equal(saved[k], v) for k, v in loaded.items() if ".indexer." in k)
 
 
 @pytest.mark.parametrize("sets,needle", [

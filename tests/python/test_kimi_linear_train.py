@@ -5,8 +5,8 @@ sequence parallelism too) follow one process."""
 import pytest
 
 from test_kimi_linear_parity import CASES, make_model, save
-from test_qwen3_next_train import (check_cp2_follows_one_process, check_dp2_follows_one_process, check_loss_falls,
-                                   check_tp2_follows_one_process, write_tiny_data)
+from test_qwen3_next_train import (ALIGNED_DOCS, RANDOM_DOCS, check_cp2_follows_one_process, check_cp2_packed_documents, check_dp2_follows_one_process,
+                                   check_loss_falls, check_tp2_follows_one_process, write_tiny_data)
 
 
 @pytest.fixture()
@@ -44,3 +44,11 @@ def test_cp2_follows_one_process(tiny, mode):
     """Context parallelism: measured 1.6e-7 (losses) and 6.8e-7 (gradient norms) from one process over three steps
     (slow set: ~20 s; the CI set has test_dist_cp.py's float64 KDA case)."""
     check_cp2_follows_one_process(tiny, mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lengths", [ALIGNED_DOCS, RANDOM_DOCS])
+def test_cp2_packed_documents_follow_one_process(tiny, lengths):
+    """Packed documents under context parallelism (ring): the KDA layers restart their state and convolutions at
+    every document start, within a part or at its first token (test_qwen3_next_train.py's check)."""
+    check_cp2_packed_documents(tiny, "ring", lengths)

@@ -112,10 +112,10 @@ def test_cp2_follows_one_process(tiny, mode):
     check_cp2_follows_one_process(tiny, mode)
 
 
-def check_cp2_follows_one_process(tmp, mode):
-    """Three steps of `train` at cp 2 (cp_mode `mode`) on tmp/model, 264 tokens = three steps in one process: losses
-    within 1e-5, gradient norms within 1e-4."""
-    seq = ["--set", "data.seq_len=264"]
+def check_cp2_follows_one_process(tmp, mode, sets=()):
+    """Three steps of `train` at cp 2 (cp_mode `mode`) on tmp/model, 264 tokens (and --set `sets`) = three steps in
+    one process: losses within 1e-5, gradient norms within 1e-4. Returns the one-process metrics."""
+    seq = ["--set", "data.seq_len=264", *[x for v in sets for x in ("--set", v)]]
     run_lf("train", write_recipe(tmp, "one", steps=3), *seq)
     res = launch_ranks(2, [LF_BIN, "train", write_recipe(tmp, "cp2", steps=3,
                                                          extra=f"parallel:\n  cp: 2\n  cp_mode: {mode}"), *seq],
@@ -130,6 +130,46 @@ def check_cp2_follows_one_process(tmp, mode):
     for a, b in zip(one, cp2):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * abs(a["grad_norm"]), (a, b)
+    return one
+
+
+def write_documents_shard(prefix, vocab, lengths, seed=5):
+    """A uint16 token shard (docs/data_format.md) of documents of these lengths, random ids."""
+    import numpy as np
+    g = torch.Generator().manual_seed(seed)
+    toks = torch.randint(0, vocab, (sum(lengths),), generator=g).numpy().astype(np.uint16)
+    toks.tofile(str(prefix) + ".bin")
+    offsets = np.cumsum([0, *lengths]).astype("<u8")
+    idx = b"LFIDX\0\0\0" + np.array([1, 2], dtype="<u4").tobytes()
+    idx += np.array([len(lengths), len(toks)], dtype="<u8").tobytes() + offsets.tobytes()
+    (prefix.parent / (prefix.name + ".idx")).write_bytes(idx)
+
+
+# Documents of multiples of 33 tokens: windows start at multiples of 264 of the stream, so every document starts at
+# a part's first token (parts of 66) or in its middle, and long ones run on over parts. Random lengths: starts
+# anywhere, also within the convolution's past of the next part.
+ALIGNED_DOCS = [33, 66, 99, 165, 33, 132, 33, 198, 66, 33] * 4
+RANDOM_DOCS = [66, 5, 61, 40, 150, 3, 21, 66, 1, 32, 17, 96, 70] * 4
+
+
+@pytest.mark.parametrize("mode,lengths", [("ring", ALIGNED_DOCS), pytest.param("ring", RANDOM_DOCS, marks=pytest.mark.slow),
+                                          pytest.param("a2a", RANDOM_DOCS, marks=pytest.mark.slow)])
+def test_cp2_packed_documents_follow_one_process(tiny, mode, lengths):
+    """Packed documents (data.per_document_attention) under context parallelism: every document starts from a zero
+    recurrent state and convolution past, whether it starts inside a rank's part or at a part's first token, and a
+    document running on from the part before (on the other rank) continues. 264 tokens in parts of 66."""
+    check_cp2_packed_documents(tiny, mode, lengths)
+
+
+def check_cp2_packed_documents(tmp, mode, lengths):
+    """check_cp2_follows_one_process on a shard of packed documents of these lengths with
+    data.per_document_attention, whose first gradient norm differs from that of the same run without document
+    masking."""
+    write_documents_shard(tmp / "train", 128, lengths)
+    run_lf("train", write_recipe(tmp, "plain", steps=1), "--set", "data.seq_len=264")
+    one = check_cp2_follows_one_process(tmp, mode, ["data.per_document_attention=true"])
+    plain = metrics(tmp / "plain")[0]
+    assert abs(plain["grad_norm"] - one[0]["grad_norm"]) > 2e-3 * one[0]["grad_norm"], (plain, one[0])
 
 
 @pytest.mark.parametrize("model_type,layout", [("qwen3_next", "tp: 2"), ("qwen3_5_text", "tp: 2\n  sp: true")])

@@ -68,7 +68,10 @@ enum class TpStyle {
   VocabEmbedding,    // Embedding, vocabulary rows split; ids outside the slice give zeros, summed over tp
   VocabHead,         // output projection, vocabulary rows split; the loss never gathers whole logits
   ReplicatedWhole,   // a module tree kept whole that runs on whole inputs on every rank before the sequence is cut
-                     // (a VLM's vision tower): its gradients are complete on each rank, under sp too
+                     // (a VLM's vision tower), or one computing the same thing on every rank from whole inputs
+                     // (DeepSeek sparse attention's indexer): its gradients are complete on each rank, under sp too
+  WholeEntry,        // Linear of such a ReplicatedWhole module reading the block's activation: whole, region entry
+                     // on its input (whole sequence under sp), its gradient complete on each rank (never summed)
   ShardedInside,     // a module's own parameters (not a linear layer) split along their first dimension longer
                      // than 1 inside a region: per-head vectors (also [1, 1, H, 1]), a depthwise convolution's
                      // channels (linear attention)

@@ -51,6 +51,10 @@ struct AttentionHook {
   int64_t heads, kv_heads, window;
   bool causal = true;  // false: every query sees every key (of its segment): vision encoders, diffusion transformers
   AttentionFn attention_fn;
+  // A per-head quantity summed over this module's heads, t (no autograd) -> the sum over all heads: tensor
+  // parallelism sets it to a sum over the ranks that split the heads; unset: this rank has every head.
+  std::function<at::Tensor(const at::Tensor& t)> head_sum_fn;
+  at::Tensor sum_over_heads(const at::Tensor& t) const { return head_sum_fn ? head_sum_fn(t) : t; }
 };
 
 // Packed documents as token ranges of the flattened [B*T] batch, from segment_ids [B,T] (int64, CPU; a document

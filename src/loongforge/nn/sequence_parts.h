@@ -31,17 +31,27 @@ struct SequenceParts {
 struct SequencePartsHook {
   virtual ~SequencePartsHook() = default;
   std::optional<SequenceParts> parts;  // set by the context parallel layout; unset: the local tokens are the sequence
+  // Whether this module runs on its parts (false: it takes the layout's attention_fn as other attention modules;
+  // DeepSeek's latent attention without a sparse-attention indexer).
+  virtual bool runs_in_parts() const { return true; }
 };
+
+// Packed documents (segment_ids [B, Tl]: this rank's tokens' document ids, the global ones, a document ending where
+// the id changes as nn::document_ranges has it): in both functions below the convolution's past and the recurrent
+// state restart at every document start, within a part or at its first token; a document running on from the part
+// before continues as without documents. Undefined: one document per row.
 
 // causal_depthwise_conv_silu over this rank's parts of x [B, Tl, C] (Tl = P equal parts), each continuing from the
 // last K - 1 inputs of the part before it in the sequence (zeros before the first). Returns y [B, Tl, C].
-at::Tensor parts_causal_conv_silu(const at::Tensor& x, const at::Tensor& weight, const SequenceParts& parts);
+at::Tensor parts_causal_conv_silu(const at::Tensor& x, const at::Tensor& weight, const SequenceParts& parts,
+                                  const at::Tensor& segment_ids = {});
 
 // chunk_gated_delta_rule over this rank's parts (q, k [B, Tl, Hk, Dk]; v [B, Tl, Hv, Dv]; beta [B, Tl, Hv]; g
 // [B, Tl, Hv] or per channel [B, Tl, Hv, Dk]),
 // each part starting from the state the parts before it leave (zeros before the first). Returns the outputs
 // [B, Tl, Hv, Dv] in v's dtype.
 at::Tensor parts_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                                  const at::Tensor& beta, const SequenceParts& parts, int64_t chunk = 64);
+                                  const at::Tensor& beta, const SequenceParts& parts, int64_t chunk = 64,
+                                  const at::Tensor& segment_ids = {});
 
 }  // namespace lf::nn

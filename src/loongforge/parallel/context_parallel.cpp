@@ -290,7 +290,8 @@ void apply_context_parallel(models::Model& model, const Group& cp, const std::st
     if (attn->window > 0)
       throw cp_error("sliding-window attention (layer " + std::to_string(i) + ", window " +
                   std::to_string(attn->window) + ") is not supported with context parallelism");
-    if (dynamic_cast<nn::SequencePartsHook*>(attn)) continue;  // linear attention: its parts, whatever the mode
+    // linear attention, DeepSeek sparse attention: their parts, whatever the mode
+    if (auto* p = dynamic_cast<nn::SequencePartsHook*>(attn); p && p->runs_in_parts()) continue;
     if (!ring && attn->heads % n != 0)
       throw cp_error(std::to_string(n) + " does not divide num_attention_heads " +
                   std::to_string(attn->heads) + " (cp_mode a2a)");
@@ -309,7 +310,7 @@ void apply_context_parallel(models::Model& model, const Group& cp, const std::st
     order[static_cast<size_t>(2 * n - 1 - r)] = 2 * r + 1;
   }
   for (auto* attn : attns) {  // installed only once every layer passed the checks
-    if (auto* rec = dynamic_cast<nn::SequencePartsHook*>(attn)) {
+    if (auto* rec = dynamic_cast<nn::SequencePartsHook*>(attn); rec && rec->runs_in_parts()) {
       rec->parts = nn::SequenceParts{{me, 2 * n - 1 - me}, 2 * n, [g, order](const at::Tensor& x) {
         at::Tensor all = gather_rs(x.contiguous(), *g, 0);
         return all.index_select(0, at::tensor(order, at::TensorOptions().dtype(at::kLong)).to(all.device()));

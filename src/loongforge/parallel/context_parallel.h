@@ -18,7 +18,8 @@
 //
 // Linear attention (modules that are also nn::SequencePartsHook: Gated DeltaNet, KDA) in either mode: the module gets
 // this rank's two parts and an all-gather of per-part values in sequence order (nn/sequence_parts.h: the recurrent
-// state and the short convolution's past pass from part to part); no heads are exchanged.
+// state and the short convolution's past pass from part to part); no heads are exchanged. DeepSeek sparse attention
+// (a latent attention with an indexer) the same: it gathers the whole sequence's latents and index keys with it.
 //
 // Packed documents: the segment ids of the local tokens (cp_shard of the full [B,T] ids) are passed as
 // attention_fn's segment_ids; attention stays within a document in both modes. Sliding windows are rejected.

@@ -57,7 +57,8 @@ void validate(const Layout& l, models::Model& m, int64_t seq_len, int64_t micro_
                                     (l.cp > 1 ? " (2 x cp chunks" + std::string(l.sp ? " x tp" : "") + ")" : " (tp)"));
   if (l.cp > 1 && l.cp_mode == "a2a")
     for (const nn::AttentionHook* a : attn) {
-      if (dynamic_cast<const nn::SequencePartsHook*>(a)) continue;  // linear attention passes states, not heads
+      // linear attention passes states, DeepSeek sparse attention gathers its keys: no heads exchanged
+      if (auto* p = dynamic_cast<const nn::SequencePartsHook*>(a); p && p->runs_in_parts()) continue;
       if ((a->heads / l.tp) % l.cp) bad("cp", s(l.cp) + " does not divide the " + s(a->heads / l.tp) + " attention heads per tensor-parallel rank (cp_mode a2a)");
       if ((a->kv_heads / l.tp) % l.cp) bad("cp", s(l.cp) + " does not divide the " + s(a->kv_heads / l.tp) + " key/value heads per tensor-parallel rank (cp_mode a2a)");
     }

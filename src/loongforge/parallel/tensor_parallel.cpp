@@ -48,6 +48,7 @@ std::pair<int64_t, bool> param_dim(models::TpStyle style, const std::string& loc
     case S::ReplicatedInside:
       return {-1, true};
     case S::ReplicatedWhole:
+    case S::WholeEntry:
       return {-1, false};
     case S::ShardedInside:
       return {0, false};
@@ -247,13 +248,18 @@ TensorParallelPlan apply_tensor_parallel(models::Model& m, const Group& tp_group
   for (nn::AttentionHook* a : m.attention_modules()) {
     a->heads /= n;
     a->kv_heads /= n;
+    a->head_sum_fn = [g](const at::Tensor& t) {
+      at::Tensor sum = t.detach().contiguous().clone();
+      g->all_reduce(sum);
+      return sum;
+    };
   }
   // Region entries shared by the modules one rule matches under one parent (q/k/v, gate/up: one copy or gather of
   // their common input).
   std::map<std::pair<std::string, size_t>, int> uses;
   auto parent = [](const std::string& name) { return name.substr(0, name.rfind('.') == std::string::npos ? 0 : name.rfind('.')); };
   for (const auto& [name, st] : styled)
-    if (st.style == S::Colwise || st.style == S::ReplicatedEntry) ++uses[{parent(name), st.rule}];
+    if (st.style == S::Colwise || st.style == S::ReplicatedEntry || st.style == S::WholeEntry) ++uses[{parent(name), st.rule}];
   std::map<std::pair<std::string, size_t>, std::shared_ptr<ColumnEntry>> entries;
   bool vocab = false;
   for (const auto& [name, st] : styled) {
@@ -264,7 +270,7 @@ TensorParallelPlan apply_tensor_parallel(models::Model& m, const Group& tp_group
     if (st.style == S::ReplicatedInside || st.style == S::ReplicatedWhole || st.style == S::ShardedInside) continue;
     auto* lin = st.module->as<nn::LinearImpl>();
     if (!lin) throw Error("tensor parallel: module '" + name + "' is not a linear layer (its plan style needs one)");
-    if (st.style == S::Colwise || st.style == S::ReplicatedEntry) {
+    if (st.style == S::Colwise || st.style == S::ReplicatedEntry || st.style == S::WholeEntry) {
       auto key = std::make_pair(parent(name), st.rule);
       auto& e = entries[key];
       if (!e) e = std::make_shared<ColumnEntry>(g, sp, uses[key]);

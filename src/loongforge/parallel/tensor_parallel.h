@@ -21,7 +21,11 @@
 //    in the loss that is backpropagated (the reported value stays whole). With expert parallelism on top, each ep
 //    rank's experts are these tp shards.
 //  - ReplicatedWhole: whole modules run on whole inputs before the sequence is cut (a VLM's vision tower): full
-//    gradients on every rank, never summed over tp;
+//    gradients on every rank, never summed over tp; also modules computing the same thing on every rank from whole
+//    inputs (DeepSeek sparse attention's indexer: one top-k selection for all heads), whose WholeEntry linears read
+//    the block's activation through a region entry (the whole sequence under sp);
+//  - attention modules' head_sum_fn: a sum over tp of per-head sums (the indexer's KL target, the mean over all
+//    heads of the attention probabilities);
 //  - everything else replicated.
 // Without sp, activations between regions are whole and replicated: copy_to at region entries, all-reduce at exits.
 // With sp they are split along the sequence (dim 1 of [B,T,H]) over tp: all-gather (backward reduce-scatter) at

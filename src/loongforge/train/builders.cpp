@@ -186,16 +186,15 @@ ModelBundle build_model(const json& r) {
   }
   std::string rc = m["recompute"];
   b.model->set_recompute(rc == "full" ? 1 : rc == "per_layer" ? 2 : 0);
-  {  // sparse-attention indexers (DeepSeek-V3.2): their KL loss and warm-up stage; data parallelism, no recomputation
+  {  // sparse-attention indexers (DeepSeek-V3.2): their KL loss and warm-up stage; no pipeline, no recomputation
     const double c = m["indexer_loss_coef"].get<double>();
     const bool warm = m["indexer_dense_warmup"].get<bool>();
     const std::string why = b.model->set_indexer_training(c, warm);
     if (!why.empty()) throw Error(std::string("recipe: field 'model.") + (warm && c == 0 ? "indexer_dense_warmup" : "indexer_loss_coef") + "': " + why);
     const json& par = r["parallel"];
     const std::string what = "the sparse-attention indexer loss (model.indexer_loss_coef > 0)";
-    for (const char* k : {"tp", "pp", "cp"})
-      if (c > 0 && par[k].get<int64_t>() > 1)
-        throw Error(std::string("recipe: field 'parallel.") + k + "': " + what + " trains under data / expert parallelism only");
+    if (c > 0 && par["pp"].get<int64_t>() > 1)
+      throw Error("recipe: field 'parallel.pp': " + what + " does not train under pipeline parallelism (data / expert / tensor / context parallelism do)");
     if (c > 0 && rc != "none")
       throw Error("recipe: field 'model.recompute': " + what + " is made in the training forward, which recomputation runs without a graph; set model.recompute: none");
     if (c > 0 && r["lora"]["enabled"].get<bool>())

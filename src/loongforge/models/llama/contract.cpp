@@ -64,15 +64,13 @@ Model::ReferenceOutput CausalLMImpl::reference_forward(const std::map<std::strin
     const at::Tensor targets = at::cat({labels.narrow(1, 1, labels.size(1) - 1),
                                         at::full({labels.size(0), 1}, nn::kIgnoreIndex, labels.options())}, 1);
     const double terms = std::max<double>(static_cast<double>((targets != nn::kIgnoreIndex).sum().item<int64_t>()), 1);
-    for (IndexerImpl* i : indexers()) {  // DeepSeek sparse attention's indexer KL terms (dsa.h)
-      at::Tensor kl = i->take_kl();
-      if (kl.defined()) out.loss = out.loss + kl.to(out.loss.scalar_type()) / terms;
-    }
+    if (at::Tensor kl = take_indexer_kl(); kl.defined())  // DeepSeek sparse attention's indexer KL terms (dsa.h)
+      out.loss = out.loss + kl.to(out.loss.scalar_type()) / terms;
     if (mtp_ && mtp_loss_weight_ > 0)  // the multi-token prediction loss (mtp.h)
       out.loss = out.loss + mtp_loss_part(h, Batch{{"input_ids", ids}, {"targets", targets}}).to(out.loss.scalar_type()) / terms;
   }
   add_mtp_outputs(*this, ids, out.outputs);  // mtp_logits.k when the model has MTP layers (mtp.h)
-  for (IndexerImpl* i : indexers()) i->take_kl();  // that forward's terms are not part of the loss
+  take_indexer_kl();  // that forward's terms are not part of the loss
   return out;
 }
 
@@ -203,7 +201,6 @@ TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
   const DecoderConfig& c = config_;
   // (asked for only when parallel.tp > 1)
   if (c.deepseek_v4) throw OptionError("tp", "deepseek_v4: tensor parallelism is not supported yet (use dp / zero)");
-  if (c.dsa) throw OptionError("tp", c.model_type + ": the sparse-attention indexers have no tensor-parallel plan yet (use dp / zero / ep)");
   TensorParallelSpec t;
   const std::string L = R"(model\.layers\.\d+\.)";
   t.rules = {
@@ -218,6 +215,11 @@ TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
       {L + R"(self_attn\.(q_a_layernorm|kv_a_layernorm))", TpStyle::ReplicatedInside},
       {L + R"(self_attn\.(q_b_proj|kv_b_proj))", TpStyle::ColwiseInside},
       {L + R"(self_attn\.o_proj)", TpStyle::Rowwise},
+      // DeepSeek sparse attention's indexer (dsa.h): whole on every rank, which all make the same top-k selection
+      // from the whole hidden states (wk, weights_proj: an entry, the sequence gathered under sp) and the whole query
+      // latent; its KL loss (if trained) is the same on every rank too, so its gradients are complete, never summed
+      {L + R"(self_attn\.indexer\.(wk|weights_proj))", TpStyle::WholeEntry},
+      {L + R"(self_attn\.indexer)", TpStyle::ReplicatedWhole},
       // dense MLP
       {L + R"(mlp\.(gate_proj|up_proj))", TpStyle::Colwise},
       {L + R"(mlp\.down_proj)", TpStyle::Rowwise},

@@ -145,7 +145,7 @@ at::Tensor IndexerImpl::keys(const at::Tensor& x, const at::Tensor& cos, const a
 
 at::Tensor IndexerImpl::scores(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& cos,
                                const at::Tensor& sin, const at::Tensor& keys) {
-  const int64_t b = x.size(0), t = x.size(1);
+  const int64_t b = q_resid.size(0), t = q_resid.size(1);
   const at::ScalarType wide = at::promote_types(x.scalar_type(), at::kFloat);
   at::Tensor q = wq_b->forward(q_resid).view({b, t, n_heads, head_dim}).transpose(1, 2);  // [B,H,T,D]
   q = rotate(q, cos, sin).transpose(1, 2).to(wide);                                      // [B,T,H,D]
@@ -158,13 +158,26 @@ at::Tensor IndexerImpl::scores(const at::Tensor& x, const at::Tensor& q_resid, c
 
 namespace {
 
-// Keys a query may see: at or before its position (queries at offset .. offset+T-1), within its document.
-at::Tensor visible_keys(int64_t b, int64_t t, int64_t tk, int64_t offset, const at::Tensor& segment_ids,
-                        const at::TensorOptions& opts) {
-  at::Tensor qpos = at::arange(offset, offset + t, opts.dtype(at::kLong)).unsqueeze(1);
-  at::Tensor visible = (at::arange(tk, opts.dtype(at::kLong)).unsqueeze(0) <= qpos).unsqueeze(0);  // [1,T,Tk]
-  if (segment_ids.defined()) visible = visible & (segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1));
+// Keys a query may see: at or before its position (qpos [T]: the queries' positions; keys at 0 .. Tk-1), within its
+// document (q_seg [B,T], k_seg [B,Tk]).
+at::Tensor visible_keys(int64_t b, const at::Tensor& qpos, int64_t tk, const at::Tensor& q_seg, const at::Tensor& k_seg) {
+  const int64_t t = qpos.size(0);
+  at::Tensor visible = (at::arange(tk, qpos.options()).unsqueeze(0) <= qpos.unsqueeze(1)).unsqueeze(0);  // [1,T,Tk]
+  if (q_seg.defined()) visible = visible & (q_seg.unsqueeze(2) == k_seg.unsqueeze(1));
   return visible.expand({b, t, tk});
+}
+
+// The queries' positions and the keys' documents: queries at offset .. offset+T-1 seeing the same documents, or
+// (context parallelism) this rank's parts against the whole sequence.
+std::pair<at::Tensor, at::Tensor> query_layout(int64_t t, int64_t offset, const at::Tensor& segment_ids,
+                                               const nn::SequenceParts* parts, const at::TensorOptions& opts) {
+  if (!parts) return {at::arange(offset, offset + t, opts.dtype(at::kLong)), segment_ids};
+  at::Tensor k_seg;
+  if (segment_ids.defined()) {  // gathered as float64 (exact for ids below 2^53)
+    at::Tensor s = segment_ids.to(at::kDouble).unsqueeze(1).unsqueeze(-1);  // [B,1,Tl,1]
+    k_seg = gather_parts(s, *parts).squeeze(-1).squeeze(1).to(at::kLong);
+  }
+  return {part_positions(*parts, t, opts), k_seg};
 }
 
 // The visible keys among the top-k index scores (all visible ones while a query sees no more than k).
@@ -180,28 +193,33 @@ at::Tensor top_keys(const at::Tensor& index, const at::Tensor& visible, int64_t 
 
 at::Tensor IndexerImpl::select(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& cos,
                                const at::Tensor& sin, const at::Tensor& keys, int64_t offset,
-                               const at::Tensor& segment_ids) {
+                               const at::Tensor& segment_ids, const nn::SequenceParts* parts) {
   at::NoGradGuard no_grad;
-  at::Tensor visible = visible_keys(x.size(0), x.size(1), keys.size(2), offset, segment_ids, x.options());
+  const auto [qpos, k_seg] = query_layout(q_resid.size(1), offset, segment_ids, parts, x.options());
+  at::Tensor visible = visible_keys(q_resid.size(0), qpos, keys.size(2), segment_ids, k_seg);
   if (dense_warmup) return visible.clone();  // the warm-up stage attends densely
   return top_keys(scores(x, q_resid, cos, sin, keys), visible, topk);
 }
 
 at::Tensor IndexerImpl::train_keep(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& cos,
-                                   const at::Tensor& sin, const at::Tensor& segment_ids) {
+                                   const at::Tensor& sin, const at::Tensor& segment_ids,
+                                   const nn::SequenceParts* parts) {
   // the indexer's own graph: its inputs detached, so the language-model loss and this one share no parameter
   const at::Tensor xd = x.detach(), qd = q_resid.detach();
-  train_scores_ = scores(xd, qd, cos, sin, raw_keys(xd, cos, sin));
-  const at::Tensor visible = visible_keys(x.size(0), x.size(1), x.size(1), 0, segment_ids, x.options());
+  at::Tensor k = raw_keys(xd, cos, sin);
+  if (parts) k = gather_parts(k, *parts);  // every rank's keys, their gradients summed back to their rank
+  train_scores_ = scores(xd, qd, cos, sin, k);
+  const auto [qpos, k_seg] = query_layout(q_resid.size(1), 0, segment_ids, parts, x.options());
+  const at::Tensor visible = visible_keys(q_resid.size(0), qpos, k.size(2), segment_ids, k_seg);
   train_keep_ = dense_warmup ? visible.clone() : top_keys(train_scores_.detach(), visible, topk);
   return train_keep_;
 }
 
-void IndexerImpl::add_kl(const at::Tensor& attention_probs) {
+void IndexerImpl::add_kl(const at::Tensor& target) {
   TORCH_CHECK(train_scores_.defined(), "indexer: add_kl without train_keep");
   const at::Tensor off = train_keep_.logical_not();
   // the target: the heads' mean attention distribution over the kept keys (sums to 1 per query)
-  const at::Tensor p = attention_probs.detach().to(train_scores_.scalar_type()).mean(1);  // [B,T,Tk]
+  const at::Tensor p = target.detach().to(train_scores_.scalar_type());  // [B,T,Tk]
   const at::Tensor logq = at::log_softmax(train_scores_.masked_fill(off, -std::numeric_limits<double>::infinity()), -1);
   // sum p (log p - log q) over kept keys; p = 0 elsewhere (xlogy: 0 log 0 = 0)
   const at::Tensor kl = (at::xlogy(p, p) - p * logq.masked_fill(off, 0)).sum() * loss_coef;
@@ -213,6 +231,20 @@ at::Tensor IndexerImpl::take_kl() {
   at::Tensor k = kl_;
   kl_ = at::Tensor();
   return k;
+}
+
+at::Tensor gather_parts(const at::Tensor& x, const nn::SequenceParts& parts) {
+  const int64_t b = x.size(0), h = x.size(1), p = static_cast<int64_t>(parts.local.size()), d = x.size(3);
+  const int64_t c = x.size(2) / p;
+  at::Tensor per = x.reshape({b, h, p, c, d}).permute({2, 0, 1, 3, 4}).contiguous();  // [P,B,H,c,D]
+  return parts.gather(per).permute({1, 2, 0, 3, 4}).reshape({b, h, parts.total * c, d});
+}
+
+at::Tensor part_positions(const nn::SequenceParts& parts, int64_t local_len, const at::TensorOptions& opts) {
+  const int64_t c = local_len / static_cast<int64_t>(parts.local.size());
+  std::vector<at::Tensor> pos;
+  for (int64_t i : parts.local) pos.push_back(at::arange(i * c, (i + 1) * c, opts.dtype(at::kLong)));
+  return at::cat(pos);
 }
 
 at::Tensor sparse_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& keep,

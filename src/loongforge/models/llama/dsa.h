@@ -19,6 +19,7 @@
 #include "loongforge/core/json.h"
 #include "loongforge/models/llama/config.h"
 #include "loongforge/nn/linear.h"
+#include "loongforge/nn/sequence_parts.h"
 
 namespace lf::models::llama {
 
@@ -38,13 +39,18 @@ inline constexpr const char* dsa_pipeline_blocker =
 class IndexerImpl : public torch::nn::Module {
  public:
   explicit IndexerImpl(const DecoderConfig& c);
-  // The index keys of x [B,T,hidden]: [B,1,T,index_head_dim] (cos/sin [B,T,qk_rope_head_dim]); no autograd.
+  // The index keys of x [B,T,hidden]: [B,1,T,index_head_dim] (cos/sin [B,T,qk_rope_head_dim]); no autograd. Under
+  // tensor + sequence parallelism x is this rank's part of the sequence: wk / weights_proj gather it (their
+  // WholeEntry), and the sizes come from q_resid [B,T,q_lora_rank], always whole.
   at::Tensor keys(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
   // Which keys each query attends to: bool [B,T,Tk], true = kept (visible and among the index_topk best). keys
   // [B,1,Tk,D] (cached ones first); the queries sit at positions offset .. offset+T-1; segment_ids [B,T] (no cache)
   // keep queries within their document. No autograd.
+  // Context parallelism (parts set): the queries are this rank's parts of the sequence (x, q_resid, cos, sin,
+  // segment_ids local), keys the whole sequence's (gather_parts), and Tk the whole length.
   at::Tensor select(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& cos, const at::Tensor& sin,
-                    const at::Tensor& keys, int64_t offset, const at::Tensor& segment_ids);
+                    const at::Tensor& keys, int64_t offset, const at::Tensor& segment_ids,
+                    const nn::SequenceParts* parts = nullptr);
 
   // ---- training the indexer (DeepSeek-V3.2's objective; off by default: frozen) ----
   // loss_coef > 0: the training forwards (autograd on, no cache) make the indexer's KL loss, and its parameters
@@ -56,10 +62,11 @@ class IndexerImpl : public torch::nn::Module {
   // and the layer adds loss_coef * sum_t KL_t over every query of the micro-batch to take_kl().
   double loss_coef = 0;
   bool dense_warmup = false;
-  // The kept keys of a training forward and the layer's KL term (attention probabilities [B,H,T,Tk] -> stored).
+  // The kept keys of a training forward and the layer's KL term (target: the heads' mean attention probabilities
+  // [B,T,Tk], p_t above, summed over every head also under tensor parallelism -> stored).
   at::Tensor train_keep(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& cos, const at::Tensor& sin,
-                        const at::Tensor& segment_ids);
-  void add_kl(const at::Tensor& attention_probs);
+                        const at::Tensor& segment_ids, const nn::SequenceParts* parts = nullptr);
+  void add_kl(const at::Tensor& target);
   // The summed KL terms since the last call (times loss_coef; undefined when none), and clears them.
   at::Tensor take_kl();
 
@@ -89,6 +96,11 @@ struct DsaSelection {
 // probs: set to the attention probabilities [B,H,Tq,Tk] when given.
 at::Tensor sparse_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& keep,
                             double scale, at::Tensor* probs = nullptr);
+
+// Context parallelism: the whole sequence, in order, of x [B,H,Tl,D] that holds this rank's parts along dim 2
+// (differentiable: parts.gather), and the global positions [Tl] of this rank's tokens.
+at::Tensor gather_parts(const at::Tensor& x, const nn::SequenceParts& parts);
+at::Tensor part_positions(const nn::SequenceParts& parts, int64_t local_len, const at::TensorOptions& opts);
 
 // Points every shared layer's attention at the selection of the last full layer before it (once, after building).
 void link_dsa_layers(torch::nn::ModuleList& layers, const DecoderConfig& c);

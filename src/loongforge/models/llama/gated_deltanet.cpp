@@ -67,19 +67,19 @@ at::Tensor per_document(const std::vector<std::pair<int64_t, int64_t>>& docs, co
 
 LinearLayout::LinearLayout(const nn::AttentionHook& hook, const at::Tensor& segment_ids,
                            const std::optional<nn::SequenceParts>& parts, nn::KVCache* cache, int64_t layer)
-    : docs_(documents(segment_ids)), parts_(parts ? &*parts : nullptr), cache_(cache), layer_(layer),
+    : docs_(parts ? std::vector<std::pair<int64_t, int64_t>>{} : documents(segment_ids)), parts_(parts ? &*parts : nullptr),
+      part_segments_(parts ? segment_ids : at::Tensor()), cache_(cache), layer_(layer),
       past_(linear_cache_state(cache, layer)) {
   if (hook.attention_fn)
     throw Error("linear-attention layer " + std::to_string(layer) + ": attention replacements are not supported");
   if (parts_ && cache_) throw Error("context parallel: a key/value cache (generation) is not supported");
-  if (!docs_.empty() && (cache_ || parts_))
+  if (!docs_.empty() && cache_)
     throw Error("linear-attention layer " + std::to_string(layer) + ": packed documents (segment_ids) are not "
-                "supported " + std::string(cache_ ? "with a cache (generation)" : "under context parallelism") +
-                "; train without document masking");
+                "supported with a cache (generation)");
 }
 
 at::Tensor LinearLayout::conv(const at::Tensor& x, const at::Tensor& weight) {
-  if (parts_) return nn::parts_causal_conv_silu(x, weight, *parts_);
+  if (parts_) return nn::parts_causal_conv_silu(x, weight, *parts_, part_segments_);
   if (!docs_.empty())
     return per_document(docs_, {x}, [&](const std::vector<at::Tensor>& m) {
       return nn::causal_depthwise_conv_silu(m[0], weight).first;
@@ -91,7 +91,7 @@ at::Tensor LinearLayout::conv(const at::Tensor& x, const at::Tensor& weight) {
 
 at::Tensor LinearLayout::delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                                     const at::Tensor& beta, int64_t chunk) const {
-  if (parts_) return nn::parts_gated_delta_rule(q, k, v, g, beta, *parts_, chunk);
+  if (parts_) return nn::parts_gated_delta_rule(q, k, v, g, beta, *parts_, chunk, part_segments_);
   if (!docs_.empty())
     return per_document(docs_, {q, k, v, g, beta}, [&](const std::vector<at::Tensor>& d) {
       return nn::chunk_gated_delta_rule(d[0], d[1], d[2], d[3], d[4], {}, chunk).first;

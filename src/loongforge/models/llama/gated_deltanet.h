@@ -51,8 +51,9 @@ void store_linear_cache_state(nn::KVCache& cache, int64_t layer, int64_t t, cons
 // How a linear-attention layer (Gated DeltaNet, KDA) runs its short convolution and delta rule in one call: packed
 // documents (segment_ids [B, T]: each document alone, from a zero state and convolution past), this rank's parts of
 // the sequence (context parallelism, nn/sequence_parts.h), or one sequence per row continuing a cache's states
-// (token by token for one token with a state, else chunk-wise). Documents with a cache or with parts, parts with a
-// cache, and an attention_fn on the layer's hook are errors naming the layer.
+// (token by token for one token with a state, else chunk-wise); documents and parts together: each part's documents
+// restart the state and convolution, a document running on from the part before continues (nn/sequence_parts.h).
+// Documents with a cache, parts with a cache, and an attention_fn on the layer's hook are errors naming the layer.
 class LinearLayout {
  public:
   LinearLayout(const nn::AttentionHook& hook, const at::Tensor& segment_ids,
@@ -67,6 +68,7 @@ class LinearLayout {
  private:
   std::vector<std::pair<int64_t, int64_t>> docs_;  // [start, end) of the flattened [B*T] tokens; empty: none
   const nn::SequenceParts* parts_ = nullptr;
+  at::Tensor part_segments_;  // with parts: the local tokens' document ids (undefined: none)
   nn::KVCache* cache_ = nullptr;
   int64_t layer_ = 0;
   LinearCacheState past_;

@@ -19,7 +19,7 @@ at::Tensor apply_rotary_interleaved(const at::Tensor& x, const at::Tensor& cos, 
 
 MLAImpl::MLAImpl(const DecoderConfig& c, int64_t idx)
     : nn::AttentionHook(c.num_attention_heads, c.num_attention_heads, 0), layer_idx(idx), kv_lora_rank(c.kv_lora_rank), qk_nope_head_dim(c.qk_nope_head_dim),
-      qk_rope_head_dim(c.qk_rope_head_dim), v_head_dim(c.v_head_dim), rope_interleave(c.rope_interleave), rope(c.mla_rope),
+      qk_rope_head_dim(c.qk_rope_head_dim), v_head_dim(c.v_head_dim), all_heads(c.num_attention_heads), rope_interleave(c.rope_interleave), rope(c.mla_rope),
       scale(c.attention_scale > 0 ? c.attention_scale
                                   : 1.0 / std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim))) {
   const int64_t d = c.hidden_size, qk = qk_nope_head_dim + qk_rope_head_dim;
@@ -64,8 +64,19 @@ at::Tensor MLAImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at
     k_rot = nn::apply_rotary(k_rot, cos, sin);
   }
   int64_t offset = 0;
-  at::Tensor index_keys = indexer ? indexer->keys(x, cos, sin) : at::Tensor();  // [B,1,T,index_head_dim]
-  if (cache) {  // the cache keeps the compressed latent and the rotated shared key (DSA: and the index key)
+  // a training forward of a trained indexer (dsa.h) computes its keys with autograd itself (IndexerImpl::train_keep)
+  const bool train_indexer = indexer && indexer->loss_coef > 0 && at::GradMode::is_enabled() && !cache;
+  at::Tensor index_keys = indexer && !train_indexer ? indexer->keys(x, cos, sin) : at::Tensor();  // [B,1,T,index_head_dim]
+  if (selection && parts) {  // context parallelism (sparse attention): the whole sequence's latents and keys
+    if (cache) throw Error("context parallel: a key/value cache (generation) is not supported");
+    const int64_t w = kv_lora_rank + qk_rope_head_dim;
+    std::vector<at::Tensor> local = {latent, k_rot};
+    if (index_keys.defined()) local.push_back(index_keys.to(latent.scalar_type()));
+    const at::Tensor all = gather_parts(at::cat(local, -1), *parts);
+    latent = all.narrow(-1, 0, kv_lora_rank);
+    k_rot = all.narrow(-1, kv_lora_rank, qk_rope_head_dim);
+    if (index_keys.defined()) index_keys = all.narrow(-1, w, all.size(-1) - w).detach().to(index_keys.scalar_type());
+  } else if (cache) {  // the cache keeps the compressed latent and the rotated shared key (DSA: and the index key)
     offset = cache->keys[layer_idx].defined() ? cache->keys[layer_idx].size(2) : 0;
     at::Tensor kv_rest = indexer ? at::cat({k_rot, index_keys.to(k_rot.scalar_type())}, -1) : k_rot;
     std::tie(latent, kv_rest) = cache->append(static_cast<size_t>(layer_idx), latent, kv_rest);
@@ -78,31 +89,32 @@ at::Tensor MLAImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at
   at::Tensor k = at::cat({k_nope, k_rot.expand({b, heads, tk, qk_rope_head_dim})}, -1);
   q = at::cat({q_pass, q_rot}, -1);
   if (q_scale.defined()) q = q * q_scale.to(q.scalar_type()).unsqueeze(1).unsqueeze(-1);  // [B,1,T,1]
-  at::Tensor o = selection ? dsa_attend(q, k, v, x, q_resid, cos, sin, index_keys, offset, segment_ids)
+  at::Tensor o = selection ? dsa_attend(q, k, v, x, q_resid, cos, sin, index_keys, offset, segment_ids, train_indexer)
                            : attend(q, k, v, offset, scale, segment_ids);  // [B,H,T,v_head_dim]
   return o_proj->forward(o.transpose(1, 2).reshape({b, t, heads * v_head_dim}));
 }
 
 at::Tensor MLAImpl::dsa_attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& x,
                                const at::Tensor& q_resid, const at::Tensor& cos, const at::Tensor& sin,
-                               const at::Tensor& index_keys, int64_t offset, const at::Tensor& segment_ids) {
+                               const at::Tensor& index_keys, int64_t offset, const at::Tensor& segment_ids,
+                               bool train_indexer) {
   const std::string where = "DeepSeek sparse attention (layer " + std::to_string(layer_idx) + ")";
   if (attention_fn)
-    throw Error(where + ": context parallelism and the document-attention kernels are not supported (it masks the "
+    throw Error(where + ": attention replacements (the document-attention kernels) are not supported (it masks the "
                         "keys its indexer did not select)");
   at::Tensor keep;
-  // a training forward of a trained indexer (dsa.h): its KL term from this attention's probabilities
-  const bool train_indexer = indexer && indexer->loss_coef > 0 && at::GradMode::is_enabled() && offset == 0;
+  // a training forward of a trained indexer (dsa.h): its KL term from this attention's probabilities, their mean
+  // over every head (under tensor parallelism a sum over the ranks' heads)
   if (train_indexer) {
-    keep = indexer->train_keep(x, q_resid, cos, sin, segment_ids);
+    keep = indexer->train_keep(x, q_resid, cos, sin, segment_ids, parts ? &*parts : nullptr);
     if (selection.use_count() > 1) selection->keep = keep;
     at::Tensor probs;
     at::Tensor o = sparse_attention(q, k, v, keep, scale, &probs);
-    indexer->add_kl(probs);
+    indexer->add_kl(sum_over_heads(probs.detach().sum(1)) / static_cast<double>(all_heads));
     return o;
   }
   if (indexer) {
-    keep = indexer->select(x, q_resid, cos, sin, index_keys, offset, segment_ids);
+    keep = indexer->select(x, q_resid, cos, sin, index_keys, offset, segment_ids, parts ? &*parts : nullptr);
     if (selection.use_count() > 1) selection->keep = keep;  // GLM-5's shared layers after this one read it
   } else {
     keep = selection->keep;

@@ -13,11 +13,16 @@
 #include "loongforge/nn/attention.h"
 #include "loongforge/nn/linear.h"
 #include "loongforge/nn/rms_norm.h"
+#include "loongforge/nn/sequence_parts.h"
 
 namespace lf::models::llama {
 
-class MLAImpl : public torch::nn::Module, public nn::AttentionHook {  // kv_heads = heads
+// Under context parallelism a sparse-attention layer (config.dsa) runs on its parts (nn::SequencePartsHook): it gathers
+// the whole sequence's latents, rotated shared keys and index keys, and its local queries attend to the keys their
+// indexer keeps among them; other latent attention takes the layout's ring / a2a attention_fn.
+class MLAImpl : public torch::nn::Module, public nn::AttentionHook, public nn::SequencePartsHook {  // kv_heads = heads
  public:
+  bool runs_in_parts() const override { return selection != nullptr; }
   MLAImpl(const DecoderConfig& c, int64_t layer_idx);
   // x [B,T,hidden]; cos/sin [B,T,qk_rope_head_dim] from the model's rotary (attention scaling included);
   // segment_ids [B,T] restrict attention to packed documents; q_scale [B,T] multiplies the queries (Mistral 4's
@@ -31,6 +36,7 @@ class MLAImpl : public torch::nn::Module, public nn::AttentionHook {  // kv_head
   nn::Linear kv_a_proj_with_mqa{nullptr}, kv_b_proj{nullptr}, o_proj{nullptr};
   nn::RMSNorm kv_a_layernorm{nullptr};
   int64_t layer_idx, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+  int64_t all_heads;  // num_attention_heads (heads: this rank's share under tensor parallelism)
   bool rope_interleave;
   bool rope = true;  // false: no rotary at all (Kimi Linear's NoPE latent attention; DecoderConfig::mla_rope)
   double scale;  // softmax scale: qk_head_dim^-0.5, times yarn's mscale(factor, mscale_all_dim)^2
@@ -42,7 +48,8 @@ class MLAImpl : public torch::nn::Module, public nn::AttentionHook {  // kv_head
  private:
   at::Tensor dsa_attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& x,
                         const at::Tensor& q_resid, const at::Tensor& cos, const at::Tensor& sin,
-                        const at::Tensor& index_keys, int64_t offset, const at::Tensor& segment_ids);
+                        const at::Tensor& index_keys, int64_t offset, const at::Tensor& segment_ids,
+                        bool train_indexer);
 };
 TORCH_MODULE(MLA);
 

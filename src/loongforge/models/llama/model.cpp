@@ -19,10 +19,11 @@ nn::Linear linear(int64_t in, int64_t out, bool bias) { return nn::Linear(in, ou
 
 // The factor of an RMSNorm: its weight, or 1 + weight for a zero-centred one (Qwen3-Next; its weight starts at 0).
 at::Tensor norm_scale(const nn::RMSNorm& n, bool zero_centered) { return zero_centered ? n->weight + 1.0 : n->weight; }
-at::Tensor apply_norm(const nn::RMSNorm& n, const at::Tensor& x, bool zero_centered) {
-  return kernels::rms_norm(x, zero_centered ? n->weight + 1.0 : n->weight, n->eps);  // = RMSNormImpl::forward when not
-}
 }  // namespace
+
+at::Tensor apply_norm(const nn::RMSNorm& n, const at::Tensor& x, bool zero_centered) {
+  return kernels::rms_norm(x, norm_scale(n, zero_centered), n->eps);  // = RMSNormImpl::forward when not
+}
 
 nn::RopeSpec rope_spec(const DecoderConfig& c) {
   nn::RopeSpec s;

@@ -201,6 +201,9 @@ class CausalLMImpl : public models::Model {
   double mtp_loss_weight_ = 0, mtp_loss_sum_ = 0;
   double indexer_loss_coef_ = 0, indexer_loss_sum_ = 0;
   std::vector<IndexerImpl*> indexers() const;  // the DSA layers' indexers, in layer order
+  // The indexers' KL terms since the last call, summed (times indexer_loss_coef; undefined when none), taken from
+  // them; their unweighted mean over the layers joins the logged indexer_kl.
+  at::Tensor take_indexer_kl();
   DecoderConfig config_;
   nn::Rotary rotary_;
   void zero_centered_norms_to_zero();  // Qwen3-Next's (1 + weight) norms start at 0 (the gated one at 1)
@@ -208,6 +211,8 @@ class CausalLMImpl : public models::Model {
 TORCH_MODULE(CausalLM);
 
 nn::RopeSpec rope_spec(const DecoderConfig& c);
+// RMSNorm n of x, scaled by its weight, or by 1 + weight when zero-centred (Qwen3-Next; its weight starts at 0).
+at::Tensor apply_norm(const nn::RMSNorm& n, const at::Tensor& x, bool zero_centered);
 // The MoE block options of a config's MoE layers.
 nn::MoEOptions moe_options(const DecoderConfig& c);
 

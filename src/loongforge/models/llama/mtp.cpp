@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "loongforge/core/error.h"
-#include "loongforge/kernels/rms_norm.h"
 #include "loongforge/models/llama/deepseek_v4.h"
 #include "loongforge/nn/loss.h"
 
@@ -14,11 +13,6 @@ namespace lf::models::llama {
 
 namespace {
 const std::string kMtpPrefix = "mtp.layers.";
-
-// Qwen3-Next's norms scale by 1 + weight (zero-centred), DeepSeek's by the weight.
-at::Tensor norm(nn::RMSNorm n, const at::Tensor& x, bool zero_centered) {
-  return zero_centered ? kernels::rms_norm(x, n->weight + 1.0, n->eps) : n->forward(x);
-}
 
 // The first `n` positions of every layer of a key/value cache (the rest dropped: rejected drafts).
 void crop_cache(nn::KVCache& cache, int64_t n) {
@@ -117,10 +111,10 @@ at::Tensor CausalLMImpl::mtp_forward(int64_t k, const at::Tensor& prev, const at
   const at::Tensor e = embed(ids);
   const bool zc = config_.zero_centered_norm;  // Qwen3-Next's (1 + weight) norms
   at::Tensor x = l.eh_proj->forward(
-      at::cat({norm(l.enorm, e, zc), norm(l.hnorm, prev.to(e.scalar_type()), zc)}, -1));
+      at::cat({apply_norm(l.enorm, e, zc), apply_norm(l.hnorm, prev.to(e.scalar_type()), zc)}, -1));
   auto [cos, sin] = rotary(position_ids, x.scalar_type());
   x = l.mtp_block->forward(x, cos, sin, cache, segment_ids);
-  return norm(l.post_norm, x, zc);
+  return apply_norm(l.post_norm, x, zc);
 }
 
 std::string CausalLMImpl::canonical_checkpoint_name(const std::string& stored) const {
@@ -178,17 +172,20 @@ at::Tensor CausalLMImpl::head_loss_sum(const at::Tensor& hidden, const Batch& b)
   at::Tensor loss = main_head_loss_sum(hidden, b);
   // Training forwards only: validation and `dump` report the main model's loss.
   if (!at::GradMode::is_enabled()) return loss;
-  if (indexer_loss_coef_ > 0) {  // DeepSeek sparse attention's indexer KL terms of this forward (dsa.h)
-    std::vector<IndexerImpl*> idx = indexers();
-    for (IndexerImpl* i : idx) {
-      at::Tensor kl = i->take_kl();
-      if (!kl.defined()) continue;
-      indexer_loss_sum_ += kl.detach().item<double>() / (indexer_loss_coef_ * static_cast<double>(idx.size()));
-      loss = loss + kl.to(loss.scalar_type());
-    }
-  }
+  // DeepSeek sparse attention's indexer KL terms of this forward (dsa.h)
+  if (at::Tensor kl = take_indexer_kl(); kl.defined()) loss = loss + kl.to(loss.scalar_type());
   if (mtp_loss_weight_ == 0 || !mtp_) return loss;
   return loss + mtp_loss_part(hidden, b);
+}
+
+at::Tensor CausalLMImpl::take_indexer_kl() {
+  at::Tensor sum;
+  const std::vector<IndexerImpl*> idx = indexers();
+  for (IndexerImpl* i : idx)
+    if (at::Tensor kl = i->take_kl(); kl.defined()) sum = sum.defined() ? sum + kl : kl;
+  if (sum.defined() && indexer_loss_coef_ > 0)
+    indexer_loss_sum_ += sum.detach().item<double>() / (indexer_loss_coef_ * static_cast<double>(idx.size()));
+  return sum;
 }
 
 at::Tensor CausalLMImpl::mtp_loss_part(const at::Tensor& hidden, const Batch& b) {
