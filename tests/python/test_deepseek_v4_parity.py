@@ -3,7 +3,9 @@ one shared key/value head, interleaved partial rotary and a grouped output proje
 (overlapping compressed windows + a lightning indexer's top-k) and heavily compressed attention; hash-routed and
 sqrt(softplus) top-k MoE with swiglu clamps) against transformers' DeepseekV4ForCausalLM, in fp32 on the CPU:
 `loongforge dump` logits, loss, every gradient and the parameters after one AdamW step (test_model_parity's
-tolerances), export that transformers loads, greedy `generate`, one-line errors for unsupported fields and layouts."""
+tolerances), also with the router load-balancing loss (output_router_logits), export that transformers loads, greedy
+`generate` (incremental, through the generation cache: tests/cpp/test_deepseek_v4.cpp), one-line errors for
+unsupported fields and layouts. Expert and pipeline parallelism: test_deepseek_v4_dist.py."""
 import json
 
 import pytest
@@ -76,6 +78,19 @@ def test_deepseek_v4_dump_parity(case, tmp_path):
     compare(ours, hf_reference(model, ids, labels))
 
 
+def test_deepseek_v4_dump_parity_with_router_aux_loss(tmp_path):
+    """output_router_logits: transformers' loss + router_aux_loss_coef x load_balancing_loss_func over the top-k
+    routers' logits (softmax and its own top-k; the hash-routed layer makes none), its gradients and the AdamW step."""
+    model = make_model(dict(output_router_logits=True, router_aux_loss_coef=0.3))
+    ids, labels = make_batch(model.config.vocab_size, t=40)
+    ours = run_dump(saved(model, tmp_path / "model"), ids, labels, tmp_path, ["--adamw", ADAMW])
+    ref = hf_reference(model, ids, labels)
+    with torch.no_grad():  # the aux term is part of the compared loss
+        plain = model(input_ids=ids, labels=labels, output_router_logits=False).loss
+    assert abs(ref["loss"].item() - plain.item()) > 1e-3
+    compare(ours, ref)
+
+
 def test_deepseek_v4_info_counts_parameters(tmp_path):
     for case, (overrides, _) in CASES.items():
         model = make_model(overrides)
@@ -111,7 +126,8 @@ def test_deepseek_v4_reads_deepseeks_own_names(tmp_path):
 
 
 def test_deepseek_v4_generate_greedy_matches_transformers(tmp_path):
-    """transformers decodes from its compressor / sliding-window cache; ours reruns the sequence each token."""
+    """transformers decodes from its compressor / sliding-window cache, ours from its own (each new token runs
+    alone against the cached sliding-window keys, compressed entries and indexer keys)."""
     model = make_model(CASES["mixed_layers"][0])
     prompt = list(range(3, 25))  # 22 tokens: complete and partial windows of both compressors
     check_greedy_generate(model, saved(model, tmp_path / "model"), prompt, eos=1, new_tokens=12)
@@ -122,14 +138,15 @@ def test_deepseek_v4_generate_greedy_matches_transformers(tmp_path):
     ("mlp_layer_types", ["moe", "dense", "moe", "moe"], "'mlp_layer_types'"),
     ("scoring_func", "softmax", "'scoring_func'"),
     ("num_key_value_heads", 2, "'num_key_value_heads'"),
-    ("output_router_logits", True, "'output_router_logits'"),
+    ("swiglu_limit", 0.0, "'swiglu_limit'"),
+    ("router_aux_loss_coef", -1.0, "'router_aux_loss_coef'"),
 ])
 def test_deepseek_v4_bad_config_one_line(field, value, needle, tmp_path):
     check_bad_field_one_line(saved(make_model({}), tmp_path / "src"), field, value, needle)
 
 
 def test_deepseek_v4_train_moves_all_but_the_indexers(tmp_path):
-    """`loongforge train` (one process, rows split over 2 threads, weight decay): the first step's loss is
+    """`loongforge train` (one process, weight decay): the first step's loss is
     transformers' on the same batch; the checkpoint's indexer tensors are the loaded ones bit for bit (no gradient,
     frozen) while every other weight moved."""
     model = make_model(dict(vocab_size=64))
@@ -147,8 +164,7 @@ def test_deepseek_v4_train_moves_all_but_the_indexers(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key, needle", [("tp", "tensor parallelism is not supported yet"),
-                                         ("pp", "pipeline parallelism is not supported yet")])
+@pytest.mark.parametrize("key, needle", [("tp", "tensor parallelism is not supported yet")])
 def test_deepseek_v4_unsupported_layout_is_one_line(key, needle, tmp_path):
     model_dir = saved(make_model(dict(vocab_size=64)), tmp_path / "model")
     write_periodic_shard(tmp_path / "train", list(range(3, 19)), 40)

@@ -293,12 +293,13 @@ void Model::set_moe_training(double aux_loss_coef, double seq_aux_loss_coef, dou
                              double bias_update_rate, double capacity_factor) {
   if (aux_loss_coef >= 0) router_aux_loss_coef_ = aux_loss_coef;
   for (auto* b : moe_blocks()) {
-    if (bias_update_rate > 0 && !b->options.score_correction_bias)
+    const bool hash = b->options.hash_vocab > 0;  // a fixed token -> experts table (DeepSeek-V4): no bias to update
+    if (bias_update_rate > 0 && !b->options.score_correction_bias && !hash)
       throw OptionError("bias_update_rate", "needs a router with a score correction bias (deepseek_v3)");
     b->options.aux_loss_coef = router_aux_loss_coef_;
     b->options.seq_aux_loss_coef = seq_aux_loss_coef;
     b->options.z_loss_coef = z_loss_coef;
-    b->options.bias_update_rate = bias_update_rate;
+    b->options.bias_update_rate = hash ? 0.0 : bias_update_rate;
     b->options.capacity_factor = capacity_factor;
   }
 }

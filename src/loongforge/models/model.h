@@ -159,6 +159,9 @@ class Model : public torch::nn::Module {
   virtual at::Tensor head_loss_sum(const at::Tensor& h, const Batch& b) = 0;
   // The width of the activations between blocks ([rows, sequence, width]).
   virtual int64_t hidden_size() const = 0;
+  // The shape of the activations between blocks of a batch of `rows` sequences of `seq` tokens (pipeline stages
+  // exchange them): [rows, seq, hidden_size()] unless the model says otherwise (DeepSeek-V4's hc_mult streams).
+  virtual std::vector<int64_t> activation_shape(int64_t rows, int64_t seq) const { return {rows, seq, hidden_size()}; }
   virtual int64_t num_blocks() const = 0;
 
   // Blocks [begin, end) with recomputation as set_recompute says (recomputed MoE blocks backpropagate their router

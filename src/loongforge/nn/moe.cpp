@@ -14,7 +14,8 @@ namespace lf::nn {
 
 namespace {
 
-at::Tensor activate(const at::Tensor& g, const at::Tensor& u, const std::string& act) {
+at::Tensor activate(const at::Tensor& g_in, const at::Tensor& u_in, const std::string& act, double limit = 0.0) {
+  const at::Tensor g = limit > 0 ? g_in.clamp_max(limit) : g_in, u = limit > 0 ? u_in.clamp(-limit, limit) : u_in;
   if (act == "silu") return kernels::swiglu(g, u);
   if (act == "gelu") return at::gelu(g) * u;
   if (act == "gelu_pytorch_tanh") return at::gelu(g, "tanh") * u;
@@ -55,7 +56,7 @@ bool grouped_mm_ok(const at::Tensor& x, int64_t d, int64_t ffn) {
 // ---------------------------------------------------------------------------------------------------------------
 // Routing
 
-Routing route(const at::Tensor& logits, const MoEOptions& o, const at::Tensor& bias) {
+Routing route(const at::Tensor& logits, const MoEOptions& o, const at::Tensor& bias, const at::Tensor& fixed_ids) {
   Routing r;
   r.logits = logits;
   const int64_t k = o.top_k;
@@ -74,17 +75,21 @@ Routing route(const at::Tensor& logits, const MoEOptions& o, const at::Tensor& b
     if (o.norm_topk_prob) val = val / val.sum(-1, true);
     r.weights = val.to(logits.scalar_type());
     r.expert_ids = idx;
-  } else if (o.scoring == "sigmoid") {
-    r.probs = at::sigmoid(logits.to(router_dtype(logits)));
-    at::Tensor choice = bias.defined() ? r.probs + bias.to(r.probs.scalar_type()) : r.probs;
-    if (o.n_group > 1) choice = choice.masked_fill(group_mask(choice, o).logical_not(), -std::numeric_limits<double>::infinity());
-    at::Tensor idx = std::get<1>(at::topk(choice, k, -1, true, false));
+  } else if (o.scoring == "sigmoid" || o.scoring == "sqrtsoftplus") {
+    // sqrtsoftplus (DeepSeek-V4): in the logits' dtype, as transformers
+    r.probs = o.scoring == "sigmoid" ? at::sigmoid(logits.to(router_dtype(logits))) : at::softplus(logits).sqrt();
+    at::Tensor idx = fixed_ids;
+    if (!idx.defined()) {
+      at::Tensor choice = bias.defined() ? r.probs + bias.to(r.probs.scalar_type()) : r.probs;
+      if (o.n_group > 1) choice = choice.masked_fill(group_mask(choice, o).logical_not(), -std::numeric_limits<double>::infinity());
+      idx = std::get<1>(at::topk(choice, k, -1, true, false));
+    }
     at::Tensor w = r.probs.gather(1, idx);
     if (o.norm_topk_prob) w = w / (w.sum(-1, true) + 1e-20);
     r.weights = w;
     r.expert_ids = idx;
   } else {
-    throw Error("moe: unsupported scoring '" + o.scoring + "' (softmax, sigmoid)");
+    throw Error("moe: unsupported scoring '" + o.scoring + "' (softmax, sigmoid, sqrtsoftplus)");
   }
   if (o.routed_scaling_factor != 1.0) r.weights = r.weights * o.routed_scaling_factor;
   return r;
@@ -146,7 +151,7 @@ Permutation permute(const at::Tensor& x, const at::Tensor& expert_ids, int64_t n
 }
 
 at::Tensor grouped_expert_ffn(const at::Tensor& x_in, const at::Tensor& gate_up_in, const at::Tensor& down_in,
-                              const at::Tensor& offsets, const std::string& act) {
+                              const at::Tensor& offsets, const std::string& act, double limit) {
   // Under autocast (bf16 training) the experts' GEMMs run in the autocast dtype like every Linear: x and the fp32
   // master weights are cast (differentiably) here, since at::_grouped_mm has no autocast rule of its own.
   at::Tensor x = x_in, gate_up = gate_up_in, down = down_in;
@@ -167,7 +172,7 @@ at::Tensor grouped_expert_ffn(const at::Tensor& x_in, const at::Tensor& gate_up_
     auto mm_in = [&](const at::Tensor& t) { return widen ? t.to(at::kFloat) : t; };
     at::Tensor h = contiguous_grad(at::_grouped_mm(mm_in(x).contiguous(), mm_in(gate_up).transpose(1, 2), offsets));
     if (widen) h = h.to(dt);  // [M, 2*ffn]
-    at::Tensor a = activate(h.slice(1, 0, ffn), h.slice(1, ffn, 2 * ffn), act);
+    at::Tensor a = activate(h.slice(1, 0, ffn), h.slice(1, ffn, 2 * ffn), act, limit);
     at::Tensor y = contiguous_grad(at::_grouped_mm(mm_in(a).contiguous(), mm_in(down).transpose(1, 2), offsets));
     return widen ? y.to(dt) : y;  // [M, d]
   }
@@ -180,7 +185,7 @@ at::Tensor grouped_expert_ffn(const at::Tensor& x_in, const at::Tensor& gate_up_
     if (end[i] > begin) {
       at::Tensor xi = x.slice(0, begin, end[i]);
       at::Tensor h = at::linear(xi, gate_up[i]);
-      outs.push_back(at::linear(activate(h.slice(1, 0, ffn), h.slice(1, ffn, 2 * ffn), act), down[i]));
+      outs.push_back(at::linear(activate(h.slice(1, 0, ffn), h.slice(1, ffn, 2 * ffn), act, limit), down[i]));
     }
     begin = end[i];
   }
@@ -215,9 +220,22 @@ at::Tensor experts_reference(const at::Tensor& x, const at::Tensor& expert_ids, 
 // ---------------------------------------------------------------------------------------------------------------
 // Modules
 
-MoEGateImpl::MoEGateImpl(int64_t num_experts, int64_t hidden, bool correction_bias) {
+MoEGateImpl::MoEGateImpl(int64_t num_experts, int64_t hidden, bool correction_bias, int64_t hash_vocab, int64_t top_k) {
   weight = register_parameter("weight", at::zeros({num_experts, hidden}));
   if (correction_bias) e_score_correction_bias = register_buffer("e_score_correction_bias", at::zeros({num_experts}));
+  if (hash_vocab > 0) tid2eid = register_buffer("tid2eid", at::zeros({hash_vocab, top_k}, at::kLong));
+}
+
+void MoEGateImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  const at::Tensor keep = tid2eid.defined() ? tid2eid.detach().clone() : at::Tensor();
+  torch::nn::Module::to(device, dtype, non_blocking);
+  if (keep.defined()) tid2eid.set_data(keep.to(device));
+}
+
+void MoEGateImpl::to(torch::Dtype dtype, bool non_blocking) {
+  const at::Tensor keep = tid2eid.defined() ? tid2eid.detach().clone() : at::Tensor();
+  torch::nn::Module::to(dtype, non_blocking);
+  if (keep.defined()) tid2eid.set_data(keep);
 }
 
 MoEExpertsImpl::MoEExpertsImpl(int64_t num_experts, int64_t hidden, int64_t ffn) {
@@ -225,14 +243,15 @@ MoEExpertsImpl::MoEExpertsImpl(int64_t num_experts, int64_t hidden, int64_t ffn)
   down_proj = register_parameter("down_proj", at::zeros({num_experts, hidden, ffn}));
 }
 
-SharedExpertImpl::SharedExpertImpl(int64_t hidden, int64_t ffn, std::string a) : act(std::move(a)) {
+SharedExpertImpl::SharedExpertImpl(int64_t hidden, int64_t ffn, std::string a, double swiglu_limit)
+    : act(std::move(a)), limit(swiglu_limit) {
   gate_proj = register_module("gate_proj", Linear(hidden, ffn, false));
   up_proj = register_module("up_proj", Linear(hidden, ffn, false));
   down_proj = register_module("down_proj", Linear(ffn, hidden, false));
 }
 
 at::Tensor SharedExpertImpl::forward(const at::Tensor& x) {
-  return down_proj->forward(activate(gate_proj->forward(x), up_proj->forward(x), act));
+  return down_proj->forward(activate(gate_proj->forward(x), up_proj->forward(x), act, limit));
 }
 
 MoEImpl::MoEImpl(MoEOptions o) : options(std::move(o)) {
@@ -243,9 +262,11 @@ MoEImpl::MoEImpl(MoEOptions o) : options(std::move(o)) {
     throw Error("moe: n_group must divide num_experts and 1 <= topk_group <= n_group");
   if (op.bias_update_rate > 0 && !op.score_correction_bias)
     throw Error("moe: bias_update_rate needs score_correction_bias");
-  gate = register_module("gate", MoEGate(op.num_experts, op.hidden, op.score_correction_bias));
+  if (op.hash_vocab > 0 && op.scoring == "softmax") throw Error("moe: hash routing needs sigmoid or sqrtsoftplus scoring");
+  gate = register_module("gate", MoEGate(op.num_experts, op.hidden, op.score_correction_bias, op.hash_vocab, op.top_k));
   experts = register_module("experts", MoEExperts(op.num_experts, op.hidden, op.expert_ffn));
-  if (op.shared_ffn > 0) shared_experts = register_module("shared_experts", SharedExpert(op.hidden, op.shared_ffn, op.act));
+  if (op.shared_ffn > 0)
+    shared_experts = register_module("shared_experts", SharedExpert(op.hidden, op.shared_ffn, op.act, op.swiglu_limit));
 }
 
 at::Tensor MoEImpl::router_logits(const at::Tensor& x) const {
@@ -256,13 +277,20 @@ at::Tensor MoEImpl::router_logits(const at::Tensor& x) const {
   return at::linear(x, gate->weight);
 }
 
-at::Tensor MoEImpl::forward(const at::Tensor& input) {
+at::Tensor MoEImpl::forward(const at::Tensor& input, const at::Tensor& token_ids) {
   const at::Tensor x = input_fn ? input_fn(input) : input;
   const auto& o = options;
   const int64_t d = x.size(-1);
   at::Tensor xf = x.reshape({-1, d});
   const int64_t n = xf.size(0), e = o.num_experts, k = o.top_k;
-  Routing r = route(router_logits(xf), o, gate->e_score_correction_bias);
+  at::Tensor fixed;  // hash routing: the token's row of tid2eid
+  if (o.hash_vocab > 0) {
+    if (!token_ids.defined()) throw Error("moe: hash-routed MoE layers need the input token ids");
+    if (token_ids.numel() != n) throw Error("moe: hash routing got " + std::to_string(token_ids.numel()) + " token ids for " + std::to_string(n) + " tokens");
+    fixed = gate->tid2eid.index_select(0, token_ids.reshape({-1}).to(gate->tid2eid.device(), at::kLong)).to(at::kLong);
+  }
+  Routing r = route(router_logits(xf), o, gate->e_score_correction_bias, fixed);
+  const bool lb_stats = o.hash_vocab == 0;  // (hash routers make no load-balancing statistics, as transformers)
 
   // Training statistics and losses (only when gradients are being computed, i.e. training).
   aux_loss = lb_loss = extra_loss = seq_loss = z_loss = at::Tensor();
@@ -280,7 +308,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
   const bool count_load = forced ? !at::GradMode::is_enabled() : at::GradMode::is_enabled();
   // lb_softmax_topk: the balancing statistics of softmax(logits) and its own top-k (MiniMax-M2 in transformers)
   const at::Tensor lb_p = grad && o.lb_softmax_topk ? at::softmax(r.logits, -1, router_dtype(r.logits)) : at::Tensor();
-  if (grad && (o.aux_loss_coef > 0 || o.bias_update_rate > 0 || o.seq_aux_loss_coef > 0)) {
+  if (grad && ((lb_stats && o.aux_loss_coef > 0) || o.bias_update_rate > 0 || o.seq_aux_loss_coef > 0)) {
     at::NoGradGuard ng;
     const at::Tensor chosen = count_ids(r.expert_ids, e).to(at::kFloat);
     lb_counts = lb_p.defined() ? count_ids(std::get<1>(at::topk(lb_p, k, -1)), e).to(at::kFloat) : chosen;
@@ -289,7 +317,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
   }
   if (grad) {
     at::Tensor p = o.scoring == "softmax" ? r.probs : r.probs / r.probs.sum(-1, true);
-    if (o.aux_loss_coef > 0) {
+    if (lb_stats && o.aux_loss_coef > 0) {
       lb_prob_sum = (lb_p.defined() ? lb_p : p).sum(0);
       lb_rows = n;
       lb_loss = o.aux_loss_coef * static_cast<double>(e) *
@@ -328,7 +356,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
     out = experts_fn(xf, ids, w);
   } else {
     Permutation p = permute(xf, ids, e, /*may_drop=*/o.capacity_factor > 0);
-    at::Tensor y = grouped_expert_ffn(p.x, experts->gate_up_proj, experts->down_proj, p.offsets, o.act);
+    at::Tensor y = grouped_expert_ffn(p.x, experts->gate_up_proj, experts->down_proj, p.offsets, o.act, o.swiglu_limit);
     out = unpermute(y, p, w);
   }
   out = out.view(x.sizes());

@@ -15,6 +15,11 @@
 //   sigmoid: scores = sigmoid(logits); selection on scores + e_score_correction_bias, limited to the topk_group
 //            best of n_group groups (a group's score = sum of its 2 best); weights = scores of the chosen experts,
 //            with norm_topk_prob divided by (sum + 1e-20) (DeepSeek-V3).
+//   sqrtsoftplus: scores = sqrt(softplus(logits)) in the logits' dtype, otherwise as sigmoid (DeepSeek-V4).
+//   Hash routing (hash_vocab > 0, DeepSeek-V4's hash_moe layers): the experts of a token are the fixed row
+//            gate.tid2eid[token id] (buffer [hash_vocab, k], int64) instead of a top-k; the weights are the scores
+//            of those experts as above. forward then needs the token ids; such a block makes no load-balancing
+//            statistics (transformers records the router logits of its top-k routers only).
 //   weights are finally multiplied by routed_scaling_factor.
 // Capacity (capacity_factor > 0): capacity C = ceil(capacity_factor * N * k / E) assignments per expert. The
 //   assignments of an expert are ranked by (token index, slot) — token order of the flattened [B*T] batch, then the
@@ -48,7 +53,7 @@ namespace lf::nn {
 
 struct MoEOptions {
   int64_t num_experts = 0, top_k = 1, hidden = 0, expert_ffn = 0;
-  std::string scoring = "softmax";  // softmax | sigmoid
+  std::string scoring = "softmax";  // softmax | sigmoid | sqrtsoftplus
   bool norm_topk_prob = true;
   int64_t n_group = 1, topk_group = 1;  // group-limited top-k (1, 1: plain top-k)
   bool score_correction_bias = false;   // buffer gate.e_score_correction_bias, used for selection only
@@ -58,6 +63,10 @@ struct MoEOptions {
   // Load balancing as transformers' load_balancing_loss_func on a router that is not a softmax one (MiniMax-M2):
   // p = softmax(logits) and the counts of p's own top-k, not of the experts the router chose.
   bool lb_softmax_topk = false;
+  // SwiGLU clamps (> 0; 0: none): the gate projection clamped to <= limit and the up projection to [-limit, limit]
+  // before silu(gate) * up, in the routed and the shared experts (DeepSeek-V4's swiglu_limit).
+  double swiglu_limit = 0.0;
+  int64_t hash_vocab = 0;  // > 0: hash routing through gate.tid2eid [hash_vocab, top_k]
   // training
   double aux_loss_coef = 0.0, seq_aux_loss_coef = 0.0, z_loss_coef = 0.0;
   double bias_update_rate = 0.0;
@@ -71,8 +80,9 @@ struct Routing {
   at::Tensor probs;       // [N,E] softmax probabilities (softmax) or sigmoid scores (sigmoid), fp32
 };
 
-// Router logits -> expert choice. `bias` is the correction bias ([E]) or undefined.
-Routing route(const at::Tensor& logits, const MoEOptions& o, const at::Tensor& bias = {});
+// Router logits -> expert choice. `bias` is the correction bias ([E]) or undefined; `fixed_ids` [N,k] (hash
+// routing: sigmoid / sqrtsoftplus scoring) the chosen experts, or undefined.
+Routing route(const at::Tensor& logits, const MoEOptions& o, const at::Tensor& bias = {}, const at::Tensor& fixed_ids = {});
 // Capacity dropping as documented above: returns ids with -1 for dropped assignments and weights zeroed there.
 std::pair<at::Tensor, at::Tensor> apply_capacity(const at::Tensor& expert_ids, const at::Tensor& weights,
                                                  int64_t num_experts, double capacity_factor);
@@ -94,8 +104,9 @@ Permutation permute(const at::Tensor& x, const at::Tensor& expert_ids, int64_t n
 // Expert FFN over grouped rows: act(x Wg^T) * (x Wu^T) then Wd, each group with its expert's weights.
 // gate_up [E, 2*ffn, d], down [E, d, ffn], offsets as in Permutation. Returns [M, d]. Under autocast the GEMMs run in
 // the autocast dtype (x and weights cast, the result in that dtype), as autocast does for a Linear.
+// swiglu_limit > 0: the clamps of MoEOptions::swiglu_limit.
 at::Tensor grouped_expert_ffn(const at::Tensor& x, const at::Tensor& gate_up, const at::Tensor& down,
-                              const at::Tensor& offsets, const std::string& act = "silu");
+                              const at::Tensor& offsets, const std::string& act = "silu", double swiglu_limit = 0.0);
 // Weighted combine: out[n] = sum over kept slots j of weights[n,j] * y[row of (n,j)]. Returns [N, d].
 at::Tensor unpermute(const at::Tensor& y, const Permutation& p, const at::Tensor& weights);
 // The naive reference: a loop over experts with index_add (as transformers' eager experts), for tests.
@@ -104,8 +115,12 @@ at::Tensor experts_reference(const at::Tensor& x, const at::Tensor& expert_ids, 
 
 class MoEGateImpl : public torch::nn::Module {
  public:
-  MoEGateImpl(int64_t num_experts, int64_t hidden, bool correction_bias);
-  at::Tensor weight, e_score_correction_bias;
+  MoEGateImpl(int64_t num_experts, int64_t hidden, bool correction_bias, int64_t hash_vocab = 0, int64_t top_k = 0);
+  // tid2eid stays int64 when the module changes dtype
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override { torch::nn::Module::to(device, non_blocking); }
+  at::Tensor weight, e_score_correction_bias, tid2eid;
 };
 TORCH_MODULE(MoEGate);
 
@@ -118,17 +133,19 @@ TORCH_MODULE(MoEExperts);
 
 class SharedExpertImpl : public torch::nn::Module {
  public:
-  SharedExpertImpl(int64_t hidden, int64_t ffn, std::string act);
+  SharedExpertImpl(int64_t hidden, int64_t ffn, std::string act, double swiglu_limit = 0.0);
   at::Tensor forward(const at::Tensor& x);
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   std::string act;
+  double limit;
 };
 TORCH_MODULE(SharedExpert);
 
 class MoEImpl : public torch::nn::Module {
  public:
   explicit MoEImpl(MoEOptions o);
-  at::Tensor forward(const at::Tensor& x);  // [B,T,d] -> [B,T,d]
+  // [B,T,d] -> [B,T,d]; token_ids [B,T]: the tokens' ids (hash routing only)
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& token_ids = {});
 
   // Router logits [N,E] of flattened tokens x [N,d] (sigmoid scoring: computed in fp32 as DeepSeek-V3).
   at::Tensor router_logits(const at::Tensor& x) const;

@@ -68,7 +68,8 @@ at::Tensor all_to_all_v(const at::Tensor& x, const std::vector<int64_t>& send_co
 
 at::Tensor ep_experts(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights,
                       const at::Tensor& gate_up, const at::Tensor& down, int64_t num_experts, const std::string& act,
-                      const Group& ep, const moe::GuestOptions& guests, ExpertParallelPlan::Stats* stats) {
+                      const Group& ep, const moe::GuestOptions& guests, ExpertParallelPlan::Stats* stats,
+                      double swiglu_limit) {
   const int P = ep.size(), me = ep.rank();
   const int64_t L = gate_up.size(0), E = num_experts;
   TORCH_CHECK(L * P == E, "ep_experts: ", L, " local experts x ep ", P, " != num_experts ", E);
@@ -165,7 +166,7 @@ at::Tensor ep_experts(const at::Tensor& x, const at::Tensor& expert_ids, const a
     dn = at::cat({down, copies(down)}, 0);
   }
   // 7. local experts and guests
-  at::Tensor ys = nn::grouped_expert_ffn(xs, gu, dn, offsets, act);
+  at::Tensor ys = nn::grouped_expert_ffn(xs, gu, dn, offsets, act, swiglu_limit);
   // 8. back to the received order, to the source ranks, to the permuted order; combine
   at::Tensor inv = at::empty_like(order);
   if (order.numel() > 0) inv.index_copy_(0, order, at::arange(order.numel(), order.options()));
@@ -195,7 +196,7 @@ void apply_expert_parallel(nn::MoEImpl& block, const Group& ep, const moe::Guest
   const Group* g = &ep;
   block.experts_fn = [b, g, guests, stats](const at::Tensor& x, const at::Tensor& ids, const at::Tensor& w) {
     return ep_experts(x, ids, w, b->experts->gate_up_proj, b->experts->down_proj, b->options.num_experts,
-                      b->options.act, *g, guests, stats.get());
+                      b->options.act, *g, guests, stats.get(), b->options.swiglu_limit);
   };
 }
 

@@ -106,11 +106,11 @@ ExpertParallelPlan apply_expert_parallel(models::Model& m, const Group& ep,
 // The expert computation of one block under EP (what apply_expert_parallel installs as experts_fn): x [N,d] this
 // rank's tokens, expert_ids [N,k] global expert ids (-1 = dropped), weights [N,k]; gate_up/down: this rank's local
 // slices [L,...]; guests: the replication options (guest_slots 0: every token computed by its home expert).
-// Returns [N,d]. Collective over ep. `stats` (may be null) accumulates this call's plan figures.
+// swiglu_limit: nn::MoEOptions::swiglu_limit. Returns [N,d]. Collective over ep. `stats` (may be null) accumulates this call's plan figures.
 at::Tensor ep_experts(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& weights,
                       const at::Tensor& gate_up, const at::Tensor& down, int64_t num_experts, const std::string& act,
                       const Group& ep, const moe::GuestOptions& guests = guest_free(),
-                      ExpertParallelPlan::Stats* stats = nullptr);
+                      ExpertParallelPlan::Stats* stats = nullptr, double swiglu_limit = 0.0);
 
 // Differentiable uneven all-to-all: rows of dim 0, send_counts[j] rows to rank j, recv_counts[i] from rank i;
 // the backward is the reverse exchange.

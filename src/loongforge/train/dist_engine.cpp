@@ -338,7 +338,6 @@ class DistEngine : public Engine {
       auto reduce = [this](at::Tensor& t) { dp_cp_->all_reduce(t); };
       if (pipe_) {
         const std::vector<parallel::MicroBatch>& mbs = mine;
-        const int64_t hidden_size = b_.model->hidden_size();
         const int64_t seq = seq_of(mine[0]) / (layout_.sp ? layout_.tp : 1);
         set_sync(false);
         const int64_t lb = lb_experts(*b_.model);
@@ -346,7 +345,7 @@ class DistEngine : public Engine {
             router ? pipeline_router_losses(b_.model.get(), reduce, weight, layout_.tp, scale, lb) : nullptr;
         local_sum = pipe_->forward_backward(
             mbs, [&](const at::Tensor& h, size_t i) { return loss_of(h, mine[i]); }, scale,
-            [&](size_t i) { return std::vector<int64_t>{mine[i].num_rows(), seq, hidden_size}; },
+            [&](size_t i) { return b_.model->activation_shape(mine[i].num_rows(), seq); },
             router_losses, lb > 0 ? lb + 1 : 0);
         b_.model->layer_loss_fn = nullptr;
         pipe_->sync_tied_grads();
@@ -434,11 +433,10 @@ class DistEngine : public Engine {
     double l;
     if (pipe_) {  // forward-only through the stages; the last stage computes the loss, every pp rank gets it
       const int64_t seq = seq_of(b) / (layout_.sp ? layout_.tp : 1);
-      const int64_t hidden_size = model.hidden_size();
       std::vector<parallel::MicroBatch> one{b};
       l = pipe_->forward_only(
           one, [&](const at::Tensor& h, size_t) { return loss_of(h, b); },
-          [&](size_t) { return std::vector<int64_t>{b.num_rows(), seq, hidden_size}; });
+          [&](size_t) { return model.activation_shape(b.num_rows(), seq); });
     } else {
       l = loss_of(hidden(b), b).item<double>();
     }

@@ -59,6 +59,10 @@ Model::ReferenceOutput CausalLMImpl::reference_forward(const std::map<std::strin
   const at::Tensor h = hidden_states(ids);
   at::Tensor lg = logits(h);
   ReferenceOutput out{{{"logits", lg}}, nn::causal_lm_loss(lg, labels)};  // transformers' causal-LM loss: shifted inside
+  // DeepSeek-V4 with output_router_logits: + router_aux_loss_coef x load_balancing_loss_func over its top-k routers
+  // (the config's coefficient is 0 otherwise), as transformers adds it to the loss
+  if (config_.deepseek_v4 && at::GradMode::is_enabled())
+    if (const at::Tensor a = aux_loss(); a.defined()) out.loss = out.loss + a.to(out.loss.scalar_type());
   if ((indexer_loss_coef_ > 0 || (mtp_ && mtp_loss_weight_ > 0)) && at::GradMode::is_enabled()) {
     // trained extra parts: their summed losses over the counted tokens, as a training step weighs them
     const at::Tensor targets = at::cat({labels.narrow(1, 1, labels.size(1) - 1),
@@ -159,7 +163,7 @@ at::Tensor CausalLMImpl::block_forward(const Batch& in, const at::Tensor& h, int
 }
 
 at::Tensor CausalLMImpl::block_forward(const Batch& in, const at::Tensor& h, int64_t i, nn::KVCache* cache) {
-  if (config_.deepseek_v4) return (*model->layers)[static_cast<size_t>(i)]->as<V4DecoderLayerImpl>()->forward(h, in, *v4_rotary_);
+  if (config_.deepseek_v4) return (*model->layers)[static_cast<size_t>(i)]->as<V4DecoderLayerImpl>()->forward(h, in, *v4_rotary_, cache);
   return (*model->layers)[static_cast<size_t>(i)]->as<DecoderLayerImpl>()->forward(h, in.at("cos"), in.at("sin"),
                                                                                   cache, in.get("segment_ids"), in.get("q_scale"));
 }
@@ -200,7 +204,7 @@ Split CausalLMImpl::split() const {
 TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
   const DecoderConfig& c = config_;
   // (asked for only when parallel.tp > 1)
-  if (c.deepseek_v4) throw OptionError("tp", "deepseek_v4: tensor parallelism is not supported yet (use dp / zero)");
+  if (c.deepseek_v4) throw OptionError("tp", "deepseek_v4: tensor parallelism is not supported yet (use dp / zero / ep / pp)");
   TensorParallelSpec t;
   const std::string L = R"(model\.layers\.\d+\.)";
   t.rules = {

@@ -74,6 +74,7 @@ void parse_deepseek_v4(const JsonReader& rd, DecoderConfig& c) {
   c.routed_scaling_factor = rd.number("routed_scaling_factor", 1.5);
   c.hc_eps = rd.number("hc_eps", 1e-6);
   c.swiglu_limit = rd.number("swiglu_limit", 10.0);
+  if (!(c.swiglu_limit > 0)) rd.fail("swiglu_limit", "must be positive");
   c.rms_norm_eps = rd.number("rms_norm_eps", 1e-6);
   const int64_t window = rd.integer("sliding_window", 128);
   if (window <= 0) rd.fail("sliding_window", "must be positive, got " + str(window));
@@ -92,8 +93,11 @@ void parse_deepseek_v4(const JsonReader& rd, DecoderConfig& c) {
   if (rd.boolean("mlp_bias", false)) rd.fail("mlp_bias", "biases of the shared expert are not supported (must be false)");
   if (rd.has("attention_dropout") && rd.number("attention_dropout") != 0.0)
     rd.fail("attention_dropout", "attention dropout is not supported (must be 0)");
-  if (rd.boolean("output_router_logits", false))
-    rd.fail("output_router_logits", "the router load-balancing loss of deepseek_v4 is not supported yet (must be false)");
+  // transformers adds router_aux_loss_coef x load_balancing_loss_func to the loss only with output_router_logits
+  // (a recipe's moe.aux_loss_coef sets the coefficient of a training run either way)
+  const double aux_coef = rd.number("router_aux_loss_coef", 0.001);
+  if (aux_coef < 0) rd.fail("router_aux_loss_coef", "must not be negative");
+  c.router_aux_loss_coef = rd.boolean("output_router_logits", false) ? aux_coef : 0.0;
   c.tie_word_embeddings = rd.boolean("tie_word_embeddings", false);
   if (rd.has("pad_token_id")) c.pad_token_id = rd.integer("pad_token_id");
   if (c.pad_token_id && (*c.pad_token_id < 0 || *c.pad_token_id >= c.vocab_size)) c.pad_token_id.reset();
@@ -246,29 +250,88 @@ V4CompressorImpl::V4CompressorImpl(const DecoderConfig& c, int64_t kind)
   }
 }
 
-at::Tensor V4CompressorImpl::compress(const at::Tensor& x, const V4Rotary& rot) {
-  const int64_t b = x.size(0), n = x.size(1) / rate;
-  if (n == 0) return at::zeros({b, 0, dim}, x.options());
-  at::Tensor kv = kv_proj->forward(x.narrow(1, 0, n * rate)).view({b, n, rate, -1});
-  at::Tensor gate = gate_proj->forward(x.narrow(1, 0, n * rate)).view({b, n, rate, -1}) + position_bias;
-  if (overlap) {  // window w pools window w-1's first half-features (Ca) with its own second half (Cb)
-    const at::Tensor prev_kv = at::cat({at::zeros({b, 1, rate, dim}, kv.options()), kv.narrow(1, 0, n - 1).narrow(-1, 0, dim)}, 1);
-    const at::Tensor prev_gate =
-        at::cat({at::full({b, 1, rate, dim}, -kInf, gate.options()), gate.narrow(1, 0, n - 1).narrow(-1, 0, dim)}, 1);
-    kv = at::cat({prev_kv, kv.narrow(-1, dim, dim)}, 2);
-    gate = at::cat({prev_gate, gate.narrow(-1, dim, dim)}, 2);
+namespace {
+// The entries of n complete windows: kv / gate [B,n,rate,w] (the gate with its position bias), windows first..first+n-1
+// of the sequence; prev_kv / prev_gate [B,1,rate,dim]: the first-half features of the window before the first one
+// (overlapping windows; zeros / -inf before the sequence's first window).
+at::Tensor pool_windows(V4CompressorImpl& c, at::Tensor kv, at::Tensor gate, const at::Tensor& prev_kv,
+                        const at::Tensor& prev_gate, int64_t first, const V4Rotary& rot) {
+  const int64_t b = kv.size(0), n = kv.size(1), dim = c.dim, rate = c.rate;
+  if (c.overlap) {  // window w pools window w-1's first half-features (Ca) with its own second half (Cb)
+    const at::Tensor pk = at::cat({prev_kv, kv.narrow(1, 0, n - 1).narrow(-1, 0, dim)}, 1);
+    const at::Tensor pg = at::cat({prev_gate, gate.narrow(1, 0, n - 1).narrow(-1, 0, dim)}, 1);
+    kv = at::cat({pk, kv.narrow(-1, dim, dim)}, 2);
+    gate = at::cat({pg, gate.narrow(-1, dim, dim)}, 2);
   }
-  at::Tensor pooled = kv_norm->forward((kv * gate.softmax(2, at::kFloat).to(kv.scalar_type())).sum(2));
-  const at::Tensor pos = (at::arange(n, x.options().dtype(at::kLong)) * rate).unsqueeze(0).expand({b, n});
+  at::Tensor pooled = c.kv_norm->forward((kv * gate.softmax(2, at::kFloat).to(kv.scalar_type())).sum(2));
+  const at::Tensor pos = ((at::arange(n, kv.options().dtype(at::kLong)) + first) * rate).unsqueeze(0).expand({b, n});
   auto [cos, sin] = rot.compress(pos, pooled.scalar_type());
   return v4_rotate(pooled.unsqueeze(1), cos, sin).squeeze(1);
 }
+}  // namespace
+
+void v4_cache_reserve(nn::KVCache& cache, int64_t layers) {
+  const size_t need = static_cast<size_t>(1 + 6 * layers);
+  if (cache.keys.size() < need) {
+    cache.keys.resize(need);
+    cache.values.resize(need);
+  }
+}
+
+at::Tensor& v4_cache_keys(nn::KVCache& cache, int64_t layer) { return cache.keys.at(static_cast<size_t>(1 + 6 * layer)); }
+
+V4CompressorState v4_cache_state(nn::KVCache& cache, int64_t layer, bool indexer) {
+  const size_t s = static_cast<size_t>(1 + 6 * layer);
+  auto &k = cache.keys, &v = cache.values;
+  if (!indexer) return {&v.at(s), &k.at(s + 1), &v.at(s + 1), &k.at(s + 2), &v.at(s + 2)};
+  return {&k.at(s + 3), &v.at(s + 3), &k.at(s + 4), &v.at(s + 4), &k.at(s + 5)};
+}
+
+at::Tensor V4CompressorImpl::compress(const at::Tensor& x, const V4Rotary& rot, const V4CompressorState* st) {
+  const int64_t b = x.size(0);
+  if (!st) {  // the whole sequence from position 0
+    const int64_t n = x.size(1) / rate;
+    if (n == 0) return at::zeros({b, 0, dim}, x.options());
+    const at::Tensor kv = kv_proj->forward(x.narrow(1, 0, n * rate)).view({b, n, rate, -1});
+    const at::Tensor gate = gate_proj->forward(x.narrow(1, 0, n * rate)).view({b, n, rate, -1}) + position_bias;
+    const at::Tensor pk = overlap ? at::zeros({b, 1, rate, dim}, kv.options()) : at::Tensor();
+    const at::Tensor pg = overlap ? at::full({b, 1, rate, dim}, -kInf, gate.options()) : at::Tensor();
+    return pool_windows(*this, kv, gate, pk, pg, 0, rot);
+  }
+  // generation: the pending rows of the incomplete window, then x's
+  at::Tensor kv = kv_proj->forward(x), gate = gate_proj->forward(x);  // [B,t,w]
+  if (st->pending_kv->defined()) {
+    kv = at::cat({*st->pending_kv, kv}, 1);
+    gate = at::cat({*st->pending_gate, gate}, 1);
+  }
+  at::Tensor out = st->entries->defined() ? *st->entries : at::zeros({b, 0, dim}, x.options());
+  const int64_t n = kv.size(1) / rate, first = out.size(1);
+  if (n > 0) {
+    const at::Tensor wkv = kv.narrow(1, 0, n * rate).view({b, n, rate, -1});
+    const at::Tensor wg = gate.narrow(1, 0, n * rate).view({b, n, rate, -1}) + position_bias;
+    at::Tensor pk = *st->prev_kv, pg = *st->prev_gate;
+    if (overlap && !pk.defined()) {
+      pk = at::zeros({b, 1, rate, dim}, kv.options());
+      pg = at::full({b, 1, rate, dim}, -kInf, gate.options());
+    }
+    out = at::cat({out, pool_windows(*this, wkv, wg, pk, pg, first, rot)}, 1);
+    if (overlap) {
+      *st->prev_kv = wkv.narrow(1, n - 1, 1).narrow(-1, 0, dim).clone();
+      *st->prev_gate = wg.narrow(1, n - 1, 1).narrow(-1, 0, dim).clone();
+    }
+  }
+  *st->entries = out;
+  *st->pending_kv = kv.narrow(1, n * rate, kv.size(1) - n * rate).clone();
+  *st->pending_gate = gate.narrow(1, n * rate, gate.size(1) - n * rate).clone();
+  return out;
+}
 
 at::Tensor V4CompressorImpl::select(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& pos,
-                                    const at::Tensor& cos, const at::Tensor& sin, const V4Rotary& rot) {
+                                    const at::Tensor& cos, const at::Tensor& sin, const V4Rotary& rot,
+                                    const V4CompressorState* state) {
   at::NoGradGuard no_grad;
   const int64_t b = x.size(0), t = x.size(1);
-  const at::Tensor keys = compress(x, rot);  // [B,n,Di]
+  const at::Tensor keys = compress(x, rot, state);  // [B,n,Di]
   const int64_t n = keys.size(1);
   at::Tensor q = q_b_proj->forward(q_resid).view({b, t, heads, dim}).transpose(1, 2);
   q = v4_rotate(q, cos, sin).transpose(1, 2);  // [B,T,Hi,Di]
@@ -286,7 +349,7 @@ at::Tensor V4CompressorImpl::select(const at::Tensor& x, const at::Tensor& q_res
 
 V4AttentionImpl::V4AttentionImpl(const DecoderConfig& c, int64_t layer_idx)
     : nn::AttentionHook(c.num_attention_heads, 1, c.layer_window.at(layer_idx)), kind(c.v4_attn.at(layer_idx)),
-      head_dim(c.head_dim), groups(c.o_groups), eps(c.rms_norm_eps) {
+      head_dim(c.head_dim), groups(c.o_groups), layer_idx(layer_idx), eps(c.rms_norm_eps) {
   const int64_t d = c.hidden_size;
   q_a_proj = register_module("q_a_proj", nn::Linear(d, c.q_lora_rank, false));
   q_a_norm = register_module("q_a_norm", nn::RMSNorm(c.q_lora_rank, c.rms_norm_eps));
@@ -301,22 +364,35 @@ V4AttentionImpl::V4AttentionImpl(const DecoderConfig& c, int64_t layer_idx)
 
 at::Tensor V4AttentionImpl::forward(const at::Tensor& x, const at::Tensor& pos, const at::Tensor& cos,
                                     const at::Tensor& sin, const at::Tensor& cos_c, const at::Tensor& sin_c,
-                                    const V4Rotary& rot) {
+                                    const V4Rotary& rot, nn::KVCache* cache) {
   if (attention_fn) throw Error("deepseek_v4: context parallelism and packed-document attention are not supported yet");
   const int64_t b = x.size(0), t = x.size(1);
   const at::Tensor q_resid = q_a_norm->forward(q_a_proj->forward(x));
   at::Tensor q = unweighted_rms(q_b_proj->forward(q_resid).view({b, t, heads, head_dim}).transpose(1, 2), eps);
   q = v4_rotate(q, cos, sin);
   at::Tensor kv = v4_rotate(kv_norm->forward(kv_proj->forward(x)).view({b, t, 1, head_dim}).transpose(1, 2), cos, sin);
-  // the sliding window: key j visible to query i when i - window < j <= i
-  const at::Tensor i = at::arange(t, pos.options()).unsqueeze(1), j = at::arange(t, pos.options()).unsqueeze(0);
-  at::Tensor mask = at::zeros({t, t}, q.options()).masked_fill((j > i) | (j <= i - window), -kInf).expand({b, 1, t, t});
+  int64_t kept = 0;  // generation: the cached keys before x's (the last window - 1 positions)
+  if (cache) {
+    at::Tensor& held = v4_cache_keys(*cache, layer_idx);
+    if (held.defined()) {
+      kept = held.size(2);
+      kv = at::cat({held, kv}, 2);
+    }
+    const int64_t keep = std::min<int64_t>(window - 1, kv.size(2));
+    held = kv.narrow(2, kv.size(2) - keep, keep).clone();
+  }
+  const int64_t tk = kv.size(2);
+  // the sliding window: key j visible to query i when i - window < j <= i (query i is key kept + i)
+  const at::Tensor i = at::arange(t, pos.options()).unsqueeze(1) + kept, j = at::arange(tk, pos.options()).unsqueeze(0);
+  at::Tensor mask = at::zeros({t, tk}, q.options()).masked_fill((j > i) | (j <= i - window), -kInf).expand({b, 1, t, tk});
   if (compressor) {
-    const at::Tensor entries = compressor->compress(x, rot);  // [B,n,D]
+    V4CompressorState cs{}, is{};
+    if (cache) cs = v4_cache_state(*cache, layer_idx, false), is = v4_cache_state(*cache, layer_idx, true);
+    const at::Tensor entries = compressor->compress(x, rot, cache ? &cs : nullptr);  // [B,n,D]
     const int64_t n = entries.size(1);
     at::Tensor bias;
     if (compressor->indexer) {  // only the indexer's picks
-      const at::Tensor top = compressor->indexer->select(x, q_resid, pos, cos_c, sin_c, rot);
+      const at::Tensor top = compressor->indexer->select(x, q_resid, pos, cos_c, sin_c, rot, cache ? &is : nullptr);
       const at::Tensor safe = at::where(top >= 0, top, at::full_like(top, n));
       bias = at::full({b, 1, t, n + 1}, -kInf, q.options()).scatter(-1, safe.unsqueeze(1), 0.0).narrow(-1, 0, n);
     } else {  // every complete window before the query
@@ -337,63 +413,23 @@ at::Tensor V4AttentionImpl::forward(const at::Tensor& x, const at::Tensor& pos, 
   return o_b_proj->forward(o);
 }
 
-V4MoEImpl::V4MoEImpl(const DecoderConfig& c, bool hash_)
-    : hash(hash_), top_k(c.num_experts_per_tok), num_experts(c.num_experts), ffn(c.moe_intermediate_size),
-      limit(c.swiglu_limit), scaling(c.routed_scaling_factor) {
-  const int64_t d = c.hidden_size;
-  gate = register_module("gate", std::make_shared<torch::nn::Module>());
-  gate_weight = gate->register_parameter("weight", at::zeros({num_experts, d}));
-  if (hash) tid2eid = gate->register_buffer("tid2eid", at::zeros({c.vocab_size, top_k}, at::kLong));
-  else bias = gate->register_buffer("e_score_correction_bias", at::zeros({num_experts}));
-  experts = register_module("experts", std::make_shared<torch::nn::Module>());
-  gate_up = experts->register_parameter("gate_up_proj", at::zeros({num_experts, 2 * ffn, d}));
-  down = experts->register_parameter("down_proj", at::zeros({num_experts, d, ffn}));
-  shared = register_module("shared_experts", std::make_shared<torch::nn::Module>());
-  s_gate = shared->register_module("gate_proj", nn::Linear(d, ffn, false));
-  s_up = shared->register_module("up_proj", nn::Linear(d, ffn, false));
-  s_down = shared->register_module("down_proj", nn::Linear(ffn, d, false));
-  scoring_sigmoid = c.moe_scoring == "sigmoid";
-}
-
-void V4MoEImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
-  const at::Tensor keep = hash ? tid2eid.detach().clone() : at::Tensor();
-  torch::nn::Module::to(device, dtype, non_blocking);
-  if (hash) tid2eid.set_data(keep.to(device));
-}
-
-void V4MoEImpl::to(torch::Dtype dtype, bool non_blocking) {
-  const at::Tensor keep = hash ? tid2eid.detach().clone() : at::Tensor();
-  torch::nn::Module::to(dtype, non_blocking);
-  if (hash) tid2eid.set_data(keep);
-}
-
-at::Tensor V4MoEImpl::forward(const at::Tensor& x, const at::Tensor& input_ids) {
-  const int64_t d = x.size(-1);
-  const at::Tensor flat = x.reshape({-1, d});
-  const at::Tensor logits = at::linear(flat, gate_weight);
-  const at::Tensor scores = scoring_sigmoid ? at::sigmoid(logits) : at::softplus(logits).sqrt();
-  at::Tensor idx;
-  if (hash) {
-    if (!input_ids.defined()) throw Error("deepseek_v4: hash-routed MoE layers need the input token ids");
-    idx = tid2eid.index_select(0, input_ids.reshape({-1}).to(tid2eid.device())).to(at::kLong);
-  } else {
-    idx = std::get<1>(at::topk(scores + bias, top_k, -1, true, false));
-  }
-  at::Tensor w = scores.gather(1, idx);
-  w = w / (w.sum(-1, true) + 1e-20) * scaling;
-  at::Tensor out = at::zeros_like(flat);
-  const at::Tensor hit = std::get<0>(at::_unique2(idx.flatten())).to(at::kCPU).contiguous();
-  for (int64_t e : std::vector<int64_t>(hit.data_ptr<int64_t>(), hit.data_ptr<int64_t>() + hit.numel())) {
-    if (e < 0 || e >= num_experts) continue;
-    const at::Tensor where = (idx == e).nonzero();  // [m, 2]: token, slot
-    const at::Tensor tok = where.select(1, 0), slot = where.select(1, 1);
-    const at::Tensor gu = at::linear(flat.index_select(0, tok), gate_up[e]);
-    const at::Tensor g = gu.narrow(-1, 0, ffn).clamp_max(limit), u = gu.narrow(-1, ffn, ffn).clamp(-limit, limit);
-    const at::Tensor y = at::linear(at::silu(g) * u, down[e]) * w.index({tok, slot}).unsqueeze(-1);
-    out = out.index_add(0, tok, y.to(out.scalar_type()));
-  }
-  const at::Tensor sg = s_gate->forward(x).clamp_max(limit), su = s_up->forward(x).clamp(-limit, limit);
-  return out.view(x.sizes()) + s_down->forward(at::silu(sg) * su);
+nn::MoEOptions v4_moe_options(const DecoderConfig& c, bool hash) {
+  nn::MoEOptions o;
+  o.num_experts = c.num_experts;
+  o.top_k = c.num_experts_per_tok;
+  o.hidden = c.hidden_size;
+  o.expert_ffn = c.moe_intermediate_size;
+  o.scoring = c.moe_scoring;  // sqrtsoftplus | sigmoid
+  o.norm_topk_prob = true;
+  o.score_correction_bias = !hash;
+  o.hash_vocab = hash ? c.vocab_size : 0;
+  o.routed_scaling_factor = c.routed_scaling_factor;
+  o.shared_ffn = c.moe_intermediate_size;
+  o.act = "silu";
+  o.swiglu_limit = c.swiglu_limit;
+  o.lb_softmax_topk = true;  // load_balancing_loss_func: softmax of the logits and its own top-k
+  o.aux_loss_coef = c.router_aux_loss_coef;
+  return o;
 }
 
 V4HyperConnectionImpl::V4HyperConnectionImpl(const DecoderConfig& c, bool head)
@@ -429,20 +465,20 @@ at::Tensor V4HyperConnectionImpl::collapse(const at::Tensor& h) {
 
 V4DecoderLayerImpl::V4DecoderLayerImpl(const DecoderConfig& c, int64_t idx) : compress_rope(c.v4_attn.at(idx) != 0) {
   self_attn = register_module("self_attn", V4Attention(c, idx));
-  mlp = register_module("mlp", V4MoE(c, c.v4_hash.at(idx) != 0));
+  mlp = register_module("mlp", nn::MoE(v4_moe_options(c, c.v4_hash.at(idx) != 0)));
   input_layernorm = register_module("input_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
   attn_hc = register_module("attn_hc", V4HyperConnection(c, false));
   ffn_hc = register_module("ffn_hc", V4HyperConnection(c, false));
 }
 
-at::Tensor V4DecoderLayerImpl::forward(const at::Tensor& h_in, const Batch& in, const V4Rotary& rot) {
+at::Tensor V4DecoderLayerImpl::forward(const at::Tensor& h_in, const Batch& in, const V4Rotary& rot, nn::KVCache* cache) {
   const auto dtype = h_in.scalar_type();
   const at::Tensor &cos_c = in.at("cos_compress"), &sin_c = in.at("sin_compress");
   const at::Tensor& cos = compress_rope ? cos_c : in.at("cos");
   const at::Tensor& sin = compress_rope ? sin_c : in.at("sin");
   auto [post, comb, collapsed] = attn_hc->forward(h_in);
-  const at::Tensor a = self_attn->forward(input_layernorm->forward(collapsed), in.at("position_ids"), cos, sin, cos_c, sin_c, rot);
+  const at::Tensor a = self_attn->forward(input_layernorm->forward(collapsed), in.at("position_ids"), cos, sin, cos_c, sin_c, rot, cache);
   at::Tensor h = post.to(dtype).unsqueeze(-1) * a.unsqueeze(-2) + at::matmul(comb.to(dtype).transpose(-1, -2), h_in);
   std::tie(post, comb, collapsed) = ffn_hc->forward(h);
   const at::Tensor m = mlp->forward(post_attention_layernorm->forward(collapsed), in.get("input_ids"));

@@ -23,6 +23,7 @@
 #include "loongforge/models/model.h"
 #include "loongforge/nn/attention.h"
 #include "loongforge/nn/linear.h"
+#include "loongforge/nn/moe.h"
 #include "loongforge/nn/rms_norm.h"
 #include "loongforge/nn/rotary.h"
 
@@ -46,6 +47,20 @@ struct V4Rotary {
   nn::Rotary main_, compress_;
 };
 
+// The generation state of one compressor (or CSA indexer) in a key/value cache: the compressed entries so far
+// [B,n,dim], the projected kv / gate rows of the incomplete window (pending, gate without its position bias) and,
+// for overlapping windows, the first-half features of the last complete window (prev, gate with its bias). The
+// pointers name slots of an nn::KVCache (v4_cache_state); undefined tensors: nothing yet.
+struct V4CompressorState {
+  at::Tensor *entries, *pending_kv, *pending_gate, *prev_kv, *prev_gate;
+};
+// DeepSeek-V4's generation cache inside an nn::KVCache (grown to 1 + 6 x layers slots on first use): keys[0] holds
+// the ids so far [B,1,T] (KVCache::length()); per layer the last sliding_window - 1 rotated keys [B,1,<W,D]
+// (v4_cache_keys) and the states of its compressor and indexer.
+at::Tensor& v4_cache_keys(nn::KVCache& cache, int64_t layer);
+V4CompressorState v4_cache_state(nn::KVCache& cache, int64_t layer, bool indexer);
+void v4_cache_reserve(nn::KVCache& cache, int64_t layers);
+
 // A layer's compressor (kind 1: CSA, overlapping windows, with its indexer; kind 2: HCA), or (kind 3) the CSA
 // indexer: a compressor of its own at index_head_dim plus the query projection and head weights that score entries.
 class V4CompressorImpl : public torch::nn::Module {
@@ -53,11 +68,13 @@ class V4CompressorImpl : public torch::nn::Module {
   V4CompressorImpl(const DecoderConfig& c, int64_t kind);
   // The compressed entries [B,n,dim] of the complete windows of x [B,T,hidden], rotated at their windows' first
   // positions by the compress rotary.
-  at::Tensor compress(const at::Tensor& x, const V4Rotary& rot);
+  // With a state (generation): x holds the tokens after those the state has seen (positions go on from there);
+  // returns every entry so far, the state updated.
+  at::Tensor compress(const at::Tensor& x, const V4Rotary& rot, const V4CompressorState* state = nullptr);
   // The indexer's top index_topk entries per query [B,T,k] (-1: none) over its entries, no autograd. pos [B,T];
   // cos / sin: the compress rotary at pos.
   at::Tensor select(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& pos, const at::Tensor& cos,
-                    const at::Tensor& sin, const V4Rotary& rot);
+                    const at::Tensor& sin, const V4Rotary& rot, const V4CompressorState* state = nullptr);
   nn::Linear kv_proj{nullptr}, gate_proj{nullptr};
   at::Tensor position_bias;
   nn::RMSNorm kv_norm{nullptr};
@@ -71,34 +88,23 @@ TORCH_MODULE(V4Compressor);
 class V4AttentionImpl : public torch::nn::Module, public nn::AttentionHook {
  public:
   V4AttentionImpl(const DecoderConfig& c, int64_t layer_idx);
-  // x [B,T,hidden]; pos [B,T]; cos/sin of this layer's rotary at pos, cos_c/sin_c of the compress one.
+  // x [B,T,hidden]; pos [B,T]; cos/sin of this layer's rotary at pos, cos_c/sin_c of the compress one. cache: the
+  // generation cache (x: the tokens after those it holds).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& pos, const at::Tensor& cos, const at::Tensor& sin,
-                     const at::Tensor& cos_c, const at::Tensor& sin_c, const V4Rotary& rot);
+                     const at::Tensor& cos_c, const at::Tensor& sin_c, const V4Rotary& rot, nn::KVCache* cache = nullptr);
   nn::Linear q_a_proj{nullptr}, q_b_proj{nullptr}, kv_proj{nullptr}, o_a_proj{nullptr}, o_b_proj{nullptr};
   nn::RMSNorm q_a_norm{nullptr}, kv_norm{nullptr};
   at::Tensor sinks;
   V4Compressor compressor{nullptr};
-  int64_t kind, head_dim, groups;
+  int64_t kind, head_dim, groups, layer_idx;
   double eps;
 };
 TORCH_MODULE(V4Attention);
 
-class V4MoEImpl : public torch::nn::Module {
- public:
-  V4MoEImpl(const DecoderConfig& c, bool hash);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& input_ids);
-  // integer tid2eid stays int64 when the model changes dtype
-  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
-  void to(torch::Dtype dtype, bool non_blocking = false) override;
-  void to(torch::Device device, bool non_blocking = false) override { torch::nn::Module::to(device, non_blocking); }
-  std::shared_ptr<torch::nn::Module> gate, experts, shared;
-  at::Tensor gate_weight, bias, tid2eid, gate_up, down;
-  nn::Linear s_gate{nullptr}, s_up{nullptr}, s_down{nullptr};
-  bool hash, scoring_sigmoid = false;
-  int64_t top_k, num_experts, ffn;
-  double limit, scaling;
-};
-TORCH_MODULE(V4MoE);
+// The options of a layer's routed MoE block (nn::MoE: sqrt(softplus) or sigmoid scores, a correction bias or, with
+// `hash`, the fixed token -> experts table gate.tid2eid; the swiglu clamps; one shared expert; load balancing as
+// transformers' load_balancing_loss_func over the top-k routers' logits).
+nn::MoEOptions v4_moe_options(const DecoderConfig& c, bool hash);
 
 class V4HyperConnectionImpl : public torch::nn::Module {
  public:
@@ -115,10 +121,10 @@ TORCH_MODULE(V4HyperConnection);
 class V4DecoderLayerImpl : public torch::nn::Module {
  public:
   V4DecoderLayerImpl(const DecoderConfig& c, int64_t layer_idx);
-  // h [B,T,hc_mult,hidden]
-  at::Tensor forward(const at::Tensor& h, const Batch& in, const V4Rotary& rot);
+  // h [B,T,hc_mult,hidden]; cache: the generation cache (h: the tokens after those it holds)
+  at::Tensor forward(const at::Tensor& h, const Batch& in, const V4Rotary& rot, nn::KVCache* cache = nullptr);
   V4Attention self_attn{nullptr};
-  V4MoE mlp{nullptr};
+  nn::MoE mlp{nullptr};  // expert parallelism and the router losses reach it as any MoE block (model.h moe_layers)
   nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   V4HyperConnection attn_hc{nullptr}, ffn_hc{nullptr};
   bool compress_rope;

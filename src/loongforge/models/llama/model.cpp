@@ -269,6 +269,10 @@ at::Tensor CausalLMImpl::query_scale(const at::Tensor& position_ids, at::ScalarT
 std::vector<std::pair<int64_t, nn::MoEImpl*>> CausalLMImpl::moe_layers() const {
   std::vector<std::pair<int64_t, nn::MoEImpl*>> out;
   for (size_t i = 0; i < model->layers->size(); ++i) {
+    if (auto* v4 = model->layers->ptr(i)->as<V4DecoderLayerImpl>()) {  // DeepSeek-V4: every layer's routed MoE
+      out.emplace_back(static_cast<int64_t>(i), v4->mlp.get());
+      continue;
+    }
     auto* l = model->layers->ptr(i)->as<DecoderLayerImpl>();
     if (l && l->moe) out.emplace_back(static_cast<int64_t>(i), l->moe.get());
   }
@@ -341,25 +345,23 @@ at::Tensor CausalLMImpl::final_norm(const at::Tensor& h) {
   return apply_norm(model->norm, h, config_.zero_centered_norm);
 }
 
-at::Tensor CausalLMImpl::v4_hidden_states(const at::Tensor& ids_in, const at::Tensor& position_ids, nn::KVCache* cache) {
-  at::Tensor ids = ids_in;
-  int64_t past = 0;
-  if (cache) {  // generation: the cache keeps the ids so far ([B,1,T] in keys[0]) and the whole sequence reruns
-    at::Tensor& held = cache->keys.at(0);
-    past = held.defined() ? held.size(2) : 0;
-    held = past ? at::cat({held, ids.unsqueeze(1)}, 2) : ids.unsqueeze(1);
-    ids = held.squeeze(1);
-  }
+at::Tensor CausalLMImpl::v4_hidden_states(const at::Tensor& ids, const at::Tensor& position_ids, nn::KVCache* cache) {
   at::Tensor pos = position_ids;
-  if (!pos.defined() || cache) pos = at::arange(ids.size(1), ids.options()).unsqueeze(0).expand({ids.size(0), ids.size(1)});
+  if (cache) {  // generation: ids go on from the cached ones (positions too); each layer's state grows by them
+    v4_cache_reserve(*cache, config_.num_hidden_layers);
+    at::Tensor& held = cache->keys.at(0);  // the ids so far [B,1,T]: KVCache::length()
+    const int64_t past = held.defined() ? held.size(2) : 0;
+    held = past ? at::cat({held, ids.unsqueeze(1)}, 2) : ids.unsqueeze(1);
+    pos = at::arange(past, past + ids.size(1), ids.options()).unsqueeze(0).expand({ids.size(0), ids.size(1)});
+  }
+  if (!pos.defined()) pos = at::arange(ids.size(1), ids.options()).unsqueeze(0).expand({ids.size(0), ids.size(1)});
   at::Tensor h = embed(ids);
   h = h.unsqueeze(2).expand({h.size(0), h.size(1), config_.hc_mult, h.size(2)}).contiguous();
   Batch in = v4_block_inputs(*v4_rotary_, ids, pos, h.scalar_type());
   if (!cache) h = run_blocks(in, h, 0, config_.num_hidden_layers);
   else
-    for (int64_t i = 0; i < config_.num_hidden_layers; ++i) h = block_forward(in, h, i);
-  h = final_norm(h);
-  return past ? h.narrow(1, past, h.size(1) - past) : h;
+    for (int64_t i = 0; i < config_.num_hidden_layers; ++i) h = block_forward(in, h, i, cache);
+  return final_norm(h);
 }
 
 at::Tensor CausalLMImpl::output_weight() const {

@@ -110,6 +110,10 @@ class CausalLMImpl : public models::Model {
   // vocab_loss_fn when a layout set it.
   at::Tensor head_loss_sum(const at::Tensor& h, const Batch& b) override;
   int64_t hidden_size() const override { return config_.hidden_size; }
+  std::vector<int64_t> activation_shape(int64_t rows, int64_t seq) const override {  // DeepSeek-V4: the hc streams
+    if (config_.deepseek_v4) return {rows, seq, config_.hc_mult, config_.hidden_size};
+    return {rows, seq, config_.hidden_size};
+  }
   int64_t num_blocks() const override { return config_.num_hidden_layers; }
   torch::nn::Module& block(int64_t i) override { return *(*model->layers)[static_cast<size_t>(i)]; }
   ReferenceOutput reference_forward(const std::map<std::string, at::Tensor>& batch, const std::string& file) override;
@@ -179,7 +183,6 @@ class CausalLMImpl : public models::Model {
   }
   // GLM-5's shared sparse-attention layers read the selection an earlier layer made on the same micro-batch (dsa.h)
   std::string pipeline_blocker() const override {
-    if (config_.deepseek_v4) return "deepseek_v4: pipeline parallelism is not supported yet";
     return dsa_shares_selection(config_) ? dsa_pipeline_blocker : "";
   }
   // Stacked experts of the MTP blocks stored whole (model.layers.{L+k}.mlp.experts.gate_up_proj) -> their in-memory
@@ -196,7 +199,7 @@ class CausalLMImpl : public models::Model {
   at::Tensor mtp_loss_part(const at::Tensor& hidden, const Batch& b);
   std::shared_ptr<MtpImpl> mtp_;
   std::shared_ptr<V4Rotary> v4_rotary_;  // DeepSeek-V4's main and compress rotaries
-  // DeepSeek-V4 hidden states (no cache: a generation cache holds the ids so far, rerun whole)
+  // DeepSeek-V4 hidden states (with a cache: incremental, deepseek_v4.h v4_cache_state)
   at::Tensor v4_hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids, nn::KVCache* cache);
   double mtp_loss_weight_ = 0, mtp_loss_sum_ = 0;
   double indexer_loss_coef_ = 0, indexer_loss_sum_ = 0;
