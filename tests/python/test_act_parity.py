@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from conftest import run_lerobot, run_lf
+from conftest import run_gtest_hook, run_lerobot, run_lf
 
 # In the lerobot environment: build ACTPolicy from CONFIG (json), save it to DIR (LeRobot's folder layout), draw a
 # batch, run policy.forward in train mode with torch.randn_like fixed to the batch's vae_eps, backward, one AdamW
@@ -184,3 +184,35 @@ def test_act_convert_writes_a_folder_lerobot_loads(tmp_path):
     cfg_in = json.loads((tmp_path / "policy" / "config.json").read_text())
     assert json.loads((tmp_path / "out" / "config.json").read_text()) == cfg_in
     assert "ok" in run_lerobot(ROUND_TRIP, tmp_path / "policy", tmp_path / "out", "check")
+
+
+@pytest.mark.slow
+def test_act_processors_written_by_loongforge_load_in_lerobot(tmp_path):
+    """The normaliser files LoongForge writes (io/policy_processor.h, read from those LeRobot saved) make LeRobot's
+    pipelines that normalise and unnormalise as the originals do."""
+    run_lerobot(ORACLE, json.dumps(dict(CASES["camera_state"], narrow=False)), tmp_path)
+    run_lerobot(ROUND_TRIP, tmp_path / "policy", "-", "save")
+    out = tmp_path / "out"
+    out.mkdir()
+    run_gtest_hook("PolicyProcessor.RewriteHook", {"LF_TEST_POLICY_PROC_SRC": str(tmp_path / "policy"),
+                                                   "LF_TEST_POLICY_PROC_DST": str(out)})
+    check = r"""
+import sys, torch
+from lerobot.processor import PolicyProcessorPipeline
+from lerobot.processor.converters import policy_action_to_transition, transition_to_policy_action
+a, b = sys.argv[1], sys.argv[2]
+for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
+    kw = {} if "pre" in name else dict(to_transition=policy_action_to_transition, to_output=transition_to_policy_action)
+    pa = PolicyProcessorPipeline.from_pretrained(a, config_filename=name, **kw)
+    pb = PolicyProcessorPipeline.from_pretrained(b, config_filename=name, **kw)
+    torch.manual_seed(0)
+    if "pre" in name:
+        x = {"observation.state": torch.randn(2, 4), "observation.images.top": torch.rand(2, 3, 48, 64), "action": torch.randn(2, 6, 3)}
+        ya, yb = pa(dict(x)), pb(dict(x))
+        for k in x: assert torch.equal(ya[k], yb[k]), k
+    else:
+        x = torch.randn(2, 6, 3)
+        assert torch.equal(pa(x.clone()), pb(x.clone()))
+print("ok")
+"""
+    assert "ok" in run_lerobot(check, tmp_path / "policy", out)

@@ -1,0 +1,34 @@
+// LeRobot's processor pipelines saved beside a policy (lerobot/processor/pipeline.py): policy_preprocessor.json with
+// its normalizer_processor step's state file (policy_preprocessor_step_N_normalizer_processor.safetensors: tensors
+// "<feature>.<stat>") and policy_postprocessor.json with the unnormalizer's. What a policy needs from them: each
+// feature's normalisation mode (the step's norm_map by the feature's type) and statistics, and eps.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "loongforge/data/robot/dataset.h"
+#include "loongforge/data/robot/normalize.h"
+
+namespace lf::io {
+
+struct PolicyNormalization {
+  nlohmann::json features;  // the step's features: {name: {type, shape}} (LeRobot's PolicyFeature)
+  nlohmann::json norm_map;  // {feature type: mode name}
+  std::map<std::string, data::robot::NormMode> modes;  // per feature, from norm_map by its type (absent: IDENTITY)
+  data::robot::Stats stats;                            // per feature: {stat: tensor} as stored (float32)
+  double eps = 1e-8;
+};
+
+// The normaliser of DIR's policy_preprocessor.json (nullopt when DIR has none). Errors name the file and field.
+std::optional<PolicyNormalization> read_policy_normalization(const std::string& dir);
+
+// Writes DIR/policy_preprocessor.json and policy_postprocessor.json with their state files, as LeRobot's
+// make_pre_post_processors(config, dataset_stats) followed by save_pretrained writes them (rename, to-batch, device,
+// normaliser over every feature; unnormaliser over the outputs, device), from N's features, norm_map, stats and eps;
+// `outputs` names the features the postprocessor unnormalises (LeRobot: the policy's output features).
+void write_policy_processors(const std::string& dir, const PolicyNormalization& n, const nlohmann::json& outputs);
+
+}  // namespace lf::io
