@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 (cd build && ctest --output-on-failure -j "$(nproc)")
-.venv/bin/python -m pytest tests/python -q -p no:cacheprovider
+.venv/bin/python -m pytest tests/python -q -p no:cacheprovider --durations=30  # the slowest tests: what to move to the slow set
