@@ -58,7 +58,7 @@ if [ ! -x "$LVENV/bin/python" ] || [ ! -f "$LVENV/.complete" ]; then
   "$LVENV/bin/pip" install -q --no-deps --ignore-requires-python lerobot==0.6.1 torchvision==0.26.0
   "$LVENV/bin/pip" install -q -r requirements-lerobot.txt 2>&1 | grep -v -i "lerobot.*requires\|dependency resolver\|dependency conflicts" || true
   "$LVENV/bin/python" scripts/lerobot_py311.py "$lsite"
-  "$LVENV/bin/python" -c "import lerobot.datasets.lerobot_dataset, h5py, av; assert av.__version__.startswith('15.')"
+  "$LVENV/bin/python" -c "import lerobot.datasets.lerobot_dataset, lerobot.policies, h5py, av, cv2; assert av.__version__.startswith('15.')"
   touch "$LVENV/.complete"
   if [ -z "${LOONGFORGE_LEROBOT_VENV:-}" ]; then
     for old in "$(dirname "$LVENV")"/lerobot-*; do
