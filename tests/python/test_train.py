@@ -397,7 +397,7 @@ def test_kill_at_random_instants_resumes_bitwise_long(tmp_path, data_dir):
     (["train.steps=many"], "'train.steps': expected an integer"),
     (["precision=fp8"], "'precision': fp8 needs a CUDA GPU"),
     (["parallel.tp=2"], "parallel.tp"),
-    (["model.family=no_such_family"], "recipe: field 'model.family': unknown family 'no_such_family' (known: decoder_lm, diffusion, text_encoder, vlm)"),
+    (["model.family=no_such_family"], "recipe: field 'model.family': unknown family 'no_such_family' (known: decoder_lm, diffusion, policy, text_encoder, vlm)"),
     (["moe.z_loss_coef=0.1"], "recipe: field 'moe.z_loss_coef': the model has no mixture-of-experts layers"),
     (["data.train=[{path: /nonexistent/shard}]"], "/nonexistent/shard"),
 ])
