@@ -1,11 +1,12 @@
 """CPU training step of a small Qwen3-Next-shaped model (Gated DeltaNet linear attention + gated full attention, MoE
-with a gated shared expert): LoongForge (`loongforge train`) against transformers' Qwen3NextForCausalLM (its torch
+with a gated shared expert) or, with --family kimi_linear, a Kimi-Linear-shaped one (KDA linear attention + latent
+attention, MoE with a shared expert): LoongForge (`loongforge train`) against transformers' own class (its torch
 chunk-wise delta rule: fla / causal-conv1d are not installed) trained with torch.optim.AdamW, same weights, shapes,
 thread count, fp32, in one run. Prints a table of tokens/s per training step (forward + backward + AdamW) and
 LoongForge's ratio; with --out, writes it as markdown too.
 
-    [LOONGFORGE_BIN=build/loongforge] .venv/bin/python bench/qwen3_next_cpu.py [--threads 2] [--steps 6] [--rounds 3]
-        [--out FILE.md]
+    [LOONGFORGE_BIN=build/loongforge] .venv/bin/python bench/qwen3_next_cpu.py [--family qwen3_next|kimi_linear]
+        [--threads 2] [--steps 6] [--rounds 3] [--out FILE.md]
 
 Each round runs both sides once per shape (the order alternating), the table shows medians over the rounds.
 """
@@ -31,11 +32,26 @@ SHAPES = [
                   mlp_only_layers=[0, 1, 2, 3])),
 ]
 
+KIMI_COMMON = dict(max_position_embeddings=4096, rms_norm_eps=1e-6, kv_lora_rank=128, q_lora_rank=None,
+                   qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64, tie_word_embeddings=False,
+                   pad_token_id=0, bos_token_id=1, eos_token_id=2)
+KIMI_SHAPES = [
+    dict(name="moe: d256 L4 (3 KDA + 1 MLA) E16 top4, 4x256", batch=4, seq=256, goal=1.5, model_type="kimi_linear",
+         cfg=dict(vocab_size=8192, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=4, moe_intermediate_size=128, num_local_experts=16, num_experts_per_tok=4,
+                  n_shared_experts=1, first_k_dense_replace=1,
+                  linear_attn_config=dict(head_dim=64, num_heads=4, short_conv_kernel_size=4, kda_layers=[1, 2, 3],
+                                          full_attn_layers=[4])),
+         common=KIMI_COMMON),
+]
+FAMILIES = {"qwen3_next": SHAPES, "kimi_linear": KIMI_SHAPES}
+
 
 def make_model(shape):
     import torch
     import transformers
-    cfg = transformers.AutoConfig.for_model("qwen3_next", **COMMON, **shape["cfg"])
+    cfg = transformers.AutoConfig.for_model(shape.get("model_type", "qwen3_next"), **shape.get("common", COMMON),
+                                            **shape["cfg"])
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
 
@@ -72,6 +88,7 @@ def loongforge_run(shape, model_dir, steps, warmup, threads, tmp):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen3_next")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
@@ -80,7 +97,7 @@ def main():
     a = ap.parse_args()
     load0 = os.getloadavg()[0]
     rows = []
-    for shape in SHAPES:
+    for shape in FAMILIES[a.family]:
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = pathlib.Path(tmp) / "model"
             make_model(shape).save_pretrained(model_dir)
@@ -94,7 +111,8 @@ def main():
             ratios = [x / y for x, y in zip(lf, hf)]
             rows.append((shape, statistics.median(lf), statistics.median(hf), statistics.median(ratios), ratios))
     load1 = os.getloadavg()[0]
-    lines = [f"Qwen3-Next training step on the CPU ({a.threads} threads, fp32, forward + backward + clip + AdamW; "
+    title = {"qwen3_next": "Qwen3-Next", "kimi_linear": "Kimi Linear"}[a.family]
+    lines = [f"{title} training step on the CPU ({a.threads} threads, fp32, forward + backward + clip + AdamW; "
              f"medians of {a.rounds} rounds x {a.steps} steps after {a.warmup} warm-up; load average {load0:.1f} -> "
              f"{load1:.1f})", "",
              "| shape | LoongForge tok/s | transformers tok/s | ratio | goal | per-round ratios |",
