@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "loongforge/core/error.h"
@@ -97,20 +98,21 @@ std::shared_ptr<models::Model> load_model(const std::string& dir, at::ScalarType
   fs::path cfg = fs::path(dir) / "config.json";
   if (!fs::exists(cfg)) throw Error(cfg.string() + ": missing (expected a Hugging Face model folder)");
   std::shared_ptr<models::Model> model;
+  std::optional<SafetensorsCheckpoint> opened;  // (the config's errors come before the weights')
   {
     const nlohmann::json config = read_json_file(cfg.string());
     const models::Family& fam = models::family_for(config, cfg.string(), family);
     if (fam.build_for_weights) {  // widths the config leaves open come from the stored shapes
-      const SafetensorsCheckpoint weights = SafetensorsCheckpoint::open(dir);
+      opened = SafetensorsCheckpoint::open(dir);
       models::Family::TensorShapes shapes;
-      for (const auto& name : weights.names()) shapes[name] = weights.shape(name);
+      for (const auto& name : opened->names()) shapes[name] = opened->shape(name);
       model = fam.build_for_weights(config, cfg.string(), shapes);
     } else {
       model = fam.build(config, cfg.string());
     }
   }
   model->to(dtype);
-  SafetensorsCheckpoint ckpt = SafetensorsCheckpoint::open(dir);
+  const SafetensorsCheckpoint ckpt = opened ? std::move(*opened) : SafetensorsCheckpoint::open(dir);
   std::set<std::string> stored;  // optional parts the folder lacks (multi-token prediction layers) are dropped
   for (const auto& item : stored_names(*model, ckpt, dir)) stored.insert(item.first);
   model->drop_absent_parts(stored);
@@ -149,21 +151,22 @@ void write_model_metadata(const models::Model& model, const std::string& out_dir
   }
   write_file_atomic((fs::path(out_dir) / "config.json").string(), cfg.dump(2) + "\n");
   if (!tokenizer_src.empty()) {
+    auto copy_beside = [&](const fs::path& src) {  // the file under its name in out_dir, unless it is that file
+      const fs::path dst = fs::path(out_dir) / src.filename();
+      if (fs::absolute(src) != fs::absolute(dst)) write_file_atomic(dst.string(), read_text_file(src.string()));
+    };
     for (const char* f : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                           "preprocessor_config.json", "processor_config.json", "chat_template.json",
                           "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt"}) {
-      fs::path src = fs::path(tokenizer_src) / f;
-      if (fs::exists(src) && fs::absolute(src) != fs::absolute(fs::path(out_dir) / f))
-        write_file_atomic((fs::path(out_dir) / f).string(), read_text_file(src.string()));
+      if (const fs::path src = fs::path(tokenizer_src) / f; fs::exists(src)) copy_beside(src);
     }
     // LeRobot's processor pipelines beside a policy (policy_preprocessor.json, its normaliser's
     // policy_preprocessor_step_N_normalizer_processor.safetensors, policy_postprocessor*)
     if (fs::is_directory(tokenizer_src))
       for (const auto& e : fs::directory_iterator(tokenizer_src)) {
         const std::string f = e.path().filename().string();
-        if (!e.is_regular_file() || !(f.starts_with("policy_preprocessor") || f.starts_with("policy_postprocessor"))) continue;
-        if (fs::absolute(e.path()) != fs::absolute(fs::path(out_dir) / f))
-          write_file_atomic((fs::path(out_dir) / f).string(), read_text_file(e.path().string()));
+        if (e.is_regular_file() && (f.starts_with("policy_preprocessor") || f.starts_with("policy_postprocessor")))
+          copy_beside(e.path());
       }
   }
 }
