@@ -3,6 +3,8 @@
 
 #include "loongforge/cli/commands.h"
 #include "loongforge/core/error.h"
+#include "loongforge/io/hf_model.h"
+#include "loongforge/train/policy_eval.h"
 #include "loongforge/train/recipe.h"
 #include "loongforge/train/trainer.h"
 
@@ -17,6 +19,7 @@ struct EvalArgs {
   std::string recipe, model;
   std::vector<std::string> sets;
   int64_t batches = 0;
+  std::string open_loop;
 };
 }  // namespace
 
@@ -46,8 +49,16 @@ void add_eval(CLI::App& app) {
   sub->add_option("--model", a->model, "checkpoint folder or HF folder")->required();
   sub->add_option("--set", a->sets, "override a recipe key (repeatable)");
   sub->add_option("--batches", a->batches, "batches to evaluate (default: eval.batches)");
+  sub->add_option("--open-loop", a->open_loop,
+                  "robot policies: open-loop action errors on the held-out episodes, with plots, written to this folder");
   sub->callback([a] {
     auto recipe = train::load_recipe(a->recipe, a->sets);
+    if (!a->open_loop.empty()) {
+      auto model = io::load_model(a->model, at::kFloat, recipe["model"]["family"].get<std::string>());
+      const train::OpenLoopReport rep = train::open_loop_eval(recipe, *model, a->open_loop);
+      std::printf("%s\n", rep.to_json().dump().c_str());
+      return;
+    }
     int64_t n = a->batches > 0 ? a->batches : recipe["eval"]["batches"].get<int64_t>();
     double loss = train::evaluate(recipe, a->model, n);
     std::printf("{\"valid_loss\": %.6f, \"batches\": %lld}\n", loss, static_cast<long long>(n));

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "loongforge/core/error.h"
+#include "loongforge/models/policy_io.h"
 #include "loongforge/nn/recompute.h"
 
 namespace lf::models {
@@ -308,5 +309,8 @@ std::map<std::string, at::Tensor> Model::unconditional(const std::map<std::strin
                                                      const std::string&) const {
   throw Error("the " + model_type() + " model has no unconditional input (classifier-free guidance)");
 }
+
+Policy* as_policy(Model& model) { return dynamic_cast<Policy*>(&model); }
+const Policy* as_policy(const Model& model) { return dynamic_cast<const Policy*>(&model); }
 
 }  // namespace lf::models

@@ -80,7 +80,7 @@ void validate(const Layout& l, models::Model& m, int64_t seq_len, int64_t micro_
     bad("pp", "pp x vpp = " + s(stages) + " does not divide num_hidden_layers " + s(blocks) +
                   " (give parallel.pp_layout for an uneven split)");
   }
-  if (stages > blocks) bad("pp", "pp x vpp = " + s(stages) + " stages for " + s(blocks) + " layers");
+  if (stages > 1 && stages > blocks) bad("pp", "pp x vpp = " + s(stages) + " stages for " + s(blocks) + " layers");
   if (l.vpp > 1 && micro_batches % l.pp)
     bad("vpp", "the interleaved schedule needs train.grad_accum (" + s(micro_batches) + ") to be a multiple of pp " + s(l.pp));
   if (l.hsdp_shard > 0) {

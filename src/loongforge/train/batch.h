@@ -55,6 +55,10 @@ class BatchSource {
   // The inputs that stand for "no condition" in this data (one row each, under the model's names: a text model's
   // encoding of the empty prompt), for condition dropout and guided sample grids; empty: the model's unconditional().
   virtual std::map<std::string, at::Tensor> null_conditions() const { return {}; }
+  // Files a model folder trained on this data needs besides the weights (a robot policy's processor files with the
+  // statistics its inputs were normalised with): written into DIR; returns DIR, whose files every checkpoint then
+  // copies (as tokenizer files), or "" when the data has none.
+  virtual std::string write_model_files(const std::string& dir) const { return ""; }
 
  private:
   Batch drawn_;  // the default draw's rows

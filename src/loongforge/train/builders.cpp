@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -20,6 +21,7 @@
 #include "loongforge/train/diffusion_source.h"
 #include "loongforge/train/image_source.h"
 #include "loongforge/train/latent_source.h"
+#include "loongforge/train/robot_source.h"
 #include "loongforge/train/pretrain_source.h"
 #include "loongforge/train/sft_source.h"
 
@@ -254,6 +256,75 @@ ModelBundle build_model(const json& r) {
 }
 
 namespace {
+// A fixed-length list of numbers under KEY (recipe errors name it).
+template <size_t N>
+std::array<double, N> numbers(const json& v, const std::string& key) {
+  if (v.size() != N) throw Error("recipe: field '" + key + "': expected " + std::to_string(N) + " numbers");
+  std::array<double, N> out{};
+  for (size_t i = 0; i < N; ++i) out[i] = v[i].get<double>();
+  return out;
+}
+
+}  // namespace
+
+RobotSourceOptions robot_source_options(const json& r, data::Split split) {
+  const json& d = r["data"];
+  const json& rb = d["robot"];
+  if (d["train"].size() != 1) throw Error("recipe: field 'data.train': robot data takes one dataset ({path: DIR})");
+  RobotSourceOptions o;
+  o.dataset = d["train"][0]["path"].get<std::string>();
+  for (const auto& e : rb["episodes"]) o.episodes.episodes.push_back(e.get<int64_t>());
+  o.episodes.val_count = rb["valid_episodes"].get<int64_t>();
+  if (o.episodes.val_count < 0) throw Error("recipe: field 'data.robot.valid_episodes': must be >= 0");
+  o.valid = split == data::Split::Valid;
+  o.seed = static_cast<uint64_t>(r["seed"].get<int64_t>());
+  o.threads = static_cast<int>(rb["threads"].get<int64_t>());
+  if (o.threads < 0) throw Error("recipe: field 'data.robot.threads': must be >= 0");
+  o.tolerance_s = rb["tolerance_s"];
+  o.stats_file = rb["stats"];
+  const json& t = rb["image_transforms"];
+  const std::string tk = "data.robot.image_transforms.";
+  auto& c = o.transforms;
+  c.enable = t["enable"];
+  c.max_num_transforms = static_cast<int>(t["max_num_transforms"].get<int64_t>());
+  c.random_order = t["random_order"];
+  c.brightness = numbers<2>(t["brightness"], tk + "brightness");
+  c.contrast = numbers<2>(t["contrast"], tk + "contrast");
+  c.saturation = numbers<2>(t["saturation"], tk + "saturation");
+  c.hue = numbers<2>(t["hue"], tk + "hue");
+  c.sharpness = numbers<2>(t["sharpness"], tk + "sharpness");
+  c.degrees = numbers<2>(t["degrees"], tk + "degrees");
+  c.translate = numbers<2>(t["translate"], tk + "translate");
+  c.weights = numbers<6>(t["weights"], tk + "weights");
+  auto size2 = [&](const char* key, int64_t& h, int64_t& w) {
+    const json& v = t[key];
+    if (v.empty()) return;
+    if (v.size() != 2 || v[0].get<int64_t>() < 1 || v[1].get<int64_t>() < 1)
+      throw Error("recipe: field '" + tk + key + "': expected [height, width] (positive)");
+    h = v[0];
+    w = v[1];
+  };
+  size2("crop", c.crop_height, c.crop_width);
+  size2("resize", c.resize_height, c.resize_width);
+  c.random_crop = t["random_crop"];
+  c.resize_align = t["resize_align"] == "top_left" ? data::robot::PadAlign::top_left : data::robot::PadAlign::center;
+  c.pad_value = t["pad_value"];
+  try {  // the knobs' own checks (a plan on a probe size)
+    if (c.enable) data::robot::plan_transforms(c, 0, 64, 64);
+  } catch (const OptionError& e) {
+    throw Error("recipe: field '" + tk + e.option() + "': " + e.why());
+  }
+  return o;
+}
+
+namespace {
+
+// data.format: robot (train/robot_source.h).
+std::unique_ptr<BatchSource> robot_data(const json& r, data::Split split, const models::Model* model) {
+  if (!model) throw Error("recipe: field 'data.format': robot data needs the policy it trains");
+  return std::make_unique<RobotSource>(robot_source_options(r, split), *model);
+}
+
 std::unique_ptr<BatchSource> base_data(const json& r, data::Split split, const std::string& tokenizer,
                                        const models::Model* model) {
   const json& d = r["data"];
@@ -276,6 +347,7 @@ std::unique_ptr<BatchSource> base_data(const json& r, data::Split split, const s
     auto src = std::make_unique<LatentShardSource>(o);
     return src;
   }
+  if (d["format"] == "robot") return robot_data(r, split, model);
   if (d["format"] == "images") {
     if (split == data::Split::Valid) throw Error("recipe: field 'data.valid_fraction': not supported for image folders yet");
     data::ImageFolderOptions o;
@@ -446,7 +518,8 @@ RunOptions run_options(const json& r) {
   o.distributed = o.distributed || par["zero"].get<int64_t>() != 0 || par["sp"].get<bool>();
   o.fp8 = r["precision"] == "fp8";
   o.fp8_blockwise = r["fp8_scaling"] == "blockwise";
-  o.validate = r["data"]["valid_fraction"].get<double>() > 0;
+  o.validate = r["data"]["valid_fraction"].get<double>() > 0 ||
+               (r["data"]["format"] == "robot" && r["data"]["robot"]["valid_episodes"].get<int64_t>() > 0);
   o.balance = r["data"]["balance"] == "cost";
   o.eval_every = r["eval"]["every"];
   o.eval_batches = r["eval"]["batches"];

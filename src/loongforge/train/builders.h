@@ -20,6 +20,9 @@ ModelBundle build_model(const nlohmann::json& recipe);
 // (Model::image_tokens; preprocessed as model.path's preprocessor_config.json says, data.image_root / image_backend).
 std::unique_ptr<BatchSource> build_data(const nlohmann::json& recipe, data::Split split, const std::string& tokenizer,
                                         const models::Model* model = nullptr);
+// The robot batch source's options of a recipe with data.format: robot (train/robot_source.h), checked.
+struct RobotSourceOptions;
+RobotSourceOptions robot_source_options(const nlohmann::json& recipe, data::Split split);
 // The engines' options from the recipe (optim.*, precision, train.*, parallel.*, moe.guest_slots/ranks_per_node),
 // checked: a bad value is one line naming the key.
 EngineOptions engine_options(const nlohmann::json& recipe);

@@ -18,10 +18,12 @@
 #include "loongforge/io/plot.h"
 #include "loongforge/io/tensorboard.h"
 #include "loongforge/kernels/cuda_ops.h"
+#include "loongforge/models/policy_io.h"
 #include "loongforge/optim/schedule.h"
 #include "loongforge/train/builders.h"
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/engine.h"
+#include "loongforge/train/policy_eval.h"
 #include "loongforge/train/progress.h"
 #include "loongforge/train/recipe.h"
 #include "loongforge/train/diffusion_source.h"
@@ -77,7 +79,7 @@ TrainOutcome train_run(const json& r, bool resume) {
   const std::string ckpt_root = (fs::path(out) / "checkpoints").string();
 
   ModelBundle b = build_model(r);
-  const std::string tokenizer = b.tokenizer;
+  std::string tokenizer = b.tokenizer;
   const std::shared_ptr<models::Model> model = b.model;  // (the engine holds it too)
   const at::Device device = choose_device(r, ro.distributed);
   if (ro.fp8) use_fp8_linears(*b.model, ro.fp8_blockwise);
@@ -90,6 +92,9 @@ TrainOutcome train_run(const json& r, bool resume) {
   const int64_t steps = ro.steps;
 
   auto data = build_data(r, data::Split::Train, tokenizer, model.get());
+  // Files the data gives a model folder (a policy's processors with the statistics of this run's normalisation):
+  // every checkpoint copies them, as tokenizer files.
+  if (std::string d = data->write_model_files((fs::path(out) / "model_files").string()); !d.empty()) tokenizer = d;
   std::unique_ptr<BatchSource> valid;
   if (ro.validate) valid = build_data(r, data::Split::Valid, tokenizer, model.get());
   // Every evaluation uses the same first eval.batches validation batches, so values compare across steps and
@@ -112,6 +117,8 @@ TrainOutcome train_run(const json& r, bool resume) {
     grid = std::make_unique<SampleGrid>(r, *fresh);
   }
   bool grid_said = false;
+  // Robot policies with held-out episodes: open-loop action errors and plots at every evaluation (train/policy_eval.h).
+  const bool open_loop = ro.validate && r["data"]["format"] == "robot" && models::as_policy(*model);
   // data.skip_bad_samples: the bad samples left out, said once here and in this run's first metrics line.
   const std::optional<BatchSource::Skipped> skipped = data->skipped_samples();
   if (main_rank && skipped && skipped->skipped > 0)
@@ -285,6 +292,17 @@ TrainOutcome train_run(const json& r, bool resume) {
         }
         bucketed->set_timestep_bucket(0, 0);
         line["valid_loss_by_timestep"] = by_t;
+      }
+    }
+    if (open_loop && ro.eval_every > 0 && (step % ro.eval_every == 0 || step == steps)) {
+      OpenLoopReport rep;
+      const std::string dir = (fs::path(out) / "open_loop" / checkpoint_name(step)).string();
+      const bool done = engine->with_whole_model(/*average=*/false, [&](models::Model& m) { rep = open_loop_eval(r, m, dir); });
+      if (done && main_rank) {
+        line["open_loop_mse"] = rep.mse;
+        line["open_loop_mae"] = rep.mae;
+        if (tb) tb->add_scalar("valid/open_loop_mse", rep.mse, step);
+        progress.note("step " + std::to_string(step) + " open-loop action MSE " + std::to_string(rep.mse) + " (" + dir + ")");
       }
     }
     if (grid && ro.eval_every > 0 && (step % ro.eval_every == 0 || step == steps)) {

@@ -80,6 +80,10 @@ struct RobotLoader::Impl {
     const std::string& where = ds->root();
     if (opts.batch_size < 1) throw file_error(where, "batch_size", "must be at least 1");
     if (opts.threads < 0) throw file_error(where, "threads", "must be 0 or more");
+    if (opts.rows_count < 0 || opts.rows_first < 0 || (opts.rows_count > 0 && opts.rows_first + opts.rows_count > opts.batch_size))
+      throw file_error(where, "rows_first", "rows [" + std::to_string(opts.rows_first) + ", " +
+                                                std::to_string(opts.rows_first + opts.rows_count) +
+                                                ") are not within a batch of " + std::to_string(opts.batch_size));
     windows = delta_windows(opts.delta_timestamps, ds->fps(), opts.tolerance_s, where);
     std::vector<std::string> want = opts.features;
     if (want.empty())
@@ -136,8 +140,11 @@ struct RobotLoader::Impl {
   std::shared_ptr<Plan> make_plan() {
     auto p = std::make_shared<Plan>();
     try {
-      const int64_t B = opts.batch_size;
-      p->frames = sampler.next_batch(B);
+      const int64_t B = opts.rows_count > 0 ? opts.rows_count : opts.batch_size;
+      p->frames = sampler.next_batch(opts.batch_size);
+      if (opts.rows_count > 0)
+        p->frames = std::vector<FrameRef>(p->frames.begin() + opts.rows_first,
+                                          p->frames.begin() + opts.rows_first + opts.rows_count);
       p->after = sampler.state();
       std::map<int64_t, std::vector<int64_t>> by_episode;
       for (int64_t b = 0; b < B; ++b) by_episode[p->frames[static_cast<size_t>(b)].episode].push_back(b);

@@ -31,6 +31,9 @@ struct LoaderOptions {
   int threads = 2;        // decode threads; 0: everything in the caller's thread, inside next()
   int prefetch = 0;       // batches planned ahead of the consumer; 0: 2 * max(threads, 1)
   double tolerance_s = 1e-4;  // delta_timestamps grid tolerance, and the video frame tolerance
+  // rows_count > 0: each batch is rows [rows_first, rows_first + rows_count) of the sampler's next batch_size frames
+  // (a data-parallel rank's share; the sampler moves past all batch_size frames, so state() does not depend on it).
+  int64_t rows_first = 0, rows_count = 0;
 };
 
 using RobotBatch = std::map<std::string, at::Tensor>;

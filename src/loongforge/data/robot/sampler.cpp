@@ -143,8 +143,9 @@ SamplerState SamplerState::from_json(const nlohmann::json& j, const std::string&
 // ---- FrameSampler
 
 FrameSampler::FrameSampler(const RobotDataset& dataset, std::vector<int64_t> episode_positions, bool shuffle,
-                           uint64_t seed)
-    : episodes_(std::move(episode_positions)), shuffle_(shuffle), seed_(seed) {
+                           uint64_t seed, int64_t stride)
+    : episodes_(std::move(episode_positions)), shuffle_(shuffle), seed_(seed), stride_(stride) {
+  if (stride_ < 1) throw file_error(dataset.root(), "stride", "must be at least 1, got " + std::to_string(stride_));
   const auto& eps = dataset.episodes();
   uint64_t h = 1469598103934665603ULL;  // FNV-1a over the positions and lengths
   auto feed = [&](uint64_t v) {
@@ -157,10 +158,11 @@ FrameSampler::FrameSampler(const RobotDataset& dataset, std::vector<int64_t> epi
     if (p < 0 || p >= static_cast<int64_t>(eps.size()))
       throw file_error(dataset.root(), "episodes", "no episode at position " + std::to_string(p));
     starts_.push_back(total_);
-    total_ += eps[static_cast<size_t>(p)].length;
+    total_ += (eps[static_cast<size_t>(p)].length + stride_ - 1) / stride_;
     feed(static_cast<uint64_t>(p));
     feed(static_cast<uint64_t>(eps[static_cast<size_t>(p)].length));
   }
+  if (stride_ != 1) feed(static_cast<uint64_t>(stride_));
   if (total_ == 0) throw file_error(dataset.root(), "episodes", "the episodes used have no frames (" + join(episodes_) + ")");
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
@@ -171,7 +173,7 @@ FrameSampler::FrameSampler(const RobotDataset& dataset, std::vector<int64_t> epi
 FrameRef FrameSampler::at(int64_t k) const {
   auto it = std::upper_bound(starts_.begin(), starts_.end(), k);
   const auto i = static_cast<size_t>(it - starts_.begin() - 1);
-  return {episodes_[i], k - starts_[i]};
+  return {episodes_[i], (k - starts_[i]) * stride_};
 }
 
 void FrameSampler::load_epoch() {

@@ -76,9 +76,11 @@ struct SamplerState {
 
 // The frames of some episodes, one epoch after another: in episode order, or (shuffle) in epoch_order(frames, seed,
 // epoch) (data/shuffle.h: the seeded order the other datasets use), so epoch e's order depends only on (seed, e).
+// STRIDE > 1 keeps every stride-th frame of each episode (0, stride, 2 stride, ...: open-loop evaluation's queries).
 class FrameSampler {
  public:
-  FrameSampler(const RobotDataset& dataset, std::vector<int64_t> episode_positions, bool shuffle, uint64_t seed);
+  FrameSampler(const RobotDataset& dataset, std::vector<int64_t> episode_positions, bool shuffle, uint64_t seed,
+               int64_t stride = 1);
 
   int64_t frames_per_epoch() const { return total_; }
   const std::vector<int64_t>& episode_positions() const { return episodes_; }
@@ -96,6 +98,7 @@ class FrameSampler {
   int64_t total_ = 0;
   bool shuffle_ = false;
   uint64_t seed_ = 0;
+  int64_t stride_ = 1;
   int64_t epoch_ = 0, position_ = 0;
   std::vector<int64_t> order_;  // this epoch's order (shuffle only)
   std::string fingerprint_;

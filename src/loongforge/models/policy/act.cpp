@@ -8,6 +8,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/models/policy/spec.h"
 
 namespace lf::models::policy {
 
@@ -350,8 +351,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ACTPolicyImpl::losses(const at::T
   return {l1, kld, l1 + kld * c.kl_weight};
 }
 
+int64_t ACTPolicyImpl::loss_terms(const Batch& b) const {
+  return b.at("action_is_pad").logical_not().sum().item<int64_t>();
+}
+
 at::Tensor ACTPolicyImpl::head_loss_sum(const at::Tensor& h, const Batch& b) {
-  return std::get<2>(losses(h, b)).to(at::kFloat) * static_cast<double>(b.num_rows());
+  const auto& c = config_;
+  const int64_t B = h.size(0), n = c.chunk_size * c.action_dim;
+  const at::Tensor actions = h.narrow(1, 0, n).view({B, c.chunk_size, c.action_dim});
+  const at::Tensor valid = b.at("action_is_pad").logical_not().to(h.scalar_type());  // [B, chunk]
+  const at::Tensor err = (b.at("action").to(h.scalar_type()) - actions).abs().sum(-1);
+  at::Tensor sum = (err * valid).sum() / static_cast<double>(c.action_dim);
+  if (h.size(1) != n) {
+    const at::Tensor mu = h.narrow(1, n, c.latent_dim), logvar = h.narrow(1, n + c.latent_dim, c.latent_dim);
+    const at::Tensor kld = (-0.5 * (1 + logvar - mu.pow(2) - logvar.exp())).sum(-1);  // [B]
+    sum = sum + (kld * valid.sum(1)).sum() * c.kl_weight;
+  }
+  return sum.to(at::kFloat);
+}
+
+PolicySpec ACTPolicyImpl::policy_spec() const {
+  PolicySpec s = lerobot_policy_spec(config_.raw, "config.json");
+  for (int64_t i = 0; i < config_.chunk_size; ++i) s.action_offsets.push_back(i);
+  s.n_action_steps = config_.n_action_steps;
+  return s;
+}
+
+std::map<std::string, at::Tensor> ACTPolicyImpl::training_draws(int64_t rows, at::Generator& gen) const {
+  if (!config_.use_vae) return {};
+  return {{"vae_eps", at::randn({rows, config_.latent_dim}, gen, at::TensorOptions().dtype(at::kFloat))}};
 }
 
 at::Tensor ACTPolicyImpl::predict_action_chunk(const Batch& b) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "loongforge/models/policy/resnet.h"
+#include "loongforge/models/policy_io.h"
 #include "loongforge/models/registry.h"
 #include "loongforge/models/whole_model.h"
 
@@ -126,7 +127,7 @@ class ACTImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ACT);
 
-class ACTPolicyImpl : public WholeModel {
+class ACTPolicyImpl : public WholeModel, public Policy {
  public:
   explicit ACTPolicyImpl(ACTConfig c);
 
@@ -135,7 +136,10 @@ class ACTPolicyImpl : public WholeModel {
   const nlohmann::json& config_json() const override { return config_.raw; }
   void init_weights(double std) override;
   BatchSchema batch_schema() const override;
-  int64_t loss_terms(const Batch& b) const override { return b.num_rows(); }
+  // Training counts the non-padded action steps (as tokens): the step's L1 is LeRobot's over the whole global batch
+  // however it is split; the KL term enters each row weighted by its non-padded steps (LeRobot's mean over rows when
+  // no row is padded).
+  int64_t loss_terms(const Batch& b) const override;
   double train_flops_per_sample(int64_t) const override;
   at::Tensor head_loss_sum(const at::Tensor& h, const Batch& b) override;
   ReferenceOutput reference_forward(const std::map<std::string, at::Tensor>& batch, const std::string& file) override;
@@ -147,7 +151,11 @@ class ACTPolicyImpl : public WholeModel {
   // (l1, kld, loss) of a training forward's packed output (mean over the batch as LeRobot's forward).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> losses(const at::Tensor& h, const Batch& b) const;
   // The eval-mode action chunk (zero latent) [B, chunk, A], normalised.
-  at::Tensor predict_action_chunk(const Batch& b);
+  at::Tensor predict_action_chunk(const Batch& b) override;
+  // The policy side of the contract: no observation window, actions at offsets [0, chunk_size).
+  PolicySpec policy_spec() const override;
+  // vae_eps [rows, latent_dim] (standard normal) when the CVAE trains.
+  std::map<std::string, at::Tensor> training_draws(int64_t rows, at::Generator& gen) const override;
   const ACTConfig& config() const { return config_; }
 
   ACT model{nullptr};

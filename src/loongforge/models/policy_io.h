@@ -1,0 +1,64 @@
+// The robot-policy side of the model contract (models/model.h): what a policy reads from a robot dataset, how its
+// features are normalised, which random draws a training forward takes, and how it predicts an action chunk.
+// Policies (models/policy/) implement models::Model and this interface; the layers above models/ (the robot batch
+// source, checkpoints with LeRobot's processor files, open-loop evaluation) reach it through as_policy() and never
+// name a policy type.
+//
+// Vocabulary is LeRobot's: features are named as in its datasets and policy configs ("observation.state",
+// "observation.images.<camera>", "observation.environment_state", "action"), typed STATE / VISUAL / ENV / ACTION /
+// LANGUAGE, normalised by the mode the policy's normalization_mapping gives their type (IDENTITY, MEAN_STD, MIN_MAX,
+// QUANTILES, QUANTILE10), and windowed by frame offsets (LeRobot's observation_delta_indices /
+// action_delta_indices).
+#pragma once
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "loongforge/models/batch.h"
+
+namespace lf::models {
+
+class Model;
+
+struct PolicyFeature {
+  std::string name;            // "observation.state", "observation.images.top", "action", ...
+  std::string type;            // STATE, VISUAL, ENV, ACTION, LANGUAGE
+  std::vector<int64_t> shape;  // per frame: [D] for vectors, [C, H, W] for cameras
+};
+
+struct PolicySpec {
+  std::vector<PolicyFeature> inputs, outputs;  // the config's input_features / output_features, in its order
+  std::map<std::string, std::string> norm_map;  // feature type -> mode name (the config's normalization_mapping)
+  // Frame offsets of the observation features and of the action (empty: the frame alone, no window dimension; with
+  // offsets the batch holds [B, offsets, ...] and "<feature>_is_pad" [B, offsets]).
+  std::vector<int64_t> observation_offsets, action_offsets;
+  int64_t n_action_steps = 1;  // actions executed per predicted chunk (open-loop evaluation queries every this many)
+  // The normalisation mode of a feature (its type's entry in norm_map; IDENTITY when the type has none).
+  std::string mode_of(const PolicyFeature& f) const {
+    auto it = norm_map.find(f.type);
+    return it == norm_map.end() ? "IDENTITY" : it->second;
+  }
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  virtual PolicySpec policy_spec() const = 0;
+  // The random draws a training forward of `rows` rows takes as batch tensors (ACT: the latent's `vae_eps`; flow
+  // matching: `noise` and `time`), drawn from `gen` so that a batch source can give every row its own stream: the
+  // same draws whatever the split over processes, and exact resume. Empty: none.
+  virtual std::map<std::string, at::Tensor> training_draws(int64_t rows, at::Generator& gen) const { return {}; }
+  // The eval-mode action chunk [B, chunk, action_dim] of a normalised batch (LeRobot's predict_action_chunk),
+  // normalised; sampler noise comes from the batch where the policy takes it (`sample_noise`), else from the
+  // global generator.
+  virtual at::Tensor predict_action_chunk(const Batch& b) = 0;
+};
+
+// The model's policy interface (nullptr: not a policy).
+Policy* as_policy(Model& model);
+const Policy* as_policy(const Model& model);
+
+}  // namespace lf::models

@@ -1,0 +1,226 @@
+"""Robot policies trained by `loongforge train` from a LeRobot dataset (data.format: robot, train/robot_source.h),
+against LeRobot itself on a dataset and an ACT policy written here with the lerobot package:
+  - a batch of the robot source = LeRobot's for the same frames (LeRobotDataset with the policy's delta_timestamps,
+    then make_pre_post_processors with the dataset's stats): normalised state, camera and action chunk, pad mask;
+    its loss (`dump`) = LeRobotPolicy.forward's on LeRobot's batch with the same latent draw; the processor files
+    written beside checkpoints load in LeRobot and normalise as its own; data-parallel shares and resume give the
+    same rows (the C++ hook RobotSource.BatchHook);
+  - training lowers the loss, and the checkpoint folder is a LeRobot policy folder: ACTPolicy.from_pretrained and
+    make_pre_post_processors(pretrained_path=...) load it."""
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from conftest import run_gtest_hook, run_lerobot, run_lf
+
+# In the lerobot environment: a v3.0 dataset (argv[1]) of 3 episodes at 10 fps whose actions follow from the state
+# (action_t = state_{t+1}, a slow rotation) and whose camera (an image feature, 24 x 32) shows the state as colour.
+DATASET = r'''
+import sys, numpy as np
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+H, W = 24, 32
+feats = {"observation.state": {"dtype": "float32", "shape": (4,), "names": None},
+         "action": {"dtype": "float32", "shape": (4,), "names": None},
+         "observation.images.top": {"dtype": "image", "shape": (H, W, 3), "names": ["height", "width", "channels"]}}
+ds = LeRobotDataset.create("test/robot", fps=10, features=feats, root=sys.argv[1], use_videos=False)
+rng = np.random.default_rng(0)
+c, s = np.cos(0.3), np.sin(0.3)
+R = np.array([[c, -s, 0, 0], [s, c, 0, 0], [0, 0, c, -s], [0, 0, s, c]], np.float32)
+for ep, n in enumerate([22, 18, 20]):
+    x = rng.standard_normal(4).astype(np.float32)
+    for i in range(n):
+        nxt = (R @ x).astype(np.float32)
+        img = np.zeros((H, W, 3), np.uint8)
+        img[..., 0] = np.uint8(128 + 60 * np.tanh(x[0])); img[..., 1] = np.uint8(128 + 60 * np.tanh(x[1]))
+        img[:, : W // 2, 2] = np.uint8(128 + 60 * np.tanh(x[2])); img[:, W // 2 :, 2] = np.uint8(128 + 60 * np.tanh(x[3]))
+        ds.add_frame({"observation.state": x, "action": nxt, "observation.images.top": img, "task": "follow"})
+        x = nxt
+    ds.save_episode()
+ds.finalize()
+'''
+
+# A small ACT policy for that dataset (a narrow ResNet-18 trunk, no dropout), saved to argv[1].
+POLICY = r'''
+import sys, torch
+from torchvision.models.resnet import BasicBlock, ResNet
+import torchvision
+from lerobot.configs.types import FeatureType, PolicyFeature
+from lerobot.policies.act.configuration_act import ACTConfig
+from lerobot.policies.act.modeling_act import ACTPolicy
+def narrow_resnet18(weights=None, **kw):
+    make = ResNet._make_layer
+    ResNet._make_layer = lambda self, block, planes, blocks, stride=1, dilate=False: make(self, block, planes // 8, blocks, stride, dilate)
+    try:
+        m = ResNet(BasicBlock, [1, 1, 1, 1], **kw)
+    finally:
+        ResNet._make_layer = make
+    m.fc = torch.nn.Linear(64, 10)
+    return m
+torchvision.models.resnet18 = narrow_resnet18
+torch.manual_seed(0)
+cfg = ACTConfig(input_features={"observation.state": PolicyFeature(FeatureType.STATE, (4,)),
+                                "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 24, 32))},
+                output_features={"action": PolicyFeature(FeatureType.ACTION, (4,))},
+                pretrained_backbone_weights=None, device="cpu", chunk_size=5, n_action_steps=5, dim_model=32,
+                n_heads=4, dim_feedforward=64, n_encoder_layers=2, n_decoder_layers=1, n_vae_encoder_layers=1,
+                latent_dim=4, dropout=0.0)
+ACTPolicy(cfg).save_pretrained(sys.argv[1])
+'''
+
+# LeRobot's batch for the frames the source read (argv[3]'s "index"), its loss with our latent draw, and the
+# processors LoongForge wrote (argv[4]) applied to the same raw batch.
+LEROBOT_BATCH = r'''
+import sys, torch
+from safetensors.torch import load_file, save_file
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+from lerobot.policies.act.modeling_act import ACTPolicy
+from lerobot.policies.factory import make_pre_post_processors
+root, pol, ours, files, out = sys.argv[1:6]
+policy = ACTPolicy.from_pretrained(pol)
+cfg = policy.config
+fps = 10
+ds = LeRobotDataset("test/robot", root=root, delta_timestamps={"action": [i / fps for i in cfg.action_delta_indices]})
+ours = load_file(ours)
+items = [ds[int(i)] for i in ours["index"]]
+raw = {k: torch.stack([it[k] for it in items]) for k in items[0] if isinstance(items[0][k], torch.Tensor)}
+raw["task"] = [it["task"] for it in items]
+pre, _ = make_pre_post_processors(cfg, dataset_stats=ds.meta.stats)
+ref = pre(dict(raw))
+mine, _ = make_pre_post_processors(cfg, pretrained_path=files)
+via_ours = mine(dict(raw))
+keys = ["observation.state", "observation.images.top", "action", "action_is_pad"]
+res = {k: ref[k].contiguous() for k in keys}
+for k in keys: res["files." + k] = via_ours[k].contiguous()
+policy.train()
+torch.randn_like = lambda t, **kw: ours["vae_eps"].to(t.dtype)
+loss, parts = policy.forward({k: ref[k] for k in keys})
+res["loss"] = loss.detach().reshape(1)
+save_file(res, out)
+'''
+
+# The trained checkpoint (argv[1]) as LeRobot loads it: policy, processors, an action for a raw observation.
+LOAD_CHECKPOINT = r'''
+import sys, torch
+from lerobot.policies.act.modeling_act import ACTPolicy
+from lerobot.policies.factory import make_pre_post_processors
+p = ACTPolicy.from_pretrained(sys.argv[1])
+pre, post = make_pre_post_processors(p.config, pretrained_path=sys.argv[1])
+obs = {"observation.state": torch.zeros(1, 4), "observation.images.top": torch.full((1, 3, 24, 32), 0.5)}
+a = post(p.select_action(pre(obs)))
+assert a.shape == (1, 4) and torch.isfinite(a).all()
+print("ok")
+'''
+
+
+# LeRobot's own open-loop numbers for the checkpoint (argv[1]) on the held-out episode (argv[3]) of the dataset
+# (argv[2]): a chunk every n_action_steps frames from its preprocessed observations, unnormalised by its
+# postprocessor, against the recorded actions inside the episode.
+OPEN_LOOP = r'''
+import sys, json, torch
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+from lerobot.policies.act.modeling_act import ACTPolicy
+from lerobot.policies.factory import make_pre_post_processors
+p = ACTPolicy.from_pretrained(sys.argv[1]); p.eval()
+ds = LeRobotDataset("test/robot", root=sys.argv[2])
+pre, post = make_pre_post_processors(p.config, dataset_stats=ds.meta.stats)
+ep = int(sys.argv[3])
+lo, hi = int(ds.meta.episodes["dataset_from_index"][ep]), int(ds.meta.episodes["dataset_to_index"][ep])
+actions = torch.stack([ds[i]["action"] for i in range(lo, hi)])
+sq, n = 0.0, 0
+for f in range(0, hi - lo, p.config.n_action_steps):
+    it = ds[lo + f]
+    obs = pre({"observation.state": it["observation.state"][None], "observation.images.top": it["observation.images.top"][None]})
+    with torch.no_grad():
+        chunk = post(p.predict_action_chunk(obs))[0]
+    k = min(len(chunk), hi - lo - f)
+    sq += ((chunk[:k] - actions[f:f + k]) ** 2).sum().item(); n += k * chunk.shape[1]
+print(json.dumps({"mse": sq / n}))
+'''
+
+
+def recipe(tmp_path, dataset, policy, robot=""):
+    lines = [f"output_dir: {tmp_path / 'run'}", "seed: 7", f"model:\n  path: {policy}",
+             f"data:\n  format: robot\n  train:\n    - path: {dataset}\n  robot:\n    threads: 1\n{robot}",
+             "train:\n  steps: 40\n  micro_batch_size: 6", "optim:\n  lr: 0.001\n  weight_decay: 0.0",
+             "schedule:\n  kind: constant", "log:\n  tensorboard: false\n  plot: false\n  progress: lines",
+             "checkpoint:\n  every: 40"]
+    path = tmp_path / "recipe.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    d = tmp_path_factory.mktemp("made")
+    run_lerobot(DATASET, d / "dataset")
+    run_lerobot(POLICY, d / "policy")
+    return d / "dataset", d / "policy"
+
+
+def test_act_trains_from_a_lerobot_dataset_as_lerobot_batches_it(tmp_path, made):
+    ds, pol = made
+    rec = recipe(tmp_path, ds, pol)
+    out = tmp_path / "hook"
+    out.mkdir()
+    run_gtest_hook("RobotSource.BatchHook", {"LF_TEST_ROBOT_RECIPE": str(rec), "LF_TEST_ROBOT_OUT": str(out)})
+    run_lerobot(LEROBOT_BATCH, ds, pol, out / "batch.safetensors", out / "model_files", tmp_path / "ref.safetensors")
+    ours, ref = load_file(out / "batch.safetensors"), load_file(tmp_path / "ref.safetensors")
+    for k in ["observation.state", "observation.images.top", "action"]:
+        assert ours[k].shape == ref[k].shape, k
+        assert np.abs(ours[k] - ref[k]).max() <= 1e-5, (k, np.abs(ours[k] - ref[k]).max())
+        assert np.abs(ref["files." + k] - ref[k]).max() <= 1e-6, k  # our processor files = LeRobot's own
+    assert (ours["action_is_pad"] == ref["action_is_pad"]).all()
+    # the loss of our batch (dump: the model as LeRobot's forward) = LeRobot's on its batch
+    save_file({k: v for k, v in ours.items() if k != "index"}, tmp_path / "ours.safetensors")
+    run_lf("dump", "--model", pol, "--batch", tmp_path / "ours.safetensors", "--out", tmp_path / "dump.safetensors")
+    got = load_file(tmp_path / "dump.safetensors")
+    assert abs(got["loss"][0] - ref["loss"][0]) <= 1e-5 * max(1.0, abs(ref["loss"][0]))
+
+    run_lf("train", rec, "--set", "data.robot.valid_episodes=1", "--set", "eval.every=20")
+    m = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [x["loss"] for x in m if "loss" in x]
+    assert len(losses) == 40
+    assert [x["step"] for x in m if "open_loop_mse" in x] == [20, 40]
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses
+    ckpt = (tmp_path / "run" / "checkpoints" / "latest").resolve()
+    assert "ok" in run_lerobot(LOAD_CHECKPOINT, ckpt)
+
+    # Open-loop evaluation on a held-out episode (data.robot.valid_episodes: 1 holds out episode 1 of 3) = LeRobot's
+    # numbers for the same checkpoint, with one PNG per action dimension.
+    proc = run_lf("eval", rec, "--model", ckpt, "--set", "data.robot.valid_episodes=1", "--open-loop", tmp_path / "ol")
+    ours = json.loads(proc.stdout.strip().splitlines()[-1])
+    ref = json.loads(run_lerobot(OPEN_LOOP, ckpt, ds, 1).strip().splitlines()[-1])
+    assert ours["episodes"] == 1 and ours["chunks"] == 4  # 18 frames, a chunk every 5
+    assert abs(ours["mse"] - ref["mse"]) <= 1e-5 * max(ref["mse"], 1e-3), (ours["mse"], ref["mse"])
+    assert abs(m[-1]["open_loop_mse"] - ours["mse"]) <= 1e-6 * max(ours["mse"], 1e-3)  # the same during training
+    assert len(ours["mse_per_dim"]) == 4 and len(ours["mse_per_step"]) == 5
+    assert sorted(p.split("/")[-1] for p in ours["plots"]) == [f"episode_1_action_{a}.png" for a in range(4)]
+    assert (tmp_path / "ol" / "episode_1_action_0.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_image_transforms_per_row_whatever_the_split(tmp_path, made):
+    """data.robot.image_transforms: a random crop, resized back to the policy's camera size, and LeRobot's jitters
+    (each bitwise = torchvision: test_robot_transforms.py) drawn per row and camera from the seed and the row's stream
+    index: ranks' shares and a resumed run give the same rows (the hook's checks); the frames did change."""
+    ds, pol = made
+    plain, jit = tmp_path / "plain", tmp_path / "jit"
+    for d in (plain, jit):
+        d.mkdir()
+    run_gtest_hook("RobotSource.BatchHook", {"LF_TEST_ROBOT_RECIPE": str(recipe(plain, ds, pol)),
+                                             "LF_TEST_ROBOT_OUT": str(plain)})
+    transforms = ("    image_transforms:\n      enable: true\n      max_num_transforms: 2\n      crop: [20, 26]\n"
+                  "      random_crop: true\n      resize: [24, 32]\n")
+    run_gtest_hook("RobotSource.BatchHook", {"LF_TEST_ROBOT_RECIPE": str(recipe(jit, ds, pol, transforms)),
+                                             "LF_TEST_ROBOT_OUT": str(jit)})
+    a, b = load_file(plain / "batch.safetensors"), load_file(jit / "batch.safetensors")
+    assert (a["index"] == b["index"]).all() and (a["action"] == b["action"]).all()
+    cam = "observation.images.top"
+    assert a[cam].shape == b[cam].shape == (6, 3, 24, 32)
+    assert all(np.abs(a[cam][i] - b[cam][i]).max() > 1e-3 for i in range(6))
+    # a shape the policy does not take is one line naming the key
+    bad = recipe(tmp_path, ds, pol, "    image_transforms:\n      crop: [20, 26]\n")
+    proc = run_lf("train", bad, check=False)
+    assert proc.returncode != 0 and "data.robot.image_transforms" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
