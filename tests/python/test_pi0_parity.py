@@ -172,3 +172,40 @@ def check_dump(tmp_path, spec):
 @pytest.mark.parametrize("case", [c if c == "pi0" else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_pi0_dump_matches_lerobot(tmp_path, case):
     check_dump(tmp_path, CASES[case])
+
+
+@pytest.mark.slow
+def test_pi0_old_vision_names_and_bad_configs(tmp_path):
+    """Checkpoints saved with transformers < 5.24 name the SigLIP tower's weights vision_tower.vision_model.*: they
+    load to the same results. Config mistakes are one line naming the field."""
+    import shutil
+    from safetensors.numpy import save_file
+    run_lerobot(ORACLE, json.dumps(CASES["pi0"]), tmp_path)
+    old = tmp_path / "old"
+    shutil.copytree(tmp_path / "policy", old)
+    weights = load_file(old / "model.safetensors")
+    save_file({k.replace(".vision_tower.", ".vision_tower.vision_model."): v for k, v in weights.items()},
+              str(old / "model.safetensors"))
+    outs = []
+    for folder in (tmp_path / "policy", old):
+        outs.append(tmp_path / (folder.name + ".safetensors"))
+        run_lf("dump", "--model", folder, "--batch", tmp_path / "batch.safetensors", "--out", outs[-1])
+    a, b = load_file(outs[0]), load_file(outs[1])
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+    def fails(change, field):
+        cfg = json.loads((tmp_path / "policy" / "config.json").read_text())
+        change(cfg)
+        bad = tmp_path / "bad"
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(tmp_path / "policy", bad)
+        (bad / "config.json").write_text(json.dumps(cfg))
+        proc = run_lf("info", bad, check=False)
+        assert proc.returncode != 0 and f"config.json: field '{field}'" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+    fails(lambda c: c.update(paligemma_variant="gemma_huge"), "paligemma_variant")
+    fails(lambda c: c["variant_sizes"]["gemma_tiny_expert"].update(num_heads=2), "action_expert_variant")
+    fails(lambda c: c["vision_config"].update(projection_dim=16), "vision_config.projection_dim")
+    fails(lambda c: c.update(image_resolution=[28, 32]), "image_resolution")
+    fails(lambda c: c.update(max_action_dim=2), "max_action_dim")
