@@ -442,7 +442,10 @@ void PI0PolicyImpl::init_weights(double std) {
 BatchSchema PI0PolicyImpl::batch_schema() const {
   const auto& c = config_;
   BatchSchema s;
-  s.push_back(required_field("observation.state", at::kFloat, 2, "normalised robot state [B, " + std::to_string(c.state_dim) + "]"));
+  const std::string state_doc = "normalised robot state [B, " + std::to_string(c.state_dim) + "]";
+  // π0.5 reads the state only through the prompt (its processor writes it into the tokens as 256 bins)
+  s.push_back(c.pi05 ? optional_field("observation.state", at::kFloat, 2, state_doc + " (unused by π0.5's model)")
+                     : required_field("observation.state", at::kFloat, 2, state_doc));
   for (const std::string& cam : c.cameras) s.push_back(optional_field(cam, at::kFloat, 4, "images in [0, 1] [B, 3, H, W] (absent: an empty camera)"));
   s.push_back(required_field("observation.language.tokens", at::kLong, 2, "the prompt's token ids [B, L]"));
   s.push_back(required_field("observation.language.attention_mask", at::kBool, 2, "the prompt's valid tokens [B, L]"));
