@@ -8,6 +8,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
 #include "loongforge/models/policy/act.h"
+#include "loongforge/models/policy/pi0.h"
 
 namespace lf::models::policy {
 
@@ -24,6 +25,8 @@ struct Entry {
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> e = {
       {"act", build_act, describe_act, build_act_for_weights},
+      {"pi0", build_pi0, describe_pi0, nullptr},
+      {"pi05", build_pi0, describe_pi0, nullptr},
   };
   return e;
 }
