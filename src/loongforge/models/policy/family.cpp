@@ -8,6 +8,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
 #include "loongforge/models/policy/act.h"
+#include "loongforge/models/policy/diffusion.h"
 
 namespace lf::models::policy {
 
@@ -24,6 +25,7 @@ struct Entry {
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> e = {
       {"act", build_act, describe_act, build_act_for_weights},
+      {"diffusion", build_diffusion, describe_diffusion, build_diffusion_for_weights},
   };
   return e;
 }
