@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from conftest import assert_policy_grads_and_step_match, run_lerobot, run_lf
 
@@ -16,7 +16,23 @@ from conftest import assert_policy_grads_and_step_match, run_lerobot, run_lf
 # a batch, run policy.forward in train mode with torch.randn / torch.randint fixed to the batch's noise / timesteps,
 # backward, predict_action_chunk in eval mode from sample_noise with diffusers' randn_tensor (the DDPM step's
 # variance noise) fixed to sample_step_noise, then one AdamW step; write the batch and the results.
-ORACLE = r'''
+# LeRobot builds "resnet18" through torchvision.models.resnet18: made narrow (widths / 4: GroupNorm needs 16 channels a
+# group; fewer blocks) for small tests. LoongForge reads the layout from the weights.
+NARROW = r'''
+def narrow_resnet18():
+    import torchvision
+    from torchvision.models.resnet import BasicBlock, ResNet
+    def build(weights=None, **kw):
+        make = ResNet._make_layer
+        ResNet._make_layer = lambda self, block, planes, blocks, stride=1, dilate=False: make(self, block, planes // 4, blocks, stride, dilate)
+        try:
+            return ResNet(BasicBlock, [2, 1, 1, 1], **kw)
+        finally:
+            ResNet._make_layer = make
+    torchvision.models.resnet18 = build
+'''
+
+ORACLE = NARROW + r'''
 import json, sys, torch
 from safetensors.torch import save_file
 import diffusers.schedulers.scheduling_ddpm as ddpm
@@ -24,17 +40,8 @@ from lerobot.configs.types import FeatureType, PolicyFeature
 from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
 from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
 spec = json.loads(sys.argv[1]); out = sys.argv[2]
-if spec.pop("narrow", False):  # a narrow "resnet18": widths / 4 (GroupNorm needs 16 channels a group), fewer blocks
-    import torchvision
-    from torchvision.models.resnet import BasicBlock, ResNet
-    def narrow_resnet18(weights=None, **kw):
-        make = ResNet._make_layer
-        ResNet._make_layer = lambda self, block, planes, blocks, stride=1, dilate=False: make(self, block, planes // 4, blocks, stride, dilate)
-        try:
-            return ResNet(BasicBlock, [2, 1, 1, 1], **kw)
-        finally:
-            ResNet._make_layer = make
-    torchvision.models.resnet18 = narrow_resnet18
+if spec.pop("narrow", False):
+    narrow_resnet18()
 torch.manual_seed(spec.pop("seed"))
 B = spec.pop("batch"); pad = spec.pop("pad")
 feats = {k: PolicyFeature(FeatureType[t], tuple(s)) for k, (t, s) in spec.pop("inputs").items()}
@@ -136,40 +143,48 @@ def check_against_reference(got, ref):
     assert_policy_grads_and_step_match(got, ref)
 
 
+_ORACLE_RUNS = {}
+
+
+def oracle(case, tmp_path_factory):
+    """The oracle's folder for CASE (policy/, batch.safetensors, ref.safetensors), made once per session."""
+    if case not in _ORACLE_RUNS:
+        path = tmp_path_factory.mktemp("diffusion_" + case)
+        run_lerobot(ORACLE, json.dumps(CASES[case]), path)
+        _ORACLE_RUNS[case] = path
+    return _ORACLE_RUNS[case]
+
+
 @pytest.mark.parametrize("case", [c if c == "ddpm_epsilon" else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
-def test_diffusion_dump_matches_lerobot(tmp_path, case):
-    run_lerobot(ORACLE, json.dumps(CASES[case]), tmp_path)
+def test_diffusion_dump_matches_lerobot(tmp_path, tmp_path_factory, case):
+    src = oracle(case, tmp_path_factory)
     out = tmp_path / "lf.safetensors"
-    run_lf("dump", "--model", tmp_path / "policy", "--batch", tmp_path / "batch.safetensors", "--out", out,
+    run_lf("dump", "--model", src / "policy", "--batch", src / "batch.safetensors", "--out", out,
            "--adamw", "lr=1e-3,beta1=0.9,beta2=0.95,eps=1e-8,weight_decay=0.1")
-    check_against_reference(load_file(out), load_file(tmp_path / "ref.safetensors"))
+    check_against_reference(load_file(out), load_file(src / "ref.safetensors"))
 
 
-def test_diffusion_info_and_bad_batch(tmp_path):
+def test_diffusion_info_and_bad_batch(tmp_path, tmp_path_factory):
     """`info` describes the policy; a batch without the sampler's draws is refused in one line naming the tensor."""
-    run_lerobot(ORACLE, json.dumps(CASES["ddpm_epsilon"]), tmp_path)
-    info = json.loads(run_lf("info", tmp_path / "policy").stdout)
+    src = oracle("ddpm_epsilon", tmp_path_factory)
+    info = json.loads(run_lf("info", src / "policy").stdout)
     assert info["model_type"] == "diffusion" and info["cameras"] == ["observation.images.top"]
     assert info["n_obs_steps"] == 2 and info["horizon"] == 8 and info["noise_scheduler_type"] == "DDPM"
-    ref = run_lerobot("import sys; from safetensors.torch import load_file; "
-                      "print(sum(v.numel() for k, v in load_file(sys.argv[1]).items() if not k.endswith('pos_grid')))",
-                      tmp_path / "policy" / "model.safetensors")
-    assert info["parameters"] == int(ref)
-    strip = r'''
-import sys
-from safetensors.torch import load_file, save_file
-b = load_file(sys.argv[1]); b.pop("sample_step_noise"); save_file(b, sys.argv[2])
-'''
-    run_lerobot(strip, tmp_path / "batch.safetensors", tmp_path / "bad.safetensors")
-    proc = run_lf("dump", "--model", tmp_path / "policy", "--batch", tmp_path / "bad.safetensors", "--out",
+    weights = load_file(src / "policy" / "model.safetensors")
+    assert info["parameters"] == sum(v.size for k, v in weights.items() if not k.endswith("pos_grid"))
+    batch = load_file(src / "batch.safetensors")
+    del batch["sample_step_noise"]
+    save_file(batch, tmp_path / "bad.safetensors")
+    proc = run_lf("dump", "--model", src / "policy", "--batch", tmp_path / "bad.safetensors", "--out",
                   tmp_path / "x.safetensors", check=False)
     assert proc.returncode != 0 and "sample_step_noise" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 # In the lerobot environment: the policy's pre / post-processors (normaliser stats) saved beside it (SRC), then the
 # folder LoongForge wrote (DST) loaded by LeRobot: the same weights, the same processors, the same action chunk.
-ROUND_TRIP = r'''
+ROUND_TRIP = NARROW + r'''
 import sys, torch
+narrow_resnet18()
 from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
 from lerobot.policies.factory import make_pre_post_processors
 src, dst, mode = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -204,7 +219,7 @@ print("ok")
 
 @pytest.mark.slow
 def test_diffusion_convert_writes_a_folder_lerobot_loads(tmp_path):
-    run_lerobot(ORACLE, json.dumps(CASES["ddpm_epsilon"]), tmp_path)
+    run_lerobot(ORACLE, json.dumps(CASES["ddpm_epsilon"]), tmp_path)  # its own folder: the processors are saved there
     run_lerobot(ROUND_TRIP, tmp_path / "policy", "-", "save")
     run_lf("convert", "--model", tmp_path / "policy", "--out", tmp_path / "out", "--dtype", "fp32")
     cfg_in = json.loads((tmp_path / "policy" / "config.json").read_text())
