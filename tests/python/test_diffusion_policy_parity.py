@@ -170,8 +170,9 @@ def test_diffusion_info_and_bad_batch(tmp_path, tmp_path_factory):
     info = json.loads(run_lf("info", src / "policy").stdout)
     assert info["model_type"] == "diffusion" and info["cameras"] == ["observation.images.top"]
     assert info["n_obs_steps"] == 2 and info["horizon"] == 8 and info["noise_scheduler_type"] == "DDPM"
+    # `info` reads the config alone: the U-Net's count is exact, the trunk is the named resnet18, not the narrow one
     weights = load_file(src / "policy" / "model.safetensors")
-    assert info["parameters"] == sum(v.size for k, v in weights.items() if not k.endswith("pos_grid"))
+    assert info["components"]["unet"]["parameters"] == sum(v.size for k, v in weights.items() if k.startswith("diffusion.unet."))
     batch = load_file(src / "batch.safetensors")
     del batch["sample_step_noise"]
     save_file(batch, tmp_path / "bad.safetensors")
