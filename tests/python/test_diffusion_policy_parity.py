@@ -128,6 +128,12 @@ CASES = {
                            crop_shape=[40, 40], crop_is_random=False, beta_schedule="scaled_linear", clip_sample=False,
                            num_train_timesteps=10, num_inference_steps=None, batch=2, pad=[0, 0], seed=2, narrow=True,
                            **SMALL),
+    # resize_shape (torchvision's antialiased bilinear Resize) with crop_ratio 0.9 (a centre crop of 57 x 57)
+    "resize_crop_ratio": dict(inputs={"observation.state": ["STATE", [3]], "observation.images.top": ["VISUAL", [3, 90, 100]]},
+                              action_dim=2, n_obs_steps=2, horizon=8, n_action_steps=4, use_group_norm=True,
+                              resize_shape=[64, 64], crop_ratio=0.9, crop_is_random=False, noise_scheduler_type="DDIM",
+                              num_train_timesteps=20, num_inference_steps=4, batch=2, pad=[0, 1], seed=4, narrow=True,
+                              **SMALL),
     # squaredcos betas with DDIM, epsilon, clip range 0.5; the environment state alone (no camera)
     "ddim_epsilon_env_only": dict(inputs={"observation.state": ["STATE", [2]], "observation.environment_state": ["ENV", [5]]},
                                   action_dim=4, n_obs_steps=2, horizon=8, n_action_steps=3, noise_scheduler_type="DDIM",
