@@ -51,6 +51,27 @@ def run_lerobot(script, *args, timeout=600):
     return proc.stdout
 
 
+def assert_policy_grads_and_step_match(got, ref):
+    """A policy `dump` against its LeRobot reference: every grad.<name> (1e-4 of the tensor's largest) and the AdamW
+    step's after_step.<name>. Adam turns a gradient of rounding noise (an attention key bias, which softmax ignores)
+    into a step of about lr with that noise's sign, so such elements are held to lr, the others to float rounding.
+    Noise: an element below 1e-5 of its tensor's largest, or below 1e-6 of the largest gradient of all (a tensor whose
+    true gradient is 0, as the bias before a softmax, is all noise), or below Adam's eps (1e-8)."""
+    import numpy as np
+    grads = [k for k in ref if k.startswith("grad.")]
+    assert grads and sorted(grads) == sorted(k for k in got if k.startswith("grad."))
+    for k in grads:
+        scale = max(np.abs(ref[k]).max(), 1e-6)
+        assert np.abs(got[k] - ref[k]).max() <= 1e-4 * scale + 1e-7, (k, np.abs(got[k] - ref[k]).max(), scale)
+    overall = max(np.abs(ref[k]).max() for k in grads)
+    for k in (k for k in ref if k.startswith("after_step.")):
+        g = ref["grad." + k[len("after_step."):]]
+        noise = np.abs(g) <= max(1e-5 * np.abs(g).max(), 1e-6 * overall, 1e-8)
+        diff = np.abs(got[k] - ref[k])
+        assert (diff <= 1e-5 * np.abs(ref[k]) + 1e-6)[~noise].all(), k
+        assert (diff <= 1.1e-3)[noise].all(), k
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a longer test (more layouts of the same kind); runs with LF_SLOW=1")
 
@@ -118,23 +139,3 @@ def lf_backends():
     out = subprocess.run([str(LF_BIN), "env"], capture_output=True, text=True, check=True).stdout
     line = next(l for l in out.splitlines() if l.startswith("collectives:"))
     return [b.strip() for b in line.split(":", 1)[1].split(",")]
-
-
-def assert_grads_and_adamw_step(ref, got):
-    """The grad.<name> and after_step.<name> tensors of a `dump --adamw` (got) against the reference's (ref, numpy):
-    the same names, gradients to 1e-4 of each tensor's largest, the AdamW step to float rounding. Adam turns a
-    gradient of rounding noise (the key bias of an attention: softmax ignores it) into a step of about lr with that
-    noise's sign, so such elements (and those of a gradient below Adam's eps, 1e-8: a key bias whose whole gradient is
-    rounding noise) are held to lr (1e-3), the others to float rounding."""
-    import numpy as np
-    grads = [k for k in ref if k.startswith("grad.")]
-    assert grads and sorted(grads) == sorted(k for k in got if k.startswith("grad."))
-    for k in grads:
-        scale = max(np.abs(ref[k]).max(), 1e-6)
-        assert np.abs(got[k] - ref[k]).max() <= 1e-4 * scale + 1e-7, (k, np.abs(got[k] - ref[k]).max(), scale)
-    for k in (k for k in ref if k.startswith("after_step.")):
-        g = ref["grad." + k[len("after_step."):]]
-        noise = (np.abs(g) <= 1e-5 * max(np.abs(g).max(), 1e-6)) | (np.abs(g) <= 1e-8)
-        diff = np.abs(got[k] - ref[k])
-        assert (diff <= 1e-5 * np.abs(ref[k]) + 1e-6)[~noise].all(), k
-        assert (diff <= 1.1e-3)[noise].all(), k

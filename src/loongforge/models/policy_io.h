@@ -36,6 +36,9 @@ struct PolicySpec {
   // offsets the batch holds [B, offsets, ...] and "<feature>_is_pad" [B, offsets]).
   std::vector<int64_t> observation_offsets, action_offsets;
   int64_t n_action_steps = 1;  // actions executed per predicted chunk (open-loop evaluation queries every this many)
+  // The policy also reads the task text as tokens (observation.language.tokens / .attention_mask) that its
+  // processor makes (pi0's PaliGemma prompt).
+  bool language = false;
   // The normalisation mode of a feature (its type's entry in norm_map; IDENTITY when the type has none).
   std::string mode_of(const PolicyFeature& f) const {
     auto it = norm_map.find(f.type);

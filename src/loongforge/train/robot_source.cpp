@@ -45,6 +45,10 @@ RobotSource::RobotSource(RobotSourceOptions o, const models::Model& model)
         return *p;
       }()) {
   spec_ = policy_.policy_spec();
+  if (spec_.language)
+    throw Error("recipe: field 'data.format': the " + model.model_type() +
+                " policy reads the task as tokens its processor makes (a tokenizer prompt); robot data does not make "
+                "them yet");
   if (opts_.dataset.empty()) throw Error("recipe: field 'data.train': no dataset (a list of one {path: DATASET})");
   ds_ = robot::open_robot_dataset(opts_.dataset);
   const std::string& where = ds_->root();

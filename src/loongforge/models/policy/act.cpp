@@ -14,12 +14,6 @@ namespace lf::models::policy {
 
 namespace {
 
-std::string shape_str(at::IntArrayRef s) {
-  std::string out;
-  for (int64_t d : s) out += (out.empty() ? "" : ", ") + std::to_string(d);
-  return "[" + out + "]";
-}
-
 // LeRobot's create_sinusoidal_pos_embedding (computed in float64, then float32): [positions, dim].
 at::Tensor sinusoid_1d(int64_t positions, int64_t dim) {
   at::Tensor pos = at::arange(positions, at::kDouble).unsqueeze(1);
@@ -68,35 +62,12 @@ ACTConfig ACTConfig::from_json(const nlohmann::json& j, const std::string& file)
   ACTConfig c;
   c.raw = j;
   JsonReader r(j, file);
-  const JsonReader in = r.object("input_features"), out = r.object("output_features");
-  for (const auto& [name, feat] : in.json().items()) {
-    const JsonReader f = in.object(name);
-    const std::string type = f.string("type");
-    const std::vector<int64_t> shape = f.int_list("shape");
-    if (type == "VISUAL") {  // LeRobot's image_features: every VISUAL input, in the config's order
-      if (shape.size() != 3) f.fail("shape", "expected [channels, height, width]");
-      if (!c.image_shape.empty() && c.image_shape != shape)
-        f.fail("shape", "every camera needs the same shape (ACT), got " + shape_str(shape) + " and " + shape_str(c.image_shape));
-      if (shape[0] != 3) f.fail("shape", "expected 3 (RGB) channels, got " + std::to_string(shape[0]));
-      c.image_shape = shape;
-      c.cameras.push_back(name);
-    } else if (type == "STATE" && name == "observation.state") {
-      if (shape.size() != 1) f.fail("shape", "expected [state_dim]");
-      c.state_dim = shape[0];
-    } else if (type == "ENV") {  // the policy reads it as observation.environment_state
-      if (name != "observation.environment_state") in.fail(name, "ACT reads its ENV feature as observation.environment_state");
-      if (shape.size() != 1) f.fail("shape", "expected [env_dim]");
-      c.env_dim = shape[0];
-    }
-  }
-  {
-    const JsonReader a = out.object("action");
-    const std::vector<int64_t> shape = a.int_list("shape");
-    if (shape.size() != 1 || shape[0] < 1) a.fail("shape", "expected [action_dim]");
-    c.action_dim = shape[0];
-  }
-  if (c.cameras.empty() && c.env_dim == 0)
-    r.fail("input_features", "ACT needs at least one observation.images.* camera or observation.environment_state");
+  const PolicyFeatures f = PolicyFeatures::read(r, "ACT");
+  c.state_dim = f.state_dim;
+  c.env_dim = f.env_dim;
+  c.action_dim = f.action_dim;
+  c.cameras = f.cameras;
+  c.image_shape = f.image_shape;
   c.n_obs_steps = r.integer("n_obs_steps", 1);
   if (c.n_obs_steps != 1) r.fail("n_obs_steps", "ACT takes one observation step, got " + std::to_string(c.n_obs_steps));
   c.chunk_size = r.integer("chunk_size", 100);
@@ -286,7 +257,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ACTImpl::forward(const Batch& b, 
 
 // ---- the policy ----
 
-ACTPolicyImpl::ACTPolicyImpl(ACTConfig c) : config_(std::move(c)) { model = register_module("model", ACT(config_)); }
+ACTPolicyImpl::ACTPolicyImpl(ACTConfig c) : PolicyModel(c.raw), config_(std::move(c)) { model = register_module("model", ACT(config_)); }
 
 void ACTPolicyImpl::init_weights(double) {
   torch::NoGradGuard g;
@@ -393,32 +364,15 @@ at::Tensor ACTPolicyImpl::predict_action_chunk(const Batch& b) {
 
 Batch ACTPolicyImpl::check_batch(const std::map<std::string, at::Tensor>& batch, const std::string& file, bool need_action) const {
   const auto& c = config_;
-  const auto dtype = model->action_head->weight.scalar_type();
-  Batch out;
-  int64_t B = -1;
-  auto take = [&](const std::string& name, std::vector<int64_t> want, bool required, bool boolean) {
-    auto it = batch.find(name);
-    if (it == batch.end()) {
-      if (required) throw file_error(file, name, "missing (expected " + shape_str(want) + " with B the batch)");
-      return;
-    }
-    const at::Tensor& t = it->second;
-    if (boolean ? t.scalar_type() != at::kBool : !at::isFloatingType(t.scalar_type()))
-      throw file_error(file, name, std::string("expected a ") + (boolean ? "bool" : "floating-point") + " tensor, got " + c10::toString(t.scalar_type()));
-    if (B < 0 && t.dim() > 0) B = t.size(0);
-    want[0] = B;
-    bool ok = t.dim() == static_cast<int64_t>(want.size());
-    for (size_t i = 0; ok && i < want.size(); ++i) ok = want[i] < 0 || t.size(i) == want[i];
-    if (!ok || B == 0) throw file_error(file, name, "expected " + shape_str(want) + " (-1: any), got " + shape_str(t.sizes()));
-    out.set(name, boolean ? t : t.to(dtype));
-  };
-  if (c.state_dim) take("observation.state", {-1, c.state_dim}, true, false);
-  if (c.env_dim) take("observation.environment_state", {-1, c.env_dim}, true, false);
-  for (const std::string& cam : c.cameras) take(cam, {-1, 3, -1, -1}, true, false);
-  take("action", {-1, c.chunk_size, c.action_dim}, need_action, false);
-  take("action_is_pad", {-1, c.chunk_size}, need_action, true);
-  take("vae_eps", {-1, c.latent_dim}, false, false);
-  return out;
+  constexpr int64_t B = BatchChecker::kB;
+  BatchChecker k(batch, file, model->action_head->weight.scalar_type());
+  if (c.state_dim) k.take("observation.state", {B, c.state_dim}, true);
+  if (c.env_dim) k.take("observation.environment_state", {B, c.env_dim}, true);
+  for (const std::string& cam : c.cameras) k.take(cam, {B, 3, -1, -1}, true);
+  k.take("action", {B, c.chunk_size, c.action_dim}, need_action);
+  k.take("action_is_pad", {B, c.chunk_size}, need_action, BatchChecker::kBool);
+  k.take("vae_eps", {B, c.latent_dim}, false);
+  return k.out;
 }
 
 Model::ReferenceOutput ACTPolicyImpl::reference_forward(const std::map<std::string, at::Tensor>& batch, const std::string& file) {
@@ -435,16 +389,6 @@ Model::ReferenceOutput ACTPolicyImpl::reference_forward(const std::map<std::stri
   return r;
 }
 
-std::vector<CheckpointTensor> ACTPolicyImpl::checkpoint_tensors() const {
-  std::vector<CheckpointTensor> out = Model::checkpoint_tensors();
-  for (const auto& item : named_buffers()) {  // frozen batch norm, the CVAE encoder's sine positions
-    CheckpointTensor e{item.key(), item.key()};
-    e.buffer = true;
-    out.push_back(e);
-  }
-  return out;
-}
-
 std::shared_ptr<Model> build_act(const nlohmann::json& j, const std::string& file) {
   return ACTPolicy(ACTConfig::from_json(j, file)).ptr();
 }
@@ -459,13 +403,7 @@ nlohmann::json describe_act(const nlohmann::json& j, const std::string& file) {
   const ACTConfig c = ACTConfig::from_json(j, file);
   ACTPolicy p(c);
   int64_t total = 0;
-  nlohmann::json comps = nlohmann::json::object();
-  for (const auto& item : p->model->named_children()) {
-    int64_t n = 0;
-    for (const auto& t : item.value()->parameters()) n += t.numel();
-    total += n;
-    comps[item.key()] = {{"parameters", n}};
-  }
+  const nlohmann::json comps = component_parameters(*p->model, &total);
   return {{"family", "policy"},      {"model_type", "act"},         {"parameters", total},
           {"cameras", c.cameras},    {"state_dim", c.state_dim},    {"env_state_dim", c.env_dim},
           {"action_dim", c.action_dim}, {"chunk_size", c.chunk_size}, {"n_action_steps", c.n_action_steps},

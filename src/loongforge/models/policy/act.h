@@ -23,10 +23,10 @@
 #include <tuple>
 #include <vector>
 
+#include "loongforge/models/policy/common.h"
 #include "loongforge/models/policy/resnet.h"
 #include "loongforge/models/policy_io.h"
 #include "loongforge/models/registry.h"
-#include "loongforge/models/whole_model.h"
 
 namespace lf::models::policy {
 
@@ -127,13 +127,11 @@ class ACTImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ACT);
 
-class ACTPolicyImpl : public WholeModel, public Policy {
+class ACTPolicyImpl : public PolicyModel {
  public:
   explicit ACTPolicyImpl(ACTConfig c);
 
-  std::string family() const override { return "policy"; }
   std::string model_type() const override { return "act"; }
-  const nlohmann::json& config_json() const override { return config_.raw; }
   void init_weights(double std) override;
   BatchSchema batch_schema() const override;
   // Training counts the non-padded action steps (as tokens): the step's L1 is LeRobot's over the whole global batch
@@ -143,10 +141,6 @@ class ACTPolicyImpl : public WholeModel, public Policy {
   double train_flops_per_sample(int64_t) const override;
   at::Tensor head_loss_sum(const at::Tensor& h, const Batch& b) override;
   ReferenceOutput reference_forward(const std::map<std::string, at::Tensor>& batch, const std::string& file) override;
-  // ATen's CPU convolutions give wrong weight gradients when several threads run backward at once
-  bool thread_split_safe() const override { return false; }
-  std::vector<CheckpointTensor> checkpoint_tensors() const override;
-  bool config_records_dtype() const override { return false; }  // LeRobot's config has no dtype field
 
   // (l1, kld, loss) of a training forward's packed output (mean over the batch as LeRobot's forward).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> losses(const at::Tensor& h, const Batch& b) const;

@@ -8,6 +8,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
 #include "loongforge/models/policy/act.h"
+#include "loongforge/models/policy/diffusion.h"
 #include "loongforge/models/policy/pi0.h"
 
 namespace lf::models::policy {
@@ -27,6 +28,7 @@ const std::vector<Entry>& entries() {
       {"act", build_act, describe_act, build_act_for_weights},
       {"pi0", build_pi0, describe_pi0, nullptr},
       {"pi05", build_pi0, describe_pi0, nullptr},
+      {"diffusion", build_diffusion, describe_diffusion, build_diffusion_for_weights},
   };
   return e;
 }

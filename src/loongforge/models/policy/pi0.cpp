@@ -8,6 +8,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/models/policy/spec.h"
 
 namespace lf::models::policy {
 
@@ -521,6 +522,23 @@ at::Tensor PI0PolicyImpl::forward_whole(const Batch& b) {
                                          b.at("observation.language.attention_mask"), state, x_t, time);
   const at::Tensor losses = (u_t - v_t).square().narrow(2, 0, c.action_dim);
   return losses.reshape({B, -1});
+}
+
+PolicySpec PI0PolicyImpl::policy_spec() const {
+  PolicySpec s = lerobot_policy_spec(config_.raw, "config.json");
+  for (int64_t i = 0; i < config_.chunk_size; ++i) s.action_offsets.push_back(i);
+  s.n_action_steps = config_.n_action_steps;
+  s.language = true;
+  return s;
+}
+
+std::map<std::string, at::Tensor> PI0PolicyImpl::training_draws(int64_t rows, at::Generator& gen) const {
+  const auto& c = config_;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor noise = at::randn({rows, c.chunk_size, c.max_action_dim}, gen, f32);
+  const at::Tensor x = at::_standard_gamma(at::full({rows}, c.time_beta_alpha, f32), gen);
+  const at::Tensor y = at::_standard_gamma(at::full({rows}, c.time_beta_beta, f32), gen);
+  return {{"noise", noise}, {"time", x / (x + y) * c.time_scale + c.time_offset}};
 }
 
 at::Tensor PI0PolicyImpl::head_loss_sum(const at::Tensor& h, const Batch&) {

@@ -30,6 +30,7 @@
 
 #include "loongforge/models/registry.h"
 #include "loongforge/models/vision/vit.h"
+#include "loongforge/models/policy_io.h"
 #include "loongforge/models/whole_model.h"
 #include "loongforge/nn/linear.h"
 #include "loongforge/nn/rotary.h"
@@ -154,7 +155,7 @@ class PI0ModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(PI0Model);
 
-class PI0PolicyImpl : public WholeModel {
+class PI0PolicyImpl : public WholeModel, public Policy {
  public:
   explicit PI0PolicyImpl(PI0Config c);
 
@@ -174,6 +175,12 @@ class PI0PolicyImpl : public WholeModel {
   // The eval-mode action chunk [B, chunk, action_dim] (normalised) from the sampler's start `noise`
   // [B, chunk, max_action_dim] (undefined: drawn).
   at::Tensor predict_action_chunk(const Batch& b, const at::Tensor& noise);
+  // The policy side of the contract: one observation frame, actions at offsets [0, chunk_size), the task as tokens;
+  // the training draws noise [rows, chunk, max_action_dim] and time [rows] (Beta(alpha, beta) x scale + offset); the
+  // sampler starts from the batch's sample_noise when given.
+  PolicySpec policy_spec() const override;
+  std::map<std::string, at::Tensor> training_draws(int64_t rows, at::Generator& gen) const override;
+  at::Tensor predict_action_chunk(const Batch& b) override { return predict_action_chunk(b, b.get("sample_noise")); }
   const PI0Config& config() const { return config_; }
 
   PI0Model model{nullptr};
