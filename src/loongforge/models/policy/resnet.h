@@ -9,6 +9,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lf::models::policy {
@@ -20,6 +21,9 @@ struct ResNetLayout {
   int64_t stem = 64;                      // conv1's output channels
   bool dilate_last = false;               // layer4's stride replaced by dilation 2
   int64_t out_channels() const { return widths.back() * (bottleneck ? 4 : 1); }
+  // The trunk's parameter count: its convolutions' weights (frozen batch norm holds buffers only), as ResNet(*this)
+  // registers them, from the layout alone.
+  int64_t parameters() const;
   // torchvision's resnet18 / 34 / 50 / 101 / 152 by name; "" when the name is none of them (why, in `error`).
   static ResNetLayout named(const std::string& name, std::string* error);
   // The layout of the trunk whose tensors are stored under `prefix` (conv1.weight, layerS.B.convK.weight: stages,
@@ -33,6 +37,8 @@ class FrozenBatchNorm2dImpl : public torch::nn::Module {
  public:
   explicit FrozenBatchNorm2dImpl(int64_t channels);
   at::Tensor forward(const at::Tensor& x);
+  // (scale, shift) [channels]: forward(x) = x * scale + shift per channel.
+  std::pair<at::Tensor, at::Tensor> scale_shift() const;
   at::Tensor weight, bias, running_mean, running_var;
 };
 TORCH_MODULE(FrozenBatchNorm2d);
