@@ -118,6 +118,35 @@ def test_act_dump_matches_lerobot(tmp_path, case):
     assert_policy_grads_and_step_match(got, ref)
 
 
+# In the lerobot environment: LeRobot's ACTTemporalEnsembler fed random action chunks (more steps than a chunk, so the
+# counts saturate; the episode restarting once, reset()) for each (coeff, chunk) case, its actions written beside the
+# chunks (OUT/ensemble_N.safetensors) for the C++ hook ActTemporalEnsemble.LeRobotHook.
+ENSEMBLE = r'''
+import json, sys, torch
+from safetensors.torch import save_file
+from lerobot.policies.act.modeling_act import ACTTemporalEnsembler
+for n, (coeff, chunk) in enumerate(json.loads(sys.argv[1])):
+    torch.manual_seed(n)
+    steps, reset_at = 3 * chunk + 2, 2 * chunk + 1
+    chunks = torch.randn(steps, 2, chunk, 3)
+    e = ACTTemporalEnsembler(coeff, chunk)
+    actions = []
+    for t in range(steps):
+        if t == reset_at: e.reset()
+        actions.append(e.update(chunks[t]).clone())
+    save_file({"chunks": chunks, "actions": torch.stack(actions), "coeff": torch.tensor([coeff], dtype=torch.float64),
+               "reset_at": torch.tensor([reset_at])}, f"{sys.argv[2]}/ensemble_{n}.safetensors")
+'''
+ENSEMBLE_CASES = [(0.01, 6), (-0.2, 4), (0.0, 1), (0.5, 10)]
+
+
+def test_act_temporal_ensemble_matches_lerobot(tmp_path):
+    """models/policy/temporal_ensemble.h = LeRobot's online average over overlapping chunks, to 1e-6."""
+    run_lerobot(ENSEMBLE, json.dumps(ENSEMBLE_CASES), tmp_path)
+    for n in range(len(ENSEMBLE_CASES)):
+        run_gtest_hook("ActTemporalEnsemble.LeRobotHook", {"LF_TEST_ACT_ENSEMBLE": str(tmp_path / f"ensemble_{n}.safetensors")})
+
+
 @pytest.mark.slow
 def test_act_info_and_bad_config(tmp_path):
     spec = dict(CASES["camera_state"], narrow=False)

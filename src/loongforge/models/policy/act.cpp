@@ -8,6 +8,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/kernels/dropout.h"
 #include "loongforge/models/policy/spec.h"
 
 namespace lf::models::policy {
@@ -41,7 +42,8 @@ at::Tensor sinusoid_2d(int64_t h, int64_t w, int64_t half) {
   return at::cat({embed(y), embed(x)}, -1).reshape({h * w, 2 * half});
 }
 
-at::Tensor dropout(const at::Tensor& x, double p) { return p > 0 ? at::dropout(x, p, true) : x; }
+// training-mode dropout (p 0: none) through kernels/dropout.h (a hashed mask: LeRobot's draws are not reproduced)
+at::Tensor dropout(const at::Tensor& x, double p) { return p > 0 ? kernels::dropout(x, p) : x; }
 
 // linear2(dropout(activation(linear1(x)))).
 at::Tensor feed_forward(torch::nn::Linear& l1, torch::nn::Linear& l2, const at::Tensor& x, const std::string& activation, double p) {
@@ -133,13 +135,21 @@ at::Tensor MultiheadAttentionImpl::forward(const at::Tensor& q, const at::Tensor
   auto b = in_proj_bias.chunk(3, 0);
   auto heads = [&](const at::Tensor& x) { return x.view({B, x.size(1), heads_, hd}).transpose(1, 2); };
   // torch.nn.functional.multi_head_attention_forward: q scaled before the product, a -inf mask added, softmax
-  at::Tensor Q = heads(at::linear(q, w[0], b[0])) * std::sqrt(1.0 / static_cast<double>(hd));
-  at::Tensor K = heads(at::linear(k, w[1], b[1])), V = heads(at::linear(v, w[2], b[2]));
+  at::Tensor Q, K;
+  if (q.is_same(k)) {  // self-attention (q = k = x + pos): the query and key projections as one product
+    auto qk = at::linear(q, in_proj_weight.narrow(0, 0, 2 * D), in_proj_bias.narrow(0, 0, 2 * D)).chunk(2, -1);
+    Q = qk[0], K = qk[1];
+  } else {
+    Q = at::linear(q, w[0], b[0]), K = at::linear(k, w[1], b[1]);
+  }
+  Q = heads(Q) * std::sqrt(1.0 / static_cast<double>(hd));
+  K = heads(K);
+  at::Tensor V = heads(at::linear(v, w[2], b[2]));
   at::Tensor s = at::matmul(Q, K.transpose(-2, -1));
   if (key_padding_mask.defined())
     s = s.masked_fill(key_padding_mask.view({B, 1, 1, -1}), -std::numeric_limits<double>::infinity());
   at::Tensor p = at::softmax(s, -1);
-  if (dropout_ > 0 && is_training()) p = at::dropout(p, dropout_, true);
+  if (dropout_ > 0 && is_training()) p = kernels::dropout(p, dropout_);
   at::Tensor o = at::matmul(p, V).transpose(1, 2).reshape({B, -1, D});
   return out_proj(o);
 }
@@ -153,13 +163,17 @@ ACTEncoderLayerImpl::ACTEncoderLayerImpl(const ACTConfig& c)
   norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim_model})));
 }
 
-at::Tensor ACTEncoderLayerImpl::forward(at::Tensor x, const at::Tensor& pos, const at::Tensor& key_padding_mask) {
+at::Tensor ACTEncoderLayerImpl::forward(at::Tensor x, const at::Tensor& pos, const at::Tensor& key_padding_mask,
+                                       int64_t queries) {
   const double p = is_training() ? dropout_ : 0;
-  x = sublayer(x, norm1, pre_norm_, p, [&](const at::Tensor& y) {
-    const at::Tensor qk = pos.defined() ? y + pos : y;
-    return self_attn(qk, qk, y, key_padding_mask);
-  });
-  return sublayer(x, norm2, pre_norm_, p, [&](const at::Tensor& y) { return feed_forward(linear1, linear2, y, activation_, p); });
+  // queries > 0: the first `queries` positions' outputs only (their keys and values still from every position); the
+  // same values as those rows of the whole output
+  auto first = [&](const at::Tensor& t) { return queries > 0 ? t.narrow(1, 0, queries) : t; };
+  const at::Tensor y = pre_norm_ ? norm1(x) : x;
+  const at::Tensor qk = pos.defined() ? y + pos : y;
+  const at::Tensor a = dropout(self_attn(first(qk), qk, y, key_padding_mask), p);
+  x = pre_norm_ ? first(x) + a : norm1(first(x) + a);
+  return sublayer(x, norm2, pre_norm_, p, [&](const at::Tensor& h) { return feed_forward(linear1, linear2, h, activation_, p); });
 }
 
 ACTDecoderLayerImpl::ACTDecoderLayerImpl(const ACTConfig& c)
@@ -177,7 +191,10 @@ ACTDecoderLayerImpl::ACTDecoderLayerImpl(const ACTConfig& c)
 at::Tensor ACTDecoderLayerImpl::forward(at::Tensor x, const at::Tensor& memory, const at::Tensor& pos,
                                         const at::Tensor& memory_pos) {
   const double p = is_training() ? dropout_ : 0;
-  x = sublayer(x, norm1, pre_norm_, p, [&](const at::Tensor& y) { return self_attn(y + pos, y + pos, y); });
+  x = sublayer(x, norm1, pre_norm_, p, [&](const at::Tensor& y) {
+    const at::Tensor qk = y + pos;
+    return self_attn(qk, qk, y);
+  });
   x = sublayer(x, norm2, pre_norm_, p, [&](const at::Tensor& y) { return multihead_attn(y + pos, memory + memory_pos, memory); });
   return sublayer(x, norm3, pre_norm_, p, [&](const at::Tensor& y) { return feed_forward(linear1, linear2, y, activation_, p); });
 }
@@ -219,8 +236,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ACTImpl::forward(const Batch& b, 
   const int64_t B = b.num_rows(), D = c_.dim_model;
   const at::Tensor state = c_.state_dim ? b.at("observation.state") : at::Tensor();
   const auto dtype = action_head->weight.scalar_type();
-  auto run = [](ACTStack& s, at::Tensor x, const at::Tensor& pos, const at::Tensor& pad) {
-    for (auto& l : *s->layers) x = l->as<ACTEncoderLayerImpl>()->forward(x, pos, pad);
+  // queries > 0: only the first `queries` positions of the last layer's output (the CVAE encoder reads its cls token)
+  auto run = [](ACTStack& s, at::Tensor x, const at::Tensor& pos, const at::Tensor& pad, int64_t queries) {
+    const size_t n = s->layers->size();
+    for (size_t i = 0; i < n; ++i) x = (*s->layers)[i]->as<ACTEncoderLayerImpl>()->forward(x, pos, pad, i + 1 == n ? queries : 0);
     return s->norm ? s->norm(x) : x;
   };
   at::Tensor mu, logvar, latent;
@@ -229,7 +248,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ACTImpl::forward(const Batch& b, 
     if (c_.state_dim) in.push_back(vae_encoder_robot_state_input_proj(state).unsqueeze(1));
     in.push_back(vae_encoder_action_input_proj(b.at("action")));
     const at::Tensor pad = at::cat({at::zeros({B, c_.state_dim ? 2 : 1}, b.at("action_is_pad").options()), b.at("action_is_pad")}, 1);
-    const at::Tensor cls = run(vae_encoder, at::cat(in, 1), vae_encoder_pos_enc.to(dtype), pad).select(1, 0);
+    const at::Tensor cls = run(vae_encoder, at::cat(in, 1), vae_encoder_pos_enc.to(dtype), pad, 1).select(1, 0);
     const at::Tensor params = vae_encoder_latent_output_proj(cls);
     mu = params.narrow(1, 0, c_.latent_dim);
     logvar = params.narrow(1, c_.latent_dim, c_.latent_dim);
@@ -245,10 +264,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ACTImpl::forward(const Batch& b, 
     const at::Tensor f = backbone(b.at(cam));  // [B, C, h, w]
     const int64_t h = f.size(2), w = f.size(3);
     pos.push_back(sinusoid_2d(h, w, D / 2).to(f.options()).unsqueeze(0));
-    tokens.push_back(encoder_img_feat_input_proj(f).flatten(2).transpose(1, 2));  // [B, h * w, D]
+    tokens.push_back(encoder_img_feat_input_proj(f).permute({0, 2, 3, 1}).reshape({B, h * w, D}));  // [B, h * w, D]
   }
   const at::Tensor x = at::cat(tokens, 1), p = at::cat(pos, 1);
-  const at::Tensor memory = run(encoder, x, p, {});
+  const at::Tensor memory = run(encoder, x, p, {}, 0);
   at::Tensor y = at::zeros({B, c_.chunk_size, D}, x.options());
   const at::Tensor qpos = decoder_pos_embed->weight.unsqueeze(0);
   for (auto& l : *decoder->layers) y = l->as<ACTDecoderLayerImpl>()->forward(y, memory, qpos, p);
@@ -399,11 +418,49 @@ std::shared_ptr<Model> build_act_for_weights(const nlohmann::json& j, const std:
   return ACTPolicy(c).ptr();
 }
 
+namespace {
+
+// Every child module of ACTImpl with its parameter count, from the config alone (what ACTImpl's constructor
+// registers: Linear in x out + out, Embedding n x D, LayerNorm 2D, MultiheadAttention 3D x D + 3D + D x D + D).
+std::vector<std::pair<std::string, int64_t>> act_parameter_counts(const ACTConfig& c) {
+  const int64_t D = c.dim_model, F = c.dim_feedforward;
+  auto linear = [](int64_t in, int64_t out) { return in * out + out; };
+  const int64_t attention = 4 * D * D + 4 * D, ffn = linear(D, F) + linear(F, D);
+  auto stack = [&](int64_t layers, bool decoder) {
+    const int64_t layer = decoder ? 2 * attention + ffn + 3 * 2 * D : attention + ffn + 2 * 2 * D;
+    return layers * layer + (decoder || c.pre_norm ? 2 * D : 0);
+  };
+  std::vector<std::pair<std::string, int64_t>> out;
+  if (c.use_vae) {
+    out.emplace_back("vae_encoder", stack(c.n_vae_encoder_layers, false));
+    out.emplace_back("vae_encoder_cls_embed", D);
+    if (c.state_dim) out.emplace_back("vae_encoder_robot_state_input_proj", linear(c.state_dim, D));
+    out.emplace_back("vae_encoder_action_input_proj", linear(c.action_dim, D));
+    out.emplace_back("vae_encoder_latent_output_proj", linear(D, 2 * c.latent_dim));
+  }
+  if (!c.cameras.empty()) out.emplace_back("backbone", c.backbone.parameters());
+  out.emplace_back("encoder", stack(c.n_encoder_layers, false));
+  out.emplace_back("decoder", stack(c.n_decoder_layers, true));
+  if (c.state_dim) out.emplace_back("encoder_robot_state_input_proj", linear(c.state_dim, D));
+  if (c.env_dim) out.emplace_back("encoder_env_state_input_proj", linear(c.env_dim, D));
+  out.emplace_back("encoder_latent_input_proj", linear(c.latent_dim, D));
+  if (!c.cameras.empty()) out.emplace_back("encoder_img_feat_input_proj", linear(c.backbone.out_channels(), D));
+  out.emplace_back("encoder_1d_feature_pos_embed", (1 + (c.state_dim ? 1 : 0) + (c.env_dim ? 1 : 0)) * D);
+  out.emplace_back("decoder_pos_embed", c.chunk_size * D);
+  out.emplace_back("action_head", linear(D, c.action_dim));
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json describe_act(const nlohmann::json& j, const std::string& file) {
   const ACTConfig c = ACTConfig::from_json(j, file);
-  ACTPolicy p(c);
   int64_t total = 0;
-  const nlohmann::json comps = component_parameters(*p->model, &total);
+  nlohmann::json comps = nlohmann::json::object();
+  for (const auto& [name, n] : act_parameter_counts(c)) {
+    total += n;
+    comps[name] = {{"parameters", n}};
+  }
   return {{"family", "policy"},      {"model_type", "act"},         {"parameters", total},
           {"cameras", c.cameras},    {"state_dim", c.state_dim},    {"env_state_dim", c.env_dim},
           {"action_dim", c.action_dim}, {"chunk_size", c.chunk_size}, {"n_action_steps", c.n_action_steps},

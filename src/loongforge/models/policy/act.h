@@ -69,7 +69,8 @@ TORCH_MODULE(MultiheadAttention);
 class ACTEncoderLayerImpl : public torch::nn::Module {
  public:
   explicit ACTEncoderLayerImpl(const ACTConfig& c);
-  at::Tensor forward(at::Tensor x, const at::Tensor& pos, const at::Tensor& key_padding_mask);
+  // x [B, T, D] -> [B, T, D]; with queries > 0 only the first `queries` positions' outputs [B, queries, D].
+  at::Tensor forward(at::Tensor x, const at::Tensor& pos, const at::Tensor& key_padding_mask, int64_t queries = 0);
   MultiheadAttention self_attn{nullptr};
   torch::nn::Linear linear1{nullptr}, linear2{nullptr};
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};

@@ -8,6 +8,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/models/policy/spec.h"
 
 namespace lf::models::policy {
 
@@ -466,6 +467,21 @@ at::Tensor DiffusionPolicyImpl::loss(const at::Tensor& h, const Batch& b) const 
 
 at::Tensor DiffusionPolicyImpl::head_loss_sum(const at::Tensor& h, const Batch& b) {
   return loss(h, b).to(at::kFloat) * static_cast<double>(b.num_rows());
+}
+
+PolicySpec DiffusionPolicyImpl::policy_spec() const {
+  const auto& c = config_;
+  PolicySpec s = lerobot_policy_spec(config_json(), "config.json");
+  for (int64_t i = 1 - c.n_obs_steps; i <= 0; ++i) s.observation_offsets.push_back(i);
+  for (int64_t i = 0; i < c.horizon; ++i) s.action_offsets.push_back(1 - c.n_obs_steps + i);
+  s.n_action_steps = c.n_action_steps;
+  return s;
+}
+
+std::map<std::string, at::Tensor> DiffusionPolicyImpl::training_draws(int64_t rows, at::Generator& gen) const {
+  const auto& c = config_;
+  return {{"noise", at::randn({rows, c.horizon, c.features.action_dim}, gen, at::TensorOptions().dtype(at::kFloat))},
+          {"timesteps", at::randint(0, c.num_train_timesteps, {rows}, gen, at::TensorOptions().dtype(at::kLong))}};
 }
 
 at::Tensor DiffusionPolicyImpl::predict_action_chunk(const Batch& b, const at::Tensor& sample_noise, const at::Tensor& step_noise) {

@@ -185,7 +185,15 @@ class DiffusionPolicyImpl : public PolicyModel {
   // The eval-mode action chunk [B, n_action_steps, A] (normalised), LeRobot's predict_action_chunk: the sampler from
   // `sample_noise` [B, horizon, A] (undefined: drawn) with the DDPM steps' draws `step_noise` [step_draws, B,
   // horizon, A] (undefined: drawn), then steps [n_obs_steps - 1, n_obs_steps - 1 + n_action_steps).
-  at::Tensor predict_action_chunk(const Batch& b, const at::Tensor& sample_noise = {}, const at::Tensor& step_noise = {});
+  at::Tensor predict_action_chunk(const Batch& b, const at::Tensor& sample_noise, const at::Tensor& step_noise);
+  // The policy side of the contract: observations at offsets [1 - n_obs_steps, 0], actions at
+  // [1 - n_obs_steps, 1 - n_obs_steps + horizon); training draws noise [rows, horizon, A] and timesteps [rows]; the
+  // sampler takes the batch's sample_noise (and the DDPM steps' noise, sample_step_noise) when given.
+  PolicySpec policy_spec() const override;
+  std::map<std::string, at::Tensor> training_draws(int64_t rows, at::Generator& gen) const override;
+  at::Tensor predict_action_chunk(const Batch& b) override {
+    return predict_action_chunk(b, b.get("sample_noise"), b.get("sample_step_noise"));
+  }
   const DiffusionConfig& config() const { return config_; }
   const NoiseScheduler& scheduler() const { return scheduler_; }
 

@@ -13,6 +13,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lf::models::policy {
@@ -35,6 +36,9 @@ struct ResNetLayout {
   // The feature map's height (or width) for an input of `size` pixels (the stem's stride-2 convolution and max
   // pooling, then stride 2 at every stage after the first, but for a dilated last one).
   int64_t feature_size(int64_t size) const;
+  // The trunk's parameter count: its convolutions' weights and its norms' (frozen batch norm holds buffers only), as
+  // ResNet(*this) registers them, from the layout alone.
+  int64_t parameters() const;
   // torchvision's resnet18 / 34 / 50 / 101 / 152 by name; "" when the name is none of them (why, in `error`).
   static ResNetLayout named(const std::string& name, std::string* error);
   // The layout of the trunk whose tensors are stored under `prefix` (conv1.weight, layerS.B.convK.weight, or their
@@ -49,6 +53,8 @@ class FrozenBatchNorm2dImpl : public torch::nn::Module {
  public:
   explicit FrozenBatchNorm2dImpl(int64_t channels);
   at::Tensor forward(const at::Tensor& x);
+  // (scale, shift) [channels]: forward(x) = x * scale + shift per channel.
+  std::pair<at::Tensor, at::Tensor> scale_shift() const;
   at::Tensor weight, bias, running_mean, running_var;
 };
 TORCH_MODULE(FrozenBatchNorm2d);
