@@ -41,11 +41,10 @@ for ep, n in enumerate([22, 18, 20]):
 ds.finalize()
 '''
 
-# A small ACT policy for that dataset (a narrow ResNet-18 trunk, no dropout), saved to argv[1].
-POLICY = r'''
-import sys, torch
+# LeRobot builds ACT's trunk with torchvision.models.resnet18: a narrow one here (widths / 8, one block per stage).
+NARROW = r'''
+import torch, torchvision
 from torchvision.models.resnet import BasicBlock, ResNet
-import torchvision
 from lerobot.configs.types import FeatureType, PolicyFeature
 from lerobot.policies.act.configuration_act import ACTConfig
 from lerobot.policies.act.modeling_act import ACTPolicy
@@ -59,6 +58,11 @@ def narrow_resnet18(weights=None, **kw):
     m.fc = torch.nn.Linear(64, 10)
     return m
 torchvision.models.resnet18 = narrow_resnet18
+'''
+
+# A small ACT policy for that dataset (the narrow trunk, no dropout), saved to argv[1].
+POLICY = NARROW + r'''
+import sys
 torch.manual_seed(0)
 cfg = ACTConfig(input_features={"observation.state": PolicyFeature(FeatureType.STATE, (4,)),
                                 "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 24, 32))},
@@ -71,7 +75,7 @@ ACTPolicy(cfg).save_pretrained(sys.argv[1])
 
 # LeRobot's batch for the frames the source read (argv[3]'s "index"), its loss with our latent draw, and the
 # processors LoongForge wrote (argv[4]) applied to the same raw batch.
-LEROBOT_BATCH = r'''
+LEROBOT_BATCH = NARROW + r'''
 import sys, torch
 from safetensors.torch import load_file, save_file
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
@@ -91,8 +95,8 @@ ref = pre(dict(raw))
 mine, _ = make_pre_post_processors(cfg, pretrained_path=files)
 via_ours = mine(dict(raw))
 keys = ["observation.state", "observation.images.top", "action", "action_is_pad"]
-res = {k: ref[k].contiguous() for k in keys}
-for k in keys: res["files." + k] = via_ours[k].contiguous()
+res = {k: ref[k].clone().contiguous() for k in keys}
+for k in keys: res["files." + k] = via_ours[k].clone().contiguous()
 policy.train()
 torch.randn_like = lambda t, **kw: ours["vae_eps"].to(t.dtype)
 loss, parts = policy.forward({k: ref[k] for k in keys})
@@ -101,7 +105,7 @@ save_file(res, out)
 '''
 
 # The trained checkpoint (argv[1]) as LeRobot loads it: policy, processors, an action for a raw observation.
-LOAD_CHECKPOINT = r'''
+LOAD_CHECKPOINT = NARROW + r'''
 import sys, torch
 from lerobot.policies.act.modeling_act import ACTPolicy
 from lerobot.policies.factory import make_pre_post_processors
@@ -117,7 +121,7 @@ print("ok")
 # LeRobot's own open-loop numbers for the checkpoint (argv[1]) on the held-out episode (argv[3]) of the dataset
 # (argv[2]): a chunk every n_action_steps frames from its preprocessed observations, unnormalised by its
 # postprocessor, against the recorded actions inside the episode.
-OPEN_LOOP = r'''
+OPEN_LOOP = NARROW + r'''
 import sys, json, torch
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 from lerobot.policies.act.modeling_act import ACTPolicy
@@ -184,7 +188,8 @@ def test_act_trains_from_a_lerobot_dataset_as_lerobot_batches_it(tmp_path, made)
     assert len(losses) == 40
     assert [x["step"] for x in m if "open_loop_mse" in x] == [20, 40]
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses
-    ckpt = (tmp_path / "run" / "checkpoints" / "latest").resolve()
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpt = ckpts / (ckpts / "latest").read_text().strip()
     assert "ok" in run_lerobot(LOAD_CHECKPOINT, ckpt)
 
     # Open-loop evaluation on a held-out episode (data.robot.valid_episodes: 1 holds out episode 1 of 3) = LeRobot's
