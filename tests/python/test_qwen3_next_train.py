@@ -183,10 +183,12 @@ def test_tp2_follows_one_process(tmp_path, model_type, layout):
     check_tp2_follows_one_process(tmp_path, layout)
 
 
-def check_tp2_follows_one_process(tmp, layout, median_tol=1e-6):
+def check_tp2_follows_one_process(tmp, layout, median_tol=1e-5):
     """Three steps of `train` under `layout` (parallel.tp 2, maybe sp) on tmp/model = three steps in one process:
     losses within 1e-5, the first gradient norm within 1e-5 and later ones 1e-3; the checkpoints alike (every
-    tensor's median difference within median_tol, none over 0.1)."""
+    tensor's median difference within median_tol = 1e-3 of the learning rate, none over 0.1). A wrong split moves
+    most entries by about lr (1e-2) per step; regrouped sums move near-zero gradients' Adam steps, which put
+    Qwen3.5's zero-centred norm weights 1.1e-6 apart (median) on one machine and under 1e-6 on another, same code."""
     run_lf("train", write_recipe(tmp, "one", steps=3))
     res = launch_ranks(2, [LF_BIN, "train", write_recipe(tmp, "tp2", steps=3, extra=f"parallel:\n  {layout}")],
                        threads=1)
