@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import glob
 rep = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-t = pq.read_table(glob.glob(f"{sys.argv[2]}/data/*/*.parquet")).to_pandas()
-a = np.stack(t["action"].to_numpy())
+t = pq.read_table(glob.glob(f"{sys.argv[2]}/data/*/*.parquet"))
+a = np.array(t.column("action").to_pylist())
 base = float(((a - a.mean(0)) ** 2).mean())
 print(f"open-loop action MSE on {rep['episodes']} held-out episodes ({rep['chunks']} chunks): {rep['mse']:.5f}; "
       f"always the mean action: {base:.5f}")

@@ -235,7 +235,7 @@ ACTImpl::ACTImpl(const ACTConfig& c) : c_(c) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ACTImpl::forward(const Batch& b, bool vae, const at::Tensor& eps) {
   const int64_t B = b.num_rows(), D = c_.dim_model;
   const at::Tensor state = c_.state_dim ? b.at("observation.state") : at::Tensor();
-  const auto dtype = action_head->weight.scalar_type();
+  const auto dtype = action_head->bias.scalar_type();  // (a bias: FSDP's bf16 compute copies only matmul weights)
   // queries > 0: only the first `queries` positions of the last layer's output (the CVAE encoder reads its cls token)
   auto run = [](ACTStack& s, at::Tensor x, const at::Tensor& pos, const at::Tensor& pad, int64_t queries) {
     const size_t n = s->layers->size();
@@ -254,7 +254,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ACTImpl::forward(const Batch& b, 
     logvar = params.narrow(1, c_.latent_dim, c_.latent_dim);
     latent = mu + (logvar / 2).exp() * (eps.defined() ? eps.to(dtype) : at::randn_like(mu));
   } else {
-    latent = at::zeros({B, c_.latent_dim}, action_head->weight.options());
+    latent = at::zeros({B, c_.latent_dim}, action_head->bias.options());
   }
   std::vector<at::Tensor> tokens{encoder_latent_input_proj(latent).unsqueeze(1)};
   std::vector<at::Tensor> pos{encoder_1d_feature_pos_embed->weight.unsqueeze(0)};
@@ -328,8 +328,9 @@ at::Tensor ACTPolicyImpl::forward_whole(const Batch& b) {
   return vae ? at::cat({out, mu, logvar}, 1) : out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ACTPolicyImpl::losses(const at::Tensor& h, const Batch& b) const {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ACTPolicyImpl::losses(const at::Tensor& head, const Batch& b) const {
   const auto& c = config_;
+  const at::Tensor h = head.to(at::kFloat);  // the loss reduced in fp32 (bf16 compute)
   const int64_t B = h.size(0), n = c.chunk_size * c.action_dim;
   const at::Tensor actions = h.narrow(1, 0, n).view({B, c.chunk_size, c.action_dim});
   const at::Tensor valid = b.at("action_is_pad").logical_not().unsqueeze(-1).to(h.scalar_type());
@@ -345,8 +346,9 @@ int64_t ACTPolicyImpl::loss_terms(const Batch& b) const {
   return b.at("action_is_pad").logical_not().sum().item<int64_t>();
 }
 
-at::Tensor ACTPolicyImpl::head_loss_sum(const at::Tensor& h, const Batch& b) {
+at::Tensor ACTPolicyImpl::head_loss_sum(const at::Tensor& head, const Batch& b) {
   const auto& c = config_;
+  const at::Tensor h = head.to(at::kFloat);  // the loss reduced in fp32 (bf16 compute)
   const int64_t B = h.size(0), n = c.chunk_size * c.action_dim;
   const at::Tensor actions = h.narrow(1, 0, n).view({B, c.chunk_size, c.action_dim});
   const at::Tensor valid = b.at("action_is_pad").logical_not().to(h.scalar_type());  // [B, chunk]
@@ -357,7 +359,7 @@ at::Tensor ACTPolicyImpl::head_loss_sum(const at::Tensor& h, const Batch& b) {
     const at::Tensor kld = (-0.5 * (1 + logvar - mu.pow(2) - logvar.exp())).sum(-1);  // [B]
     sum = sum + (kld * valid.sum(1)).sum() * c.kl_weight;
   }
-  return sum.to(at::kFloat);
+  return sum;
 }
 
 PolicySpec ACTPolicyImpl::policy_spec() const {
@@ -384,7 +386,7 @@ at::Tensor ACTPolicyImpl::predict_action_chunk(const Batch& b) {
 Batch ACTPolicyImpl::check_batch(const std::map<std::string, at::Tensor>& batch, const std::string& file, bool need_action) const {
   const auto& c = config_;
   constexpr int64_t B = BatchChecker::kB;
-  BatchChecker k(batch, file, model->action_head->weight.scalar_type());
+  BatchChecker k(batch, file, model->action_head->bias.scalar_type());
   if (c.state_dim) k.take("observation.state", {B, c.state_dim}, true);
   if (c.env_dim) k.take("observation.environment_state", {B, c.env_dim}, true);
   for (const std::string& cam : c.cameras) k.take(cam, {B, 3, -1, -1}, true);

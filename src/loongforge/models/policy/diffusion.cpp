@@ -454,8 +454,9 @@ at::Tensor DiffusionPolicyImpl::forward_whole(const Batch& b) {
   return at::cat({pred.flatten(1), target.to(pred.scalar_type()).flatten(1)}, 1);
 }
 
-at::Tensor DiffusionPolicyImpl::loss(const at::Tensor& h, const Batch& b) const {
+at::Tensor DiffusionPolicyImpl::loss(const at::Tensor& head, const Batch& b) const {
   const auto& c = config_;
+  const at::Tensor h = head.to(at::kFloat);  // the loss reduced in fp32 (bf16 compute)
   const int64_t B = h.size(0), n = c.horizon * c.features.action_dim;
   const at::Tensor pred = h.narrow(1, 0, n).view({B, c.horizon, c.features.action_dim});
   const at::Tensor target = h.narrow(1, n, n).view({B, c.horizon, c.features.action_dim});
@@ -466,7 +467,7 @@ at::Tensor DiffusionPolicyImpl::loss(const at::Tensor& h, const Batch& b) const 
 }
 
 at::Tensor DiffusionPolicyImpl::head_loss_sum(const at::Tensor& h, const Batch& b) {
-  return loss(h, b).to(at::kFloat) * static_cast<double>(b.num_rows());
+  return loss(h, b) * static_cast<double>(b.num_rows());
 }
 
 PolicySpec DiffusionPolicyImpl::policy_spec() const {

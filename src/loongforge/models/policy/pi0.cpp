@@ -567,7 +567,7 @@ at::Tensor PI0PolicyImpl::predict_action_chunk(const Batch& b, const at::Tensor&
 
 Batch PI0PolicyImpl::check_batch(const std::map<std::string, at::Tensor>& batch, const std::string& file, bool need_action) const {
   const auto& c = config_;
-  const auto dtype = model->action_in_proj->weight.scalar_type();
+  const auto dtype = model->action_in_proj->bias.scalar_type();
   Batch out;
   int64_t B = -1;
   enum Kind { kFloating, kBool, kIndex };
