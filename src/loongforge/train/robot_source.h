@@ -21,6 +21,7 @@
 #include "loongforge/data/robot/normalize.h"
 #include "loongforge/data/robot/sampler.h"
 #include "loongforge/data/robot/transforms.h"
+#include "loongforge/data/tokenizer/tokenizer.h"
 #include "loongforge/models/model.h"
 #include "loongforge/models/policy_io.h"
 #include "loongforge/train/batch.h"
@@ -37,12 +38,16 @@ struct RobotSourceOptions {
   std::string stats_file;                    // data.robot.stats: a stats.json to normalise with ("": the dataset's)
   data::robot::ImageTransformsConfig transforms;  // data.robot.image_transforms (training rows only)
   int64_t stride = 1;  // validation: every stride-th frame of each episode (open-loop evaluation's queries)
+  // Policies that read the task as tokens (PolicySpec::language): data.robot.tokenizer, the tokenizer's folder
+  // (tokenizer.json or tokenizer.model, tokenizer_config.json's pad_token); "": the policy's folder (model.path).
+  std::string tokenizer, policy_dir;
 };
 
 class RobotSource : public BatchSource {
  public:
   // Errors (one line naming the dataset or the recipe key): features the policy needs that the dataset lacks or
-  // shapes that differ, statistics missing for a normalised feature, language inputs (not yet).
+  // shapes that differ, statistics missing for a normalised feature, a language policy without a tokenizer or on a
+  // dataset without tasks.
   RobotSource(RobotSourceOptions o, const models::Model& model);
   ~RobotSource() override;
   Batch next(int64_t micro_batch_size) override { return next_rows(micro_batch_size, 0, micro_batch_size); }
@@ -50,6 +55,7 @@ class RobotSource : public BatchSource {
   nlohmann::json state() const override;
   void restore(const nlohmann::json& state) override;
   std::string origin() const override { return opts_.dataset; }
+  // LeRobot's processor files (policy_preprocessor.json, ...) and, for a language policy, the tokenizer's files.
   std::string write_model_files(const std::string& dir) const override;
 
   const data::robot::Stats& stats() const { return stats_; }
@@ -73,6 +79,12 @@ class RobotSource : public BatchSource {
   std::unique_ptr<data::robot::RobotLoader> loader_;  // for the current (global_rows, first, n); rebuilt on change
   data::robot::SamplerState sampler_;                 // after the last batch given
   int64_t rows_ = 0;                                  // rows of the stream given so far (all ranks' shares)
+  // language policies: the tokenizer, its folder and pad id
+  std::shared_ptr<const data::Tokenizer> tokenizer_;
+  std::string tokenizer_dir_;
+  int64_t pad_id_ = 0;
+  // observation.language.tokens / .attention_mask of the rows' prompts (LeRobot's TokenizerProcessorStep)
+  void add_language(Batch& out, const at::Tensor& task_index) const;
 };
 
 }  // namespace lf::train
