@@ -207,10 +207,12 @@ def test_pi05_batch_and_loss_match_lerobot(tmp_path, made):
 def test_pi0_trains_and_its_checkpoint_loads_in_lerobot(tmp_path, made, kind):
     pol = made / kind
     rec = recipe(tmp_path, made, kind, steps=30)
-    run_lf("train", rec)
+    run_lf("train", rec, "--set", "data.robot.valid_episodes=1", "--set", "eval.every=30")
     m = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [x["loss"] for x in m if "loss" in x]
     assert len(losses) == 30
+    # open-loop evaluation on the held-out episode (its rows' prompts made as the training rows')
+    assert [x["step"] for x in m if "open_loop_mse" in x] == [30] and np.isfinite(m[-1]["open_loop_mse"])
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses
     ckpts = tmp_path / "run" / "checkpoints"
     ckpt = ckpts / (ckpts / "latest").read_text().strip()
