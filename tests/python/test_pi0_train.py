@@ -7,8 +7,10 @@ transformers' AutoTokenizer in place of google/paligemma-3b-pt-224; LoongForge t
     the normalised state>;\\nAction: "), the normalised state, camera and action chunk; its loss (`dump`) =
     PI0Policy.forward's on LeRobot's batch with the same noise and time; the processor files written beside it load
     in LeRobot and make the same batch;
-  - training lowers the loss, and the checkpoint folder (weights, config, processors, tokenizer) loads in LeRobot and
-    gives an action for a raw observation with its task."""
+  - training lowers the loss (with open-loop evaluation on a held-out episode), and the checkpoint folder (weights,
+    config, processors, tokenizer) loads in LeRobot and gives an action for a raw observation with its task;
+  - the shipped LoRA recipes' targets train only adapters, saved in PEFT's layout, which PeftModel.from_pretrained
+    loads over LeRobot's policy to the loss `dump --lora` gives."""
 import json
 import shutil
 
@@ -21,9 +23,9 @@ from test_pi0_parity import EXPERT, SMALL_PI0, VISION, VLM
 from test_policy_train import DATASET, PROCESSED
 from test_policy_train import recipe as policy_recipe
 
-# The episodes' tasks: underscores, newlines and outer spaces (π0.5 cleans them), one long enough for π0's
+# The episodes' tasks: underscores, newlines and outer (Unicode) spaces (π0.5 cleans them), one long enough for π0's
 # tokenizer_max_length here (16) to cut.
-TASKS = ["follow_the ring", "  pick up the cube\nthen stop  ", "put the block in the box, then pick up the ring, then follow the cube to the box"]
+TASKS = ["follow_the ring", "\u3000 pick up the cube\nthen stop \u00a0", "put the block in the box, then pick up the ring, then follow the cube to the box"]
 
 # A Gemma-like tokenizer (BPE with byte fallback, spaces as '▁', "<bos> $A", pad 0 / eos 1 / bos 2 / unk 3), trained
 # on a few prompts, saved to argv[1] as a GemmaTokenizer folder.

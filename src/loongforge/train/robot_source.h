@@ -4,8 +4,10 @@
 // (models/policy_io.h): its input features and the action, windowed by its observation / action frame offsets
 // ("<feature>_is_pad" masks at episode edges), cameras as float [.., C, H, W] in [0, 1] after the image transforms,
 // every feature normalised by its type's mode with the dataset's statistics (meta/stats.json; computed over the
-// training episodes as LeRobot computes them when the dataset has none; or a stats.json given), and the policy's
-// training draws (ACT's vae_eps, flow matching's noise and time).
+// training episodes as LeRobot computes them when the dataset has none; or a stats.json given), the policy's
+// training draws (ACT's vae_eps, flow matching's noise and time), and for policies that read the task as tokens
+// (PolicySpec::language) the rows' prompts (Policy::prompts of the dataset's task texts and the
+// normalised batch) through the tokenizer, cut and padded as LeRobot's TokenizerProcessorStep.
 //
 // Rows form one stream (the frame sampler's seeded epoch order over the training episodes); row k's image
 // transforms and random draws come from its own generators seeded by (seed, k), so a row is the same however the

@@ -132,6 +132,37 @@ void joint_layer(std::vector<Stream>& s, const at::Tensor& cos, const at::Tensor
   }
 }
 
+// Python's str.strip(): the code points str.isspace() holds at both ends of the UTF-8 text removed.
+std::string python_strip(const std::string& t) {
+  auto space = [](uint32_t c) {
+    return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+  };
+  // the code point starting at byte i and its length (a malformed byte: itself, not a space)
+  auto at = [&](size_t i) -> std::pair<uint32_t, size_t> {
+    const auto b = static_cast<unsigned char>(t[i]);
+    const size_t n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > t.size()) return {0xffffffffu, 1};
+    uint32_t c = n == 1 ? b : b & (0xffu >> (n + 1));
+    for (size_t k = 1; k < n; ++k) c = (c << 6) | (static_cast<unsigned char>(t[i + k]) & 0x3fu);
+    return {c, n};
+  };
+  size_t a = 0, e = t.size();
+  while (a < e) {
+    auto [c, n] = at(a);
+    if (!space(c)) break;
+    a += n;
+  }
+  while (e > a) {
+    size_t s = e - 1;  // back to the last code point's first byte
+    while (s > a && (static_cast<unsigned char>(t[s]) & 0xc0) == 0x80) --s;
+    auto [c, n] = at(s);
+    if (!space(c) || s + n != e) break;
+    e = s;
+  }
+  return t.substr(a, e - a);
+}
+
 }  // namespace
 
 // ---- config ----
@@ -572,10 +603,7 @@ std::vector<std::string> PI0PolicyImpl::prompts(const std::vector<std::string>& 
   const int64_t D = state.size(1);
   for (size_t i = 0; i < tasks.size(); ++i) {
     // task.strip() (Python's whitespace), '_' and newlines as spaces
-    const std::string& t = tasks[i];
-    const char* ws = " \t\n\r\v\f\x1c\x1d\x1e\x1f";
-    const size_t a = t.find_first_not_of(ws);
-    std::string task = a == std::string::npos ? "" : t.substr(a, t.find_last_not_of(ws) - a + 1);
+    std::string task = python_strip(tasks[i]);
     for (char& ch : task)
       if (ch == '_' || ch == '\n') ch = ' ';
     std::string bins;
