@@ -13,54 +13,62 @@ from safetensors.numpy import load_file
 
 from conftest import assert_policy_grads_and_step_match, run_lerobot, run_lf
 
+# In the lerobot environment, SMALL_PI0 defines small_pi0(kind, sizes, vocab, vision) -> (modeling module, config class, policy class) with those
+# patches in place (test_pi0_train.py uses it too).
+SMALL_PI0 = r'''
+import inspect
+def small_pi0(kind, sizes, vocab, vision):
+    if kind == "pi0":
+        import lerobot.policies.pi0.modeling_pi0 as M
+        from lerobot.policies.pi0.configuration_pi0 import PI0Config as Config
+        Policy = M.PI0Policy
+    else:
+        import lerobot.policies.pi05.modeling_pi05 as M
+        from lerobot.policies.pi05.configuration_pi05 import PI05Config as Config
+        Policy = M.PI05Policy
+    # LeRobot's size table, variant check and PaliGemma / expert configs, patched to the small sizes
+    get_config = M.get_gemma_config
+    M.get_gemma_config = lambda v: M.GemmaConfig(**sizes[v]) if v in sizes else get_config(v)
+    post_init = Config.__post_init__
+    def small_post_init(self):
+        names = self.paligemma_variant, self.action_expert_variant
+        self.paligemma_variant = self.action_expert_variant = "gemma_300m"
+        post_init(self)
+        self.paligemma_variant, self.action_expert_variant = names
+    Config.__post_init__ = small_post_init
+    PaliGemma, Expert = M.PaliGemmaForConditionalGenerationWithPiGemma, M.PiGemmaForCausalLM
+    def small_paligemma(config):
+        for k, v in vision.items():
+            setattr(config.vision_config, k, v)
+        config.projection_dim = vision["projection_dim"]
+        config.vocab_size = config.text_config.vocab_size = vocab
+        return PaliGemma(config=config)
+    def small_expert(config):
+        config.vocab_size = vocab
+        return Expert(config=config)
+    M.PaliGemmaForConditionalGenerationWithPiGemma, M.PiGemmaForCausalLM = small_paligemma, small_expert
+    src = inspect.getsource(M.compute_layer_complete)  # the joint attention's reshape assumes 8 heads
+    fixed = "att_output.reshape(batch_size, att_output.shape[1], -1)"
+    assert "att_output.reshape(batch_size, -1, 1 * 8 * head_dim)" in src
+    exec(src.replace("att_output.reshape(batch_size, -1, 1 * 8 * head_dim)", fixed), M.__dict__)
+    # LeRobot 0.6.1 targets transformers 5.4-5.5; this environment has a later one, whose create_causal_mask takes no
+    # cache_position. The mask LeRobot passes is a prepared 4D one, which create_causal_mask returns as-is.
+    import lerobot.policies.pi_gemma as pi_gemma
+    pi_gemma.create_causal_mask = lambda config, inputs_embeds, attention_mask, **kw: attention_mask
+    return M, Config, Policy
+'''
+
 # In the lerobot environment: build the policy from SPEC (json) at small sizes, save it to OUT/policy (LeRobot's
 # folder layout, plus the size fields LoongForge reads for variants LeRobot does not know), draw a batch, run
 # policy.forward in train mode with the flow-matching draws fixed to the batch's, backward, predict_action_chunk
 # from the batch's sample_noise, one AdamW step; write the batch and the results.
-ORACLE = r'''
-import inspect, json, sys, torch
+ORACLE = SMALL_PI0 + r'''
+import json, sys, torch
 from safetensors.torch import save_file
 from lerobot.configs.types import FeatureType, PolicyFeature
 spec = json.loads(sys.argv[1]); out = sys.argv[2]
-kind = spec.pop("type")
-if kind == "pi0":
-    import lerobot.policies.pi0.modeling_pi0 as M
-    from lerobot.policies.pi0.configuration_pi0 import PI0Config as Config
-    Policy = M.PI0Policy
-else:
-    import lerobot.policies.pi05.modeling_pi05 as M
-    from lerobot.policies.pi05.configuration_pi05 import PI05Config as Config
-    Policy = M.PI05Policy
 sizes = spec.pop("variant_sizes"); vocab = spec.pop("vocab_size"); vision = spec.pop("vision_config")
-# LeRobot's size table, variant check and PaliGemma / expert configs, patched to the small sizes
-get_config = M.get_gemma_config
-M.get_gemma_config = lambda v: M.GemmaConfig(**sizes[v]) if v in sizes else get_config(v)
-post_init = Config.__post_init__
-def small_post_init(self):
-    names = self.paligemma_variant, self.action_expert_variant
-    self.paligemma_variant = self.action_expert_variant = "gemma_300m"
-    post_init(self)
-    self.paligemma_variant, self.action_expert_variant = names
-Config.__post_init__ = small_post_init
-PaliGemma, Expert = M.PaliGemmaForConditionalGenerationWithPiGemma, M.PiGemmaForCausalLM
-def small_paligemma(config):
-    for k, v in vision.items():
-        setattr(config.vision_config, k, v)
-    config.projection_dim = vision["projection_dim"]
-    config.vocab_size = config.text_config.vocab_size = vocab
-    return PaliGemma(config=config)
-def small_expert(config):
-    config.vocab_size = vocab
-    return Expert(config=config)
-M.PaliGemmaForConditionalGenerationWithPiGemma, M.PiGemmaForCausalLM = small_paligemma, small_expert
-src = inspect.getsource(M.compute_layer_complete)  # the joint attention's reshape assumes 8 heads
-fixed = "att_output.reshape(batch_size, att_output.shape[1], -1)"
-assert "att_output.reshape(batch_size, -1, 1 * 8 * head_dim)" in src
-exec(src.replace("att_output.reshape(batch_size, -1, 1 * 8 * head_dim)", fixed), M.__dict__)
-# LeRobot 0.6.1 targets transformers 5.4-5.5; this environment has a later one, whose create_causal_mask takes no
-# cache_position. The mask LeRobot passes is a prepared 4D one, which create_causal_mask returns as-is.
-import lerobot.policies.pi_gemma as pi_gemma
-pi_gemma.create_causal_mask = lambda config, inputs_embeds, attention_mask, **kw: attention_mask
+M, Config, Policy = small_pi0(spec.pop("type"), sizes, vocab, vision)
 
 torch.manual_seed(spec.pop("seed"))
 B = spec.pop("batch"); L = spec.pop("lang_len"); lang_pad = spec.pop("lang_pad"); pad = spec.pop("pad")

@@ -16,9 +16,11 @@ from safetensors.numpy import load_file, save_file
 from conftest import run_gtest_hook, run_lerobot, run_lf
 
 # In the lerobot environment: a v3.0 dataset (argv[1]) of 3 episodes at 10 fps whose actions follow from the state
-# (action_t = state_{t+1}, a slow rotation) and whose camera (an image feature, 24 x 32) shows the state as colour.
+# (action_t = state_{t+1}, a slow rotation) and whose camera (an image feature, 24 x 32) shows the state as colour;
+# the episodes' tasks: argv[2] (a json list, one per episode) or "follow".
 DATASET = r'''
-import sys, numpy as np
+import json, sys, numpy as np
+tasks = json.loads(sys.argv[2]) if len(sys.argv) > 2 else ["follow"] * 3
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 H, W = 24, 32
 feats = {"observation.state": {"dtype": "float32", "shape": (4,), "names": None},
@@ -35,7 +37,7 @@ for ep, n in enumerate([22, 18, 20]):
         img = np.zeros((H, W, 3), np.uint8)
         img[..., 0] = np.uint8(128 + 60 * np.tanh(x[0])); img[..., 1] = np.uint8(128 + 60 * np.tanh(x[1]))
         img[:, : W // 2, 2] = np.uint8(128 + 60 * np.tanh(x[2])); img[:, W // 2 :, 2] = np.uint8(128 + 60 * np.tanh(x[3]))
-        ds.add_frame({"observation.state": x, "action": nxt, "observation.images.top": img, "task": "follow"})
+        ds.add_frame({"observation.state": x, "action": nxt, "observation.images.top": img, "task": tasks[ep]})
         x = nxt
     ds.save_episode()
 ds.finalize()
@@ -73,30 +75,38 @@ cfg = ACTConfig(input_features={"observation.state": PolicyFeature(FeatureType.S
 ACTPolicy(cfg).save_pretrained(sys.argv[1])
 '''
 
+# In the lerobot environment: processed(root, cfg, index, files, keys) -> (LeRobot's preprocessed batch of the dataset
+# frames INDEX with the policy's delta_timestamps and the dataset's stats, {KEYS of it, "files." + KEYS of the same raw
+# batch through the processor files in FILES}).
+PROCESSED = r'''
+def processed(root, cfg, index, files, keys):
+    import torch
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    from lerobot.policies.factory import make_pre_post_processors
+    ds = LeRobotDataset("test/robot", root=root, delta_timestamps={"action": [i / 10 for i in cfg.action_delta_indices]})
+    items = [ds[int(i)] for i in index]
+    raw = {k: torch.stack([it[k] for it in items]) for k in items[0] if isinstance(items[0][k], torch.Tensor)}
+    raw["task"] = [it["task"] for it in items]
+    pre, _ = make_pre_post_processors(cfg, dataset_stats=ds.meta.stats)
+    ref = pre(dict(raw))
+    mine, _ = make_pre_post_processors(cfg, pretrained_path=files)
+    via_ours = mine(dict(raw))
+    res = {k: ref[k].clone().contiguous() for k in keys}
+    for k in keys: res["files." + k] = via_ours[k].clone().contiguous()
+    return ref, res
+'''
+
 # LeRobot's batch for the frames the source read (argv[3]'s "index"), its loss with our latent draw, and the
 # processors LoongForge wrote (argv[4]) applied to the same raw batch.
-LEROBOT_BATCH = NARROW + r'''
+LEROBOT_BATCH = NARROW + PROCESSED + r'''
 import sys, torch
 from safetensors.torch import load_file, save_file
-from lerobot.datasets.lerobot_dataset import LeRobotDataset
 from lerobot.policies.act.modeling_act import ACTPolicy
-from lerobot.policies.factory import make_pre_post_processors
 root, pol, ours, files, out = sys.argv[1:6]
 policy = ACTPolicy.from_pretrained(pol)
-cfg = policy.config
-fps = 10
-ds = LeRobotDataset("test/robot", root=root, delta_timestamps={"action": [i / fps for i in cfg.action_delta_indices]})
 ours = load_file(ours)
-items = [ds[int(i)] for i in ours["index"]]
-raw = {k: torch.stack([it[k] for it in items]) for k in items[0] if isinstance(items[0][k], torch.Tensor)}
-raw["task"] = [it["task"] for it in items]
-pre, _ = make_pre_post_processors(cfg, dataset_stats=ds.meta.stats)
-ref = pre(dict(raw))
-mine, _ = make_pre_post_processors(cfg, pretrained_path=files)
-via_ours = mine(dict(raw))
 keys = ["observation.state", "observation.images.top", "action", "action_is_pad"]
-res = {k: ref[k].clone().contiguous() for k in keys}
-for k in keys: res["files." + k] = via_ours[k].clone().contiguous()
+ref, res = processed(root, policy.config, ours["index"], files, keys)
 policy.train()
 torch.randn_like = lambda t, **kw: ours["vae_eps"].to(t.dtype)
 loss, parts = policy.forward({k: ref[k] for k in keys})
@@ -144,12 +154,12 @@ print(json.dumps({"mse": sq / n}))
 '''
 
 
-def recipe(tmp_path, dataset, policy, robot=""):
+def recipe(tmp_path, dataset, policy, robot="", steps=40):
     lines = [f"output_dir: {tmp_path / 'run'}", "seed: 7", f"model:\n  path: {policy}",
              f"data:\n  format: robot\n  train:\n    - path: {dataset}\n  robot:\n    threads: 1\n{robot}",
-             "train:\n  steps: 40\n  micro_batch_size: 6", "optim:\n  lr: 0.001\n  weight_decay: 0.0",
+             f"train:\n  steps: {steps}\n  micro_batch_size: 6", "optim:\n  lr: 0.001\n  weight_decay: 0.0",
              "schedule:\n  kind: constant", "log:\n  tensorboard: false\n  plot: false\n  progress: lines",
-             "checkpoint:\n  every: 40"]
+             f"checkpoint:\n  every: {steps}"]
     path = tmp_path / "recipe.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -143,7 +143,7 @@ void save_peft_adapter(const std::string& dir, torch::nn::Module& root, const nn
 }
 
 void save_peft_tensors(const std::string& dir, const NamedTensors& params, const nn::LoraConfig& cfg,
-                       const std::string& base_model_name_or_path) {
+                       const std::string& base_model_name_or_path, const std::string& task_type) {
   NamedTensors tensors;
   for (const auto& [name, t] : params) tensors.emplace_back(peft_name(name), t.detach().to(at::kCPU).contiguous());
   bool plain = true;
@@ -157,7 +157,7 @@ void save_peft_tensors(const std::string& dir, const NamedTensors& params, const
       re += (re.empty() ? "" : "|") + (t.rfind("re:", 0) == 0 ? "(?:" + t.substr(3) + ")" : "(?:.*\\.)?" + regex_escape(t));
     targets = re;
   }
-  json c = {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"r", cfg.r}, {"target_modules", targets},
+  json c = {{"peft_type", "LORA"}, {"task_type", task_type.empty() ? json(nullptr) : json(task_type)}, {"r", cfg.r}, {"target_modules", targets},
             {"lora_dropout", cfg.dropout}, {"use_rslora", cfg.use_rslora}, {"bias", "none"}, {"fan_in_fan_out", false},
             {"modules_to_save", nullptr}, {"use_dora", false}, {"lora_bias", false}, {"rank_pattern", json::object()},
             {"alpha_pattern", json::object()}, {"layers_to_transform", nullptr}, {"layers_pattern", nullptr},

@@ -30,8 +30,9 @@ NamedTensors load_peft_adapter(const std::string& dir, torch::nn::Module& root);
 void save_peft_adapter(const std::string& dir, torch::nn::Module& root, const nn::LoraConfig& cfg,
                        const std::string& base_model_name_or_path = "");
 // The same files from adapter tensors given by their model names ("model.layers.0.self_attn.q_proj.lora_A.weight"),
-// e.g. whole tensors gathered from the ranks of a distributed run.
+// e.g. whole tensors gathered from the ranks of a distributed run. TASK_TYPE: the config's task_type ("": null, as
+// LeRobot's policies' adapters have it, so PeftModel.from_pretrained wraps them in a plain PeftModel).
 void save_peft_tensors(const std::string& dir, const NamedTensors& params, const nn::LoraConfig& cfg,
-                       const std::string& base_model_name_or_path = "");
+                       const std::string& base_model_name_or_path = "", const std::string& task_type = "CAUSAL_LM");
 
 }  // namespace lf::io

@@ -15,6 +15,8 @@ namespace fs = std::filesystem;
 namespace {
 const char* kPre = "policy_preprocessor.json";
 const char* kPost = "policy_postprocessor.json";
+const char* kPreName = "policy_preprocessor";
+const char* kPostName = "policy_postprocessor";
 
 nlohmann::json device_step() { return {{"registry_name", "device_processor"}, {"config", {{"device", "cpu"}, {"float_dtype", nullptr}}}}; }
 
@@ -83,22 +85,26 @@ std::optional<PolicyNormalization> read_policy_normalization(const std::string& 
   r.fail("steps", "no normalizer_processor step");
 }
 
-void write_policy_processors(const std::string& dir, const PolicyNormalization& n, const nlohmann::json& outputs) {
+void write_policy_processors(const std::string& dir, const PolicyNormalization& n, const nlohmann::json& outputs,
+                             const nlohmann::json& pre_steps, const nlohmann::json& post_steps) {
   fs::create_directories(dir);
-  const std::string pre_state = "policy_preprocessor_step_3_normalizer_processor.safetensors";
-  const std::string post_state = "policy_postprocessor_step_0_unnormalizer_processor.safetensors";
-  save_file((fs::path(dir) / pre_state).string(), state_tensors(n, n.features));
-  save_file((fs::path(dir) / post_state).string(), state_tensors(n, outputs));
-  const nlohmann::json pre = {
-      {"name", "policy_preprocessor"},
-      {"steps", {{{"registry_name", "rename_observations_processor"}, {"config", {{"rename_map", nlohmann::json::object()}}}},
-                 {{"registry_name", "to_batch_processor"}, {"config", nlohmann::json::object()}},
-                 device_step(),
-                 norm_step("normalizer_processor", n, n.features, pre_state)}}};
-  const nlohmann::json post = {{"name", "policy_postprocessor"},
-                               {"steps", {norm_step("unnormalizer_processor", n, outputs, post_state), device_step()}}};
-  write_file_atomic((fs::path(dir) / kPre).string(), pre.dump(2));
-  write_file_atomic((fs::path(dir) / kPost).string(), post.dump(2));
+  const nlohmann::json rename = {{"registry_name", "rename_observations_processor"}, {"config", {{"rename_map", nlohmann::json::object()}}}};
+  const nlohmann::json batch = {{"registry_name", "to_batch_processor"}, {"config", nlohmann::json::object()}};
+  nlohmann::json pre = pre_steps.is_null() ? nlohmann::json{rename, batch, device_step(), {{"registry_name", "normalizer_processor"}}} : pre_steps;
+  nlohmann::json post = post_steps.is_null() ? nlohmann::json{{{"registry_name", "unnormalizer_processor"}}, device_step()} : post_steps;
+  // the (un)normaliser steps filled in, their state files written as "<pipeline>_step_<i>_<registry>.safetensors"
+  auto fill = [&](nlohmann::json& steps, const char* pipeline, const char* registry, const nlohmann::json& features) {
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (steps[i].value("registry_name", "") != registry) continue;
+      const std::string file = std::string(pipeline) + "_step_" + std::to_string(i) + "_" + registry + ".safetensors";
+      save_file((fs::path(dir) / file).string(), state_tensors(n, features));
+      steps[i] = norm_step(registry, n, features, file);
+    }
+  };
+  fill(pre, kPreName, "normalizer_processor", n.features);
+  fill(post, kPostName, "unnormalizer_processor", outputs);
+  write_file_atomic((fs::path(dir) / kPre).string(), nlohmann::json{{"name", kPreName}, {"steps", pre}}.dump(2));
+  write_file_atomic((fs::path(dir) / kPost).string(), nlohmann::json{{"name", kPostName}, {"steps", post}}.dump(2));
 }
 
 }  // namespace lf::io

@@ -28,7 +28,11 @@ std::optional<PolicyNormalization> read_policy_normalization(const std::string& 
 // Writes DIR/policy_preprocessor.json and policy_postprocessor.json with their state files, as LeRobot's
 // make_pre_post_processors(config, dataset_stats) followed by save_pretrained writes them (rename, to-batch, device,
 // normaliser over every feature; unnormaliser over the outputs, device), from N's features, norm_map, stats and eps;
-// `outputs` names the features the postprocessor unnormalises (LeRobot: the policy's output features).
-void write_policy_processors(const std::string& dir, const PolicyNormalization& n, const nlohmann::json& outputs);
+// `outputs` names the features the postprocessor unnormalises (LeRobot: the policy's output features). PRE_STEPS /
+// POST_STEPS (lists of {registry_name, config}; null: the default pipelines above) give a policy's own pipelines:
+// their normalizer_processor / unnormalizer_processor steps get N's config and their state file (named by the step's
+// position, as LeRobot names it).
+void write_policy_processors(const std::string& dir, const PolicyNormalization& n, const nlohmann::json& outputs,
+                             const nlohmann::json& pre_steps = nullptr, const nlohmann::json& post_steps = nullptr);
 
 }  // namespace lf::io

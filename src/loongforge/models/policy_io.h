@@ -13,6 +13,8 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
+#include <nlohmann/json.hpp>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -37,8 +39,17 @@ struct PolicySpec {
   std::vector<int64_t> observation_offsets, action_offsets;
   int64_t n_action_steps = 1;  // actions executed per predicted chunk (open-loop evaluation queries every this many)
   // The policy also reads the task text as tokens (observation.language.tokens / .attention_mask) that its
-  // processor makes (pi0's PaliGemma prompt).
+  // processor makes: Policy::prompts' texts through a tokenizer (with its special tokens), truncated on the right and
+  // padded with its pad token on `padding_side` to tokenizer_max_length (LeRobot's TokenizerProcessorStep; ids int64,
+  // mask bool).
   bool language = false;
+  int64_t tokenizer_max_length = 0;
+  std::string padding_side = "right";
+  // LeRobot's processor steps ({registry_name, config}) when the policy's pipelines differ from the default ones
+  // (preprocessor: rename, to-batch, device, normaliser; postprocessor: unnormaliser, device); the writer fills the
+  // normalizer_processor / unnormalizer_processor steps (config, state file) and the tokenizer_processor's
+  // tokenizer_name. Empty (null): the default pipelines.
+  nlohmann::json preprocessor_steps, postprocessor_steps;
   // The normalisation mode of a feature (its type's entry in norm_map; IDENTITY when the type has none).
   std::string mode_of(const PolicyFeature& f) const {
     auto it = norm_map.find(f.type);
@@ -58,6 +69,11 @@ class Policy {
   // normalised; sampler noise comes from the batch where the policy takes it (`sample_noise`), else from the
   // global generator.
   virtual at::Tensor predict_action_chunk(const Batch& b) = 0;
+  // The text its processor tokenises for each row (spec.language): from the row's task (the dataset's task text) and
+  // the batch's normalised features (B rows). Default: the task as it is.
+  virtual std::vector<std::string> prompts(const std::vector<std::string>& tasks, const Batch& normalised) const {
+    return tasks;
+  }
 };
 
 // The model's policy interface (nullptr: not a policy).

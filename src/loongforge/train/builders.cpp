@@ -282,6 +282,8 @@ RobotSourceOptions robot_source_options(const json& r, data::Split split) {
   if (o.threads < 0) throw Error("recipe: field 'data.robot.threads': must be >= 0");
   o.tolerance_s = rb["tolerance_s"];
   o.stats_file = rb["stats"];
+  o.tokenizer = rb["tokenizer"];
+  o.policy_dir = r["model"]["path"];
   const json& t = rb["image_transforms"];
   const std::string tk = "data.robot.image_transforms.";
   auto& c = o.transforms;

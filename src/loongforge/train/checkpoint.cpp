@@ -18,6 +18,7 @@
 #include "loongforge/io/hf_model.h"
 #include "loongforge/io/peft.h"
 #include "loongforge/io/safetensors.h"
+#include "loongforge/models/policy_io.h"
 
 namespace lf::train {
 namespace fs = std::filesystem;
@@ -365,7 +366,9 @@ std::string write_checkpoint(const std::string& root, int64_t step, const Checkp
         if (!all.count(n)) throw Error(tmp + ": adapter tensor '" + n + "' was written by no rank");
         ordered.emplace_back(n, all[n]);
       }
-      io::save_peft_tensors(tmp, ordered, *trainable.lora, trainable.base_model);
+      // a robot policy's adapter is LeRobot's (wrap_with_peft: no task type), a language model's a causal LM's
+      io::save_peft_tensors(tmp, ordered, *trainable.lora, trainable.base_model,
+                            models::as_policy(model) ? "" : "CAUSAL_LM");
       write_file_atomic((fs::path(tmp) / "base_config.json").string(), model.config_json().dump(2) + "\n");
     } else {
       for (int rk = 0; rk < ranks.world; ++rk) {  // total_size: bytes of every weight, as transformers writes it

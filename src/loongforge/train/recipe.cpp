@@ -45,7 +45,7 @@ const char* kDefaults = R"json({
     "resolution": 256,
     "random_flip": false,
     "random_crop": false,
-    "robot": {"episodes": [], "valid_episodes": 0, "threads": 2, "tolerance_s": 0.0001, "stats": "",
+    "robot": {"episodes": [], "valid_episodes": 0, "threads": 2, "tolerance_s": 0.0001, "stats": "", "tokenizer": "",
               "image_transforms": {"enable": false, "max_num_transforms": 3, "random_order": false,
                                    "brightness": [0.8, 1.2], "contrast": [0.8, 1.2], "saturation": [0.5, 1.5],
                                    "hue": [-0.05, 0.05], "sharpness": [0.5, 1.5], "degrees": [-5.0, 5.0],

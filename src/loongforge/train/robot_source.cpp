@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <optional>
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
@@ -31,6 +33,40 @@ std::vector<double> seconds(const std::vector<int64_t>& offsets, double fps) {
   return s;
 }
 
+// The folder of a language policy's tokenizer: data.robot.tokenizer, else the policy's folder when it has one.
+std::string prompt_tokenizer_folder(const RobotSourceOptions& o, const std::string& model_type) {
+  const std::string key = "recipe: field 'data.robot.tokenizer': ";
+  if (!o.tokenizer.empty()) {
+    if (!fs::exists(o.tokenizer)) throw Error(key + o.tokenizer + " does not exist (a folder with tokenizer.json)");
+    return fs::absolute(o.tokenizer).lexically_normal().string();
+  }
+  for (const char* f : {"tokenizer.json", "tokenizer.model"})
+    if (!o.policy_dir.empty() && fs::exists(fs::path(o.policy_dir) / f))
+      return fs::absolute(o.policy_dir).lexically_normal().string();
+  throw Error(key + "the " + model_type + " policy reads the task as tokens; give the folder of its tokenizer " +
+              "(tokenizer.json): the policy folder has none");
+}
+
+// The pad token's id: tokenizer_config.json's (or special_tokens_map.json's) pad_token, else "<pad>".
+int64_t pad_token_id(const data::Tokenizer& tok, const std::string& dir) {
+  std::string name = "<pad>", where = dir;
+  for (const char* f : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    const fs::path p = fs::path(dir) / f;
+    if (!fs::is_directory(dir) || !fs::exists(p)) continue;
+    const nlohmann::json j = read_json_file(p.string());
+    if (!j.contains("pad_token") || j["pad_token"].is_null()) continue;
+    const nlohmann::json& v = j["pad_token"];
+    if (v.is_string()) name = v.get<std::string>();
+    else if (v.is_object() && v.contains("content") && v["content"].is_string()) name = v["content"].get<std::string>();
+    else throw file_error(p.string(), "pad_token", "expected a token (a string or {content})");
+    where = p.string();
+    break;
+  }
+  const std::optional<int64_t> id = tok.token_to_id(name);
+  if (!id) throw file_error(where, "pad_token", "'" + name + "' is not in the tokenizer's vocabulary");
+  return *id;
+}
+
 // A second stream per row for image transforms, apart from the draws' (row_seed of a mixed seed).
 constexpr uint64_t kTransformSalt = 0x5851f42d4c957f2dULL;
 
@@ -45,10 +81,6 @@ RobotSource::RobotSource(RobotSourceOptions o, const models::Model& model)
         return *p;
       }()) {
   spec_ = policy_.policy_spec();
-  if (spec_.language)
-    throw Error("recipe: field 'data.format': the " + model.model_type() +
-                " policy reads the task as tokens its processor makes (a tokenizer prompt); robot data does not make "
-                "them yet");
   if (opts_.dataset.empty()) throw Error("recipe: field 'data.train': no dataset (a list of one {path: DATASET})");
   ds_ = robot::open_robot_dataset(opts_.dataset);
   const std::string& where = ds_->root();
@@ -62,8 +94,10 @@ RobotSource::RobotSource(RobotSourceOptions o, const models::Model& model)
   for (const auto& f : spec_.outputs) feats.push_back({&f, true});
   std::vector<std::string> stat_features;
   for (const auto& [f, output] : feats) {
-    if (f->type == "LANGUAGE")
-      throw file_error(where, f->name, "language inputs (task tokens) are not made from robot datasets yet");
+    if (f->type == "LANGUAGE") {
+      if (spec_.language) continue;  // made from the task below
+      throw file_error(where, f->name, "the " + model.model_type() + " policy reads this text feature without saying how its processor makes it");
+    }
     if (!ds_->has_feature(f->name))
       throw file_error(where, f->name, "the policy reads this feature; the dataset has none (features: " + [&] {
         std::string s;
@@ -111,6 +145,15 @@ RobotSource::RobotSource(RobotSourceOptions o, const models::Model& model)
       throw file_error(opts_.stats_file.empty() ? where : opts_.stats_file, n,
                        "no statistics for a feature the policy normalises (" + robot::norm_mode_name(modes_[n]) + ")");
 
+  if (spec_.language) {
+    if (!ds_->has_feature("task_index") || ds_->tasks().empty())
+      throw file_error(where, "task_index", "the " + model.model_type() +
+                                                " policy reads the task as its prompt's tokens; the dataset has no tasks");
+    loader_opts_.features.push_back("task_index");
+    tokenizer_dir_ = prompt_tokenizer_folder(opts_, model.model_type());
+    tokenizer_ = data::Tokenizer::load(tokenizer_dir_);
+    pad_id_ = pad_token_id(*tokenizer_, tokenizer_dir_);
+  }
   loader_opts_.threads = opts_.threads;
   loader_opts_.tolerance_s = opts_.tolerance_s;
   robot::FrameSampler s(*ds_, episodes_, !opts_.valid, opts_.seed, opts_.stride);
@@ -184,6 +227,7 @@ Batch RobotSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {
     add(f);
     if (raw.count(f.name + "_is_pad")) out.set(f.name + "_is_pad", raw.at(f.name + "_is_pad"));
   }
+  if (spec_.language) add_language(out, raw.at("task_index"));
   // The training draws, per row from its own stream (validation rows too: their loss is the training loss).
   std::map<std::string, std::vector<at::Tensor>> draws;
   for (int64_t r = 0; r < n; ++r) {
@@ -192,6 +236,44 @@ Batch RobotSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {
   }
   for (auto& [k, v] : draws) out.set(k, at::cat(v));
   return out;
+}
+
+void RobotSource::add_language(Batch& out, const at::Tensor& task_index) const {
+  const at::Tensor ti = task_index.to(at::kLong).reshape({-1}).contiguous();
+  const auto& tasks = ds_->tasks();
+  std::vector<std::string> texts;
+  for (int64_t r = 0; r < ti.size(0); ++r) {
+    const int64_t t = ti[r].item<int64_t>();
+    if (t < 0 || t >= static_cast<int64_t>(tasks.size()))
+      throw file_error(ds_->root(), "task_index", std::to_string(t) + " is not one of the dataset's " +
+                                                     std::to_string(tasks.size()) + " tasks");
+    texts.push_back(tasks[static_cast<size_t>(t)]);
+  }
+  const std::vector<std::string> prompts = policy_.prompts(texts, out);
+  const int64_t L = spec_.tokenizer_max_length, B = static_cast<int64_t>(prompts.size());
+  at::Tensor ids = at::full({B, L}, pad_id_, at::kLong), mask = at::zeros({B, L}, at::kBool);
+  for (int64_t r = 0; r < B; ++r) {
+    const std::string& text = prompts[static_cast<size_t>(r)];
+    std::vector<int64_t> t = tokenizer_->encode(text, true);
+    if (static_cast<int64_t>(t.size()) > L) {  // the text's tokens cut on the right, the special tokens around kept
+      const std::vector<int64_t> plain = tokenizer_->encode(text, false);
+      const size_t extra = t.size() - plain.size();
+      size_t p = 0;
+      while (p < extra && !std::equal(plain.begin(), plain.end(), t.begin() + static_cast<std::ptrdiff_t>(p))) ++p;
+      const size_t keep = static_cast<size_t>(std::max<int64_t>(0, L - static_cast<int64_t>(extra)));
+      std::vector<int64_t> cut(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(p));
+      cut.insert(cut.end(), plain.begin(), plain.begin() + static_cast<std::ptrdiff_t>(std::min(keep, plain.size())));
+      cut.insert(cut.end(), t.begin() + static_cast<std::ptrdiff_t>(p + plain.size()), t.end());
+      cut.resize(std::min(cut.size(), static_cast<size_t>(L)));
+      t = std::move(cut);
+    }
+    const int64_t n = static_cast<int64_t>(t.size());
+    const int64_t at0 = spec_.padding_side == "left" ? L - n : 0;
+    ids[r].narrow(0, at0, n).copy_(at::tensor(t, at::kLong));
+    mask[r].narrow(0, at0, n).fill_(true);
+  }
+  out.set("observation.language.tokens", ids);
+  out.set("observation.language.attention_mask", mask);
 }
 
 nlohmann::json RobotSource::state() const { return {{"sampler", sampler_.to_json()}, {"rows", rows_}}; }
@@ -223,7 +305,14 @@ std::string RobotSource::write_model_files(const std::string& dir) const {
       for (const auto& [stat, t] : stats_.at(name)) dst[stat] = t.to(at::kFloat);
     }
   fs::create_directories(dir);
-  io::write_policy_processors(dir, n, outputs);
+  nlohmann::json pre = spec_.preprocessor_steps;
+  for (auto& step : pre)  // LeRobot loads the tokenizer we read (its folder)
+    if (step.value("registry_name", "") == "tokenizer_processor") step["config"]["tokenizer_name"] = tokenizer_dir_;
+  io::write_policy_processors(dir, n, outputs, pre, spec_.postprocessor_steps);
+  if (fs::is_directory(tokenizer_dir_) && fs::absolute(dir).lexically_normal() != fs::path(tokenizer_dir_))
+    for (const char* f : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"})
+      if (fs::exists(fs::path(tokenizer_dir_) / f))
+        fs::copy_file(fs::path(tokenizer_dir_) / f, fs::path(dir) / f, fs::copy_options::overwrite_existing);
   return dir;
 }
 

@@ -4,8 +4,10 @@
 // (models/policy_io.h): its input features and the action, windowed by its observation / action frame offsets
 // ("<feature>_is_pad" masks at episode edges), cameras as float [.., C, H, W] in [0, 1] after the image transforms,
 // every feature normalised by its type's mode with the dataset's statistics (meta/stats.json; computed over the
-// training episodes as LeRobot computes them when the dataset has none; or a stats.json given), and the policy's
-// training draws (ACT's vae_eps, flow matching's noise and time).
+// training episodes as LeRobot computes them when the dataset has none; or a stats.json given), the policy's
+// training draws (ACT's vae_eps, flow matching's noise and time), and for policies that read the task as tokens
+// (PolicySpec::language) the rows' prompts (Policy::prompts of the dataset's task texts and the
+// normalised batch) through the tokenizer, cut and padded as LeRobot's TokenizerProcessorStep.
 //
 // Rows form one stream (the frame sampler's seeded epoch order over the training episodes); row k's image
 // transforms and random draws come from its own generators seeded by (seed, k), so a row is the same however the
@@ -21,6 +23,7 @@
 #include "loongforge/data/robot/normalize.h"
 #include "loongforge/data/robot/sampler.h"
 #include "loongforge/data/robot/transforms.h"
+#include "loongforge/data/tokenizer/tokenizer.h"
 #include "loongforge/models/model.h"
 #include "loongforge/models/policy_io.h"
 #include "loongforge/train/batch.h"
@@ -37,12 +40,16 @@ struct RobotSourceOptions {
   std::string stats_file;                    // data.robot.stats: a stats.json to normalise with ("": the dataset's)
   data::robot::ImageTransformsConfig transforms;  // data.robot.image_transforms (training rows only)
   int64_t stride = 1;  // validation: every stride-th frame of each episode (open-loop evaluation's queries)
+  // Policies that read the task as tokens (PolicySpec::language): data.robot.tokenizer, the tokenizer's folder
+  // (tokenizer.json or tokenizer.model, tokenizer_config.json's pad_token); "": the policy's folder (model.path).
+  std::string tokenizer, policy_dir;
 };
 
 class RobotSource : public BatchSource {
  public:
   // Errors (one line naming the dataset or the recipe key): features the policy needs that the dataset lacks or
-  // shapes that differ, statistics missing for a normalised feature, language inputs (not yet).
+  // shapes that differ, statistics missing for a normalised feature, a language policy without a tokenizer or on a
+  // dataset without tasks.
   RobotSource(RobotSourceOptions o, const models::Model& model);
   ~RobotSource() override;
   Batch next(int64_t micro_batch_size) override { return next_rows(micro_batch_size, 0, micro_batch_size); }
@@ -50,6 +57,7 @@ class RobotSource : public BatchSource {
   nlohmann::json state() const override;
   void restore(const nlohmann::json& state) override;
   std::string origin() const override { return opts_.dataset; }
+  // LeRobot's processor files (policy_preprocessor.json, ...) and, for a language policy, the tokenizer's files.
   std::string write_model_files(const std::string& dir) const override;
 
   const data::robot::Stats& stats() const { return stats_; }
@@ -73,6 +81,12 @@ class RobotSource : public BatchSource {
   std::unique_ptr<data::robot::RobotLoader> loader_;  // for the current (global_rows, first, n); rebuilt on change
   data::robot::SamplerState sampler_;                 // after the last batch given
   int64_t rows_ = 0;                                  // rows of the stream given so far (all ranks' shares)
+  // language policies: the tokenizer, its folder and pad id
+  std::shared_ptr<const data::Tokenizer> tokenizer_;
+  std::string tokenizer_dir_;
+  int64_t pad_id_ = 0;
+  // observation.language.tokens / .attention_mask of the rows' prompts (LeRobot's TokenizerProcessorStep)
+  void add_language(Batch& out, const at::Tensor& task_index) const;
 };
 
 }  // namespace lf::train

@@ -132,6 +132,37 @@ void joint_layer(std::vector<Stream>& s, const at::Tensor& cos, const at::Tensor
   }
 }
 
+// Python's str.strip(): the code points str.isspace() holds at both ends of the UTF-8 text removed.
+std::string python_strip(const std::string& t) {
+  auto space = [](uint32_t c) {
+    return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+  };
+  // the code point starting at byte i and its length (a malformed byte: itself, not a space)
+  auto at = [&](size_t i) -> std::pair<uint32_t, size_t> {
+    const auto b = static_cast<unsigned char>(t[i]);
+    const size_t n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > t.size()) return {0xffffffffu, 1};
+    uint32_t c = n == 1 ? b : b & (0xffu >> (n + 1));
+    for (size_t k = 1; k < n; ++k) c = (c << 6) | (static_cast<unsigned char>(t[i + k]) & 0x3fu);
+    return {c, n};
+  };
+  size_t a = 0, e = t.size();
+  while (a < e) {
+    auto [c, n] = at(a);
+    if (!space(c)) break;
+    a += n;
+  }
+  while (e > a) {
+    size_t s = e - 1;  // back to the last code point's first byte
+    while (s > a && (static_cast<unsigned char>(t[s]) & 0xc0) == 0x80) --s;
+    auto [c, n] = at(s);
+    if (!space(c) || s + n != e) break;
+    e = s;
+  }
+  return t.substr(a, e - a);
+}
+
 }  // namespace
 
 // ---- config ----
@@ -196,6 +227,8 @@ PI0Config PI0Config::from_json(const nlohmann::json& j, const std::string& file)
   c.train_expert_only = r.boolean("train_expert_only", false);
   if (r.has("rtc_config") && r.json()["rtc_config"].is_object() && r.object("rtc_config").boolean("enabled", false))
     r.fail("rtc_config", "real-time chunking is not supported");
+  c.tokenizer_max_length = r.integer("tokenizer_max_length", c.pi05 ? 200 : 48);
+  if (c.tokenizer_max_length < 1) r.fail("tokenizer_max_length", "expected a positive number");
   if (r.boolean("use_relative_actions", false)) r.fail("use_relative_actions", "relative actions are not supported");
   // validate_features: the VISUAL inputs in order, then empty_camera_i; a missing state / action at their max sizes
   const JsonReader in = r.object("input_features");
@@ -465,7 +498,7 @@ double PI0PolicyImpl::train_flops_per_sample(int64_t) const {
   const auto& v = c.vision;
   const double vit_layer = 4.0 * v.hidden_size * v.hidden_size + 2.0 * v.hidden_size * v.intermediate_size;
   const double patches = static_cast<double>(v.num_patches()) * static_cast<double>(c.cameras.size());
-  const double prefix = patches + 48, suffix = c.chunk_size + 1;
+  const double prefix = patches + static_cast<double>(c.tokenizer_max_length), suffix = c.chunk_size + 1;
   return 6.0 * (patches * vit_layer * v.num_hidden_layers + prefix * layer(c.vlm) * c.vlm.depth +
                 suffix * layer(c.expert) * c.expert.depth);
 }
@@ -529,7 +562,62 @@ PolicySpec PI0PolicyImpl::policy_spec() const {
   for (int64_t i = 0; i < config_.chunk_size; ++i) s.action_offsets.push_back(i);
   s.n_action_steps = config_.n_action_steps;
   s.language = true;
+  s.tokenizer_max_length = config_.tokenizer_max_length;
+  s.padding_side = "right";
+  // make_pi0_pre_post_processors / make_pi05_pre_post_processors as LeRobot saves them (relative actions off)
+  const nlohmann::json tokenizer = {
+      {"registry_name", "tokenizer_processor"},
+      {"config", {{"max_length", config_.tokenizer_max_length}, {"task_key", "task"}, {"padding_side", "right"},
+                  {"padding", "max_length"}, {"truncation", true}, {"tokenizer_name", "google/paligemma-3b-pt-224"}}}};
+  const nlohmann::json rename = {{"registry_name", "rename_observations_processor"}, {"config", {{"rename_map", nlohmann::json::object()}}}};
+  const nlohmann::json batch = {{"registry_name", "to_batch_processor"}, {"config", nlohmann::json::object()}};
+  const nlohmann::json device = {{"registry_name", "device_processor"}, {"config", {{"device", "cpu"}, {"float_dtype", nullptr}}}};
+  const nlohmann::json relative = {{"registry_name", "relative_actions_processor"},
+                                   {"config", {{"enabled", false}, {"exclude_joints", config_.raw.value("relative_exclude_joints", nlohmann::json::array({"gripper"}))},
+                                               {"action_names", config_.raw.value("action_feature_names", nlohmann::json())}}}};
+  const nlohmann::json normalizer = {{"registry_name", "normalizer_processor"}};
+  if (config_.pi05)
+    s.preprocessor_steps = {rename, batch, relative, normalizer,
+                            {{"registry_name", "pi05_prepare_state_tokenizer_processor_step"}, {"config", nlohmann::json::object()}},
+                            tokenizer, device};
+  else
+    s.preprocessor_steps = {rename, batch, {{"registry_name", "pi0_new_line_processor"}, {"config", nlohmann::json::object()}},
+                            tokenizer, device, relative, normalizer};
+  s.postprocessor_steps = {{{"registry_name", "unnormalizer_processor"}},
+                           {{"registry_name", "absolute_actions_processor"}, {"config", {{"enabled", false}}}}, device};
   return s;
+}
+
+std::vector<std::string> PI0PolicyImpl::prompts(const std::vector<std::string>& tasks, const Batch& normalised) const {
+  std::vector<std::string> out;
+  if (!config_.pi05) {
+    for (const std::string& t : tasks) out.push_back(!t.empty() && t.back() == '\n' ? t : t + "\n");
+    return out;
+  }
+  // np.digitize(state, np.linspace(-1, 1, 257)[:-1]) - 1: the number of edges -1 + k / 128 (k < 256, exact in
+  // binary) at or below the value, less one (-1 below -1, 255 from 1 - 1/128 on and for NaN)
+  const at::Tensor state = normalised.at("observation.state").to(at::kDouble).contiguous();
+  if (state.dim() != 2 || state.size(0) != static_cast<int64_t>(tasks.size()))
+    throw Error("pi05: observation.state must be [B, state_dim] for the prompt's state bins");
+  const double* x = state.data_ptr<double>();
+  const int64_t D = state.size(1);
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    // task.strip() (Python's whitespace), '_' and newlines as spaces
+    std::string task = python_strip(tasks[i]);
+    for (char& ch : task)
+      if (ch == '_' || ch == '\n') ch = ' ';
+    std::string bins;
+    for (int64_t d = 0; d < D; ++d) {
+      const double v = x[i * D + d];
+      int64_t n = 0;  // edges <= v
+      if (std::isnan(v)) n = 256;
+      else
+        for (int64_t k = 0; k < 256; ++k) n += (-1.0 + static_cast<double>(k) / 128.0 <= v);
+      bins += (d ? " " : "") + std::to_string(n - 1);
+    }
+    out.push_back("Task: " + task + ", State: " + bins + ";\nAction: ");
+  }
+  return out;
 }
 
 std::map<std::string, at::Tensor> PI0PolicyImpl::training_draws(int64_t rows, at::Generator& gen) const {

@@ -55,6 +55,7 @@ struct PI0Config {
   double min_period = 4e-3, max_period = 4.0;
   double time_beta_alpha = 1.5, time_beta_beta = 1.0, time_scale = 0.999, time_offset = 0.001;
   int64_t resolution = 224;  // image_resolution (square)
+  int64_t tokenizer_max_length = 48;  // the prompt's tokens (π0.5: 200)
   bool freeze_vision_encoder = false, train_expert_only = false;
   nlohmann::json raw;
   static PI0Config from_json(const nlohmann::json& j, const std::string& file);
@@ -181,6 +182,10 @@ class PI0PolicyImpl : public WholeModel, public Policy {
   PolicySpec policy_spec() const override;
   std::map<std::string, at::Tensor> training_draws(int64_t rows, at::Generator& gen) const override;
   at::Tensor predict_action_chunk(const Batch& b) override { return predict_action_chunk(b, b.get("sample_noise")); }
+  // LeRobot's prompts: π0 the task ending in a newline (Pi0NewLineProcessor); π0.5 "Task: <task, stripped, '_' and
+  // newlines as spaces>, State: <the normalised state's 256-bin indices>;\nAction: "
+  // (Pi05PrepareStateTokenizerProcessorStep).
+  std::vector<std::string> prompts(const std::vector<std::string>& tasks, const Batch& normalised) const override;
   const PI0Config& config() const { return config_; }
 
   PI0Model model{nullptr};
