@@ -13,15 +13,10 @@ from safetensors.numpy import load_file
 
 from conftest import assert_policy_grads_and_step_match, run_lerobot, run_lf
 
-# In the lerobot environment: build the policy from SPEC (json) at small sizes, save it to OUT/policy (LeRobot's
-# folder layout, plus the size fields LoongForge reads for variants LeRobot does not know), draw a batch, run
-# policy.forward in train mode with the flow-matching draws fixed to the batch's, backward, predict_action_chunk
-# from the batch's sample_noise, one AdamW step; write the batch and the results.
-ORACLE = r'''
-import inspect, json, sys, torch
-from safetensors.torch import save_file
-from lerobot.configs.types import FeatureType, PolicyFeature
-spec = json.loads(sys.argv[1]); out = sys.argv[2]
+# SMALL_PI0 (also bench/policy_cpu.py's): with `spec` a dict in scope, pops its type, variant_sizes, vocab_size and
+# vision_config and patches LeRobot to build that policy small; defines M (the modeling module), Config and Policy.
+SMALL_PI0 = r'''
+import inspect
 kind = spec.pop("type")
 if kind == "pi0":
     import lerobot.policies.pi0.modeling_pi0 as M
@@ -61,7 +56,18 @@ exec(src.replace("att_output.reshape(batch_size, -1, 1 * 8 * head_dim)", fixed),
 # cache_position. The mask LeRobot passes is a prepared 4D one, which create_causal_mask returns as-is.
 import lerobot.policies.pi_gemma as pi_gemma
 pi_gemma.create_causal_mask = lambda config, inputs_embeds, attention_mask, **kw: attention_mask
+'''
 
+# In the lerobot environment: build the policy from SPEC (json) at small sizes, save it to OUT/policy (LeRobot's
+# folder layout, plus the size fields LoongForge reads for variants LeRobot does not know), draw a batch, run
+# policy.forward in train mode with the flow-matching draws fixed to the batch's, backward, predict_action_chunk
+# from the batch's sample_noise, one AdamW step; write the batch and the results.
+ORACLE = r'''
+import json, sys, torch
+from safetensors.torch import save_file
+from lerobot.configs.types import FeatureType, PolicyFeature
+spec = json.loads(sys.argv[1]); out = sys.argv[2]
+''' + SMALL_PI0 + r'''
 torch.manual_seed(spec.pop("seed"))
 B = spec.pop("batch"); L = spec.pop("lang_len"); lang_pad = spec.pop("lang_pad"); pad = spec.pop("pad")
 missing = spec.pop("missing_cameras", [])

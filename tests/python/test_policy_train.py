@@ -73,6 +73,24 @@ cfg = ACTConfig(input_features={"observation.state": PolicyFeature(FeatureType.S
 ACTPolicy(cfg).save_pretrained(sys.argv[1])
 '''
 
+# LEROBOT_ROWS (test_diffusion_policy_train.py's too), with the dataset `ds`, the policy config `cfg`, the source's
+# batch file `ours`, the processor files' folder `files` and a dict `res`: LeRobot's preprocessed rows for the frames
+# the source read (ours' "index") as `ref` (into res), and the rows through our processor files (res["files.*"]).
+LEROBOT_ROWS = r'''
+ours = load_file(ours)
+items = [ds[int(i)] for i in ours["index"]]
+raw = {k: torch.stack([it[k] for it in items]) for k in items[0] if isinstance(items[0][k], torch.Tensor)}
+raw["task"] = [it["task"] for it in items]
+pre, _ = make_pre_post_processors(cfg, dataset_stats=ds.meta.stats)
+ref = pre(dict(raw))
+mine, _ = make_pre_post_processors(cfg, pretrained_path=files)
+via_ours = mine(dict(raw))
+keys = ["observation.state", "observation.images.top", "action", "action_is_pad"]
+for k in keys:
+    res[k] = ref[k].clone().contiguous()
+    res["files." + k] = via_ours[k].clone().contiguous()
+'''
+
 # LeRobot's batch for the frames the source read (argv[3]'s "index"), its loss with our latent draw, and the
 # processors LoongForge wrote (argv[4]) applied to the same raw batch.
 LEROBOT_BATCH = NARROW + r'''
@@ -86,17 +104,8 @@ policy = ACTPolicy.from_pretrained(pol)
 cfg = policy.config
 fps = 10
 ds = LeRobotDataset("test/robot", root=root, delta_timestamps={"action": [i / fps for i in cfg.action_delta_indices]})
-ours = load_file(ours)
-items = [ds[int(i)] for i in ours["index"]]
-raw = {k: torch.stack([it[k] for it in items]) for k in items[0] if isinstance(items[0][k], torch.Tensor)}
-raw["task"] = [it["task"] for it in items]
-pre, _ = make_pre_post_processors(cfg, dataset_stats=ds.meta.stats)
-ref = pre(dict(raw))
-mine, _ = make_pre_post_processors(cfg, pretrained_path=files)
-via_ours = mine(dict(raw))
-keys = ["observation.state", "observation.images.top", "action", "action_is_pad"]
-res = {k: ref[k].clone().contiguous() for k in keys}
-for k in keys: res["files." + k] = via_ours[k].clone().contiguous()
+res = {}
+''' + LEROBOT_ROWS + r'''
 policy.train()
 torch.randn_like = lambda t, **kw: ours["vae_eps"].to(t.dtype)
 loss, parts = policy.forward({k: ref[k] for k in keys})
@@ -105,17 +114,20 @@ save_file(res, out)
 '''
 
 # The trained checkpoint (argv[1]) as LeRobot loads it: policy, processors, an action for a raw observation.
-LOAD_CHECKPOINT = NARROW + r'''
-import sys, torch
-from lerobot.policies.act.modeling_act import ACTPolicy
+# CHECK_LOADED (test_diffusion_policy_train.py's too) follows a script's lines that load the policy as `p`.
+CHECK_LOADED = r'''
 from lerobot.policies.factory import make_pre_post_processors
-p = ACTPolicy.from_pretrained(sys.argv[1])
 pre, post = make_pre_post_processors(p.config, pretrained_path=sys.argv[1])
 obs = {"observation.state": torch.zeros(1, 4), "observation.images.top": torch.full((1, 3, 24, 32), 0.5)}
 a = post(p.select_action(pre(obs)))
 assert a.shape == (1, 4) and torch.isfinite(a).all()
 print("ok")
 '''
+LOAD_CHECKPOINT = NARROW + r'''
+import sys, torch
+from lerobot.policies.act.modeling_act import ACTPolicy
+p = ACTPolicy.from_pretrained(sys.argv[1])
+''' + CHECK_LOADED
 
 
 # LeRobot's own open-loop numbers for the checkpoint (argv[1]) on the held-out episode (argv[3]) of the dataset
@@ -155,12 +167,23 @@ def recipe(tmp_path, dataset, policy, robot=""):
     return path
 
 
+_DATASET = []
+
+
+def made_with(tmp_path_factory, policy_script):
+    """The DATASET (written once a session: test_diffusion_policy_train.py reads it too) and a policy made by
+    POLICY_SCRIPT."""
+    if not _DATASET:
+        _DATASET.append(tmp_path_factory.mktemp("robot") / "dataset")
+        run_lerobot(DATASET, _DATASET[0])
+    pol = tmp_path_factory.mktemp("policy") / "policy"
+    run_lerobot(policy_script, pol)
+    return _DATASET[0], pol
+
+
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    d = tmp_path_factory.mktemp("made")
-    run_lerobot(DATASET, d / "dataset")
-    run_lerobot(POLICY, d / "policy")
-    return d / "dataset", d / "policy"
+    return made_with(tmp_path_factory, POLICY)
 
 
 def test_act_trains_from_a_lerobot_dataset_as_lerobot_batches_it(tmp_path, made):

@@ -5,7 +5,8 @@
 // ("<feature>_is_pad" masks at episode edges), cameras as float [.., C, H, W] in [0, 1] after the image transforms,
 // every feature normalised by its type's mode with the dataset's statistics (meta/stats.json; computed over the
 // training episodes as LeRobot computes them when the dataset has none; or a stats.json given), and the policy's
-// training draws (ACT's vae_eps, flow matching's noise and time).
+// training draws (ACT's vae_eps, flow matching's noise and time). Training rows leave out the last
+// drop_n_last_frames frames of each episode, as LeRobot's training sampler does for the policy's config.
 //
 // Rows form one stream (the frame sampler's seeded epoch order over the training episodes); row k's image
 // transforms and random draws come from its own generators seeded by (seed, k), so a row is the same however the
@@ -61,6 +62,7 @@ class RobotSource : public BatchSource {
   data::robot::FrameRef frame_of(int64_t k) const;
 
  private:
+  data::robot::FrameSampler sampler() const;  // a fresh sampler over this split's frames
   RobotSourceOptions opts_;
   const models::Model& model_;
   const models::Policy& policy_;
