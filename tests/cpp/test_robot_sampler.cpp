@@ -263,6 +263,25 @@ TEST(RobotSampler, ShuffleIsSeededPerEpochAndResumesExactly) {
             std::string::npos);
 }
 
+TEST(RobotSampler, DropLastLeavesOutEachEpisodesLastFramesAsLeRobot) {
+  // LeRobot's EpisodeAwareSampler(drop_n_last_frames=4): episodes of 5, 3, 7 frames keep 1, 0 (skipped), 3
+  FakeRobot ds({5, 3, 7});
+  FrameSampler s(ds, {0, 1, 2}, false, 0, 1, 4);
+  EXPECT_EQ(s.frames_per_epoch(), 4);
+  EXPECT_EQ(s.episode_positions(), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(s.next_batch(5), (std::vector<FrameRef>{{0, 0}, {2, 0}, {2, 1}, {2, 2}, {0, 0}}));
+  FrameSampler shuffled(ds, {0, 1, 2}, true, 3, 1, 4);
+  std::set<std::pair<int64_t, int64_t>> seen;
+  for (const auto& f : shuffled.next_batch(4)) seen.insert({f.episode, f.frame});
+  EXPECT_EQ(seen, (std::set<std::pair<int64_t, int64_t>>{{0, 0}, {2, 0}, {2, 1}, {2, 2}}));
+  // a state saved without the drop belongs to other frames; every frame dropped is one line naming the option
+  FrameSampler all(ds, {0, 1, 2}, true, 3);
+  EXPECT_NE(error_of([&] { shuffled.restore(all.state()); }).find("other episodes"), std::string::npos);
+  EXPECT_NE(error_of([&] { FrameSampler(ds, {1}, true, 3, 1, 3); }).find("drop_n_last_frames"), std::string::npos);
+  EXPECT_NE(error_of([&] { FrameSampler(ds, {0}, true, 3, 1, -1); }).find("fake: field 'drop_n_last_frames'"),
+            std::string::npos);
+}
+
 TEST(RobotLoader, BatchesHoldTheWindowsPadMasksAndFrames) {
   auto ds = std::make_shared<FakeRobot>(std::vector<int64_t>{6, 2, 9});
   LoaderOptions o;

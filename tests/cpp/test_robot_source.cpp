@@ -28,16 +28,19 @@ TEST(RobotSource, BatchHook) {
   if (!recipe_path || !out) GTEST_SKIP() << "LF_TEST_ROBOT_RECIPE / _OUT not set";
   const nlohmann::json r = lf::train::load_recipe(recipe_path);
   const lf::train::ModelBundle b = lf::train::build_model(r);
-  const int64_t rows = 6;
   auto make = [&] { return lf::train::build_data(r, lf::data::Split::Train, "", b.model.get()); };
 
   auto src = make();
+  auto* rs = dynamic_cast<lf::train::RobotSource*>(src.get());
+  ASSERT_NE(rs, nullptr);
+  // LF_TEST_ROBOT_ROWS: rows per batch (default 6; "epoch": a whole pass over the training frames)
+  const char* rows_env = std::getenv("LF_TEST_ROBOT_ROWS");
+  const std::string rows_s = rows_env ? rows_env : "6";
+  const int64_t rows = rows_s == "epoch" ? rs->rows_per_epoch() : std::stoll(rows_s);
   const Batch first = src->next(rows);
   const Batch second = src->next(rows);
 
   // The frames of the first batch (the source's stream rows 0..rows-1).
-  auto* rs = dynamic_cast<lf::train::RobotSource*>(src.get());
-  ASSERT_NE(rs, nullptr);
   std::vector<int64_t> index;
   for (int64_t k = 0; k < rows; ++k) {
     const auto f = rs->frame_of(k);

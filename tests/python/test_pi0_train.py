@@ -101,7 +101,7 @@ policy = Policy.from_pretrained(plain)
 ours = load_file(ours)
 keys = ["observation.state", "observation.images.top", "action", "action_is_pad", "observation.language.tokens",
         "observation.language.attention_mask"]
-ref, res = processed(root, policy.config, ours["index"], files, keys)
+ref, res = processed(action_dataset(root, policy.config), policy.config, ours["index"], files, keys)
 policy.train()
 policy.model.sample_noise = lambda shape, device: ours["noise"].clone()
 policy.model.sample_time = lambda bsize, device: ours["time"].clone()

@@ -75,15 +75,17 @@ cfg = ACTConfig(input_features={"observation.state": PolicyFeature(FeatureType.S
 ACTPolicy(cfg).save_pretrained(sys.argv[1])
 '''
 
-# In the lerobot environment: processed(root, cfg, index, files, keys) -> (LeRobot's preprocessed batch of the dataset
-# frames INDEX with the policy's delta_timestamps and the dataset's stats, {KEYS of it, "files." + KEYS of the same raw
-# batch through the processor files in FILES}).
+# In the lerobot environment (test_pi0_train.py's and test_diffusion_policy_train.py's too): processed(ds, cfg, index,
+# files, keys) -> (LeRobot's preprocessed batch of the frames INDEX of the LeRobotDataset DS with the dataset's stats,
+# {KEYS of it, "files." + KEYS of the same raw batch through the processor files in FILES}); action_dataset(root, cfg)
+# -> the dataset at ROOT with the policy's action delta_timestamps (10 fps).
 PROCESSED = r'''
-def processed(root, cfg, index, files, keys):
-    import torch
+def action_dataset(root, cfg):
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    return LeRobotDataset("test/robot", root=root, delta_timestamps={"action": [i / 10 for i in cfg.action_delta_indices]})
+def processed(ds, cfg, index, files, keys):
+    import torch
     from lerobot.policies.factory import make_pre_post_processors
-    ds = LeRobotDataset("test/robot", root=root, delta_timestamps={"action": [i / 10 for i in cfg.action_delta_indices]})
     items = [ds[int(i)] for i in index]
     raw = {k: torch.stack([it[k] for it in items]) for k in items[0] if isinstance(items[0][k], torch.Tensor)}
     raw["task"] = [it["task"] for it in items]
@@ -106,7 +108,7 @@ root, pol, ours, files, out = sys.argv[1:6]
 policy = ACTPolicy.from_pretrained(pol)
 ours = load_file(ours)
 keys = ["observation.state", "observation.images.top", "action", "action_is_pad"]
-ref, res = processed(root, policy.config, ours["index"], files, keys)
+ref, res = processed(action_dataset(root, policy.config), policy.config, ours["index"], files, keys)
 policy.train()
 torch.randn_like = lambda t, **kw: ours["vae_eps"].to(t.dtype)
 loss, parts = policy.forward({k: ref[k] for k in keys})
@@ -115,17 +117,20 @@ save_file(res, out)
 '''
 
 # The trained checkpoint (argv[1]) as LeRobot loads it: policy, processors, an action for a raw observation.
-LOAD_CHECKPOINT = NARROW + r'''
-import sys, torch
-from lerobot.policies.act.modeling_act import ACTPolicy
+# CHECK_LOADED (test_diffusion_policy_train.py's too) follows a script's lines that load the policy as `p`.
+CHECK_LOADED = r'''
 from lerobot.policies.factory import make_pre_post_processors
-p = ACTPolicy.from_pretrained(sys.argv[1])
 pre, post = make_pre_post_processors(p.config, pretrained_path=sys.argv[1])
 obs = {"observation.state": torch.zeros(1, 4), "observation.images.top": torch.full((1, 3, 24, 32), 0.5)}
 a = post(p.select_action(pre(obs)))
 assert a.shape == (1, 4) and torch.isfinite(a).all()
 print("ok")
 '''
+LOAD_CHECKPOINT = NARROW + r'''
+import sys, torch
+from lerobot.policies.act.modeling_act import ACTPolicy
+p = ACTPolicy.from_pretrained(sys.argv[1])
+''' + CHECK_LOADED
 
 
 # LeRobot's own open-loop numbers for the checkpoint (argv[1]) on the held-out episode (argv[3]) of the dataset
@@ -165,12 +170,23 @@ def recipe(tmp_path, dataset, policy, robot="", steps=40):
     return path
 
 
+_DATASET = []
+
+
+def made_with(tmp_path_factory, policy_script):
+    """The DATASET (written once a session: test_diffusion_policy_train.py reads it too) and a policy made by
+    POLICY_SCRIPT."""
+    if not _DATASET:
+        _DATASET.append(tmp_path_factory.mktemp("robot") / "dataset")
+        run_lerobot(DATASET, _DATASET[0])
+    pol = tmp_path_factory.mktemp("policy") / "policy"
+    run_lerobot(policy_script, pol)
+    return _DATASET[0], pol
+
+
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    d = tmp_path_factory.mktemp("made")
-    run_lerobot(DATASET, d / "dataset")
-    run_lerobot(POLICY, d / "policy")
-    return d / "dataset", d / "policy"
+    return made_with(tmp_path_factory, POLICY)
 
 
 def test_act_trains_from_a_lerobot_dataset_as_lerobot_batches_it(tmp_path, made):

@@ -38,6 +38,10 @@ struct PolicySpec {
   // offsets the batch holds [B, offsets, ...] and "<feature>_is_pad" [B, offsets]).
   std::vector<int64_t> observation_offsets, action_offsets;
   int64_t n_action_steps = 1;  // actions executed per predicted chunk (open-loop evaluation queries every this many)
+  // Training frames leave out the last this many frames of each episode (LeRobot's EpisodeAwareSampler with the
+  // config's drop_n_last_frames; an episode with no frames left is skipped). Validation and open-loop evaluation read
+  // every frame.
+  int64_t drop_n_last_frames = 0;
   // The policy also reads the task text as tokens (observation.language.tokens / .attention_mask) that its
   // processor makes: Policy::prompts' texts through a tokenizer (with its special tokens), truncated on the right and
   // padded with its pad token on `padding_side` to tokenizer_max_length (LeRobot's TokenizerProcessorStep; ids int64,

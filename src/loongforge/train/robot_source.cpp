@@ -156,18 +156,23 @@ RobotSource::RobotSource(RobotSourceOptions o, const models::Model& model)
   }
   loader_opts_.threads = opts_.threads;
   loader_opts_.tolerance_s = opts_.tolerance_s;
-  robot::FrameSampler s(*ds_, episodes_, !opts_.valid, opts_.seed, opts_.stride);
-  sampler_ = s.state();
+  sampler_ = sampler().state();
 }
 
 RobotSource::~RobotSource() = default;
 
+robot::FrameSampler RobotSource::sampler() const {
+  // Training rows leave out the policy's drop_n_last_frames (LeRobot's training sampler); held-out rows read all.
+  return robot::FrameSampler(*ds_, episodes_, !opts_.valid, opts_.seed, opts_.stride,
+                             opts_.valid ? 0 : spec_.drop_n_last_frames);
+}
+
 int64_t RobotSource::rows_per_epoch() const {
-  return robot::FrameSampler(*ds_, episodes_, !opts_.valid, opts_.seed, opts_.stride).frames_per_epoch();
+  return sampler().frames_per_epoch();
 }
 
 robot::FrameRef RobotSource::frame_of(int64_t k) const {
-  robot::FrameSampler s(*ds_, episodes_, !opts_.valid, opts_.seed, opts_.stride);
+  robot::FrameSampler s = sampler();
   robot::SamplerState st = s.state();
   st.epoch = k / st.frames;
   st.position = k % st.frames;
@@ -186,7 +191,7 @@ Batch RobotSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {
     loader_opts_.batch_size = global_rows;
     loader_opts_.rows_first = whole ? 0 : first;
     loader_opts_.rows_count = whole ? 0 : n;
-    robot::FrameSampler s(*ds_, episodes_, !opts_.valid, opts_.seed, opts_.stride);
+    robot::FrameSampler s = sampler();
     s.restore(sampler_, opts_.dataset);
     loader_ = std::make_unique<robot::RobotLoader>(ds_, std::move(s), loader_opts_);
   }
@@ -283,7 +288,7 @@ void RobotSource::restore(const nlohmann::json& state) {
   if (!state.is_object() || !state.contains("sampler") || !state.contains("rows"))
     throw Error(where + ": not a robot data position (sampler, rows)");
   robot::SamplerState s = robot::SamplerState::from_json(state["sampler"], where);
-  robot::FrameSampler probe(*ds_, episodes_, !opts_.valid, opts_.seed, opts_.stride);
+  robot::FrameSampler probe = sampler();
   probe.restore(s, where);  // fails for other episodes, seed or shuffle
   sampler_ = s;
   rows_ = state["rows"].get<int64_t>();

@@ -7,7 +7,8 @@
 // training episodes as LeRobot computes them when the dataset has none; or a stats.json given), the policy's
 // training draws (ACT's vae_eps, flow matching's noise and time), and for policies that read the task as tokens
 // (PolicySpec::language) the rows' prompts (Policy::prompts of the dataset's task texts and the
-// normalised batch) through the tokenizer, cut and padded as LeRobot's TokenizerProcessorStep.
+// normalised batch) through the tokenizer, cut and padded as LeRobot's TokenizerProcessorStep. Training rows leave
+// out the last drop_n_last_frames frames of each episode, as LeRobot's training sampler does for the policy's config.
 //
 // Rows form one stream (the frame sampler's seeded epoch order over the training episodes); row k's image
 // transforms and random draws come from its own generators seeded by (seed, k), so a row is the same however the
@@ -69,6 +70,7 @@ class RobotSource : public BatchSource {
   data::robot::FrameRef frame_of(int64_t k) const;
 
  private:
+  data::robot::FrameSampler sampler() const;  // a fresh sampler over this split's frames
   RobotSourceOptions opts_;
   const models::Model& model_;
   const models::Policy& policy_;

@@ -143,9 +143,11 @@ SamplerState SamplerState::from_json(const nlohmann::json& j, const std::string&
 // ---- FrameSampler
 
 FrameSampler::FrameSampler(const RobotDataset& dataset, std::vector<int64_t> episode_positions, bool shuffle,
-                           uint64_t seed, int64_t stride)
-    : episodes_(std::move(episode_positions)), shuffle_(shuffle), seed_(seed), stride_(stride) {
+                           uint64_t seed, int64_t stride, int64_t drop_last)
+    : shuffle_(shuffle), seed_(seed), stride_(stride), drop_last_(drop_last) {
   if (stride_ < 1) throw file_error(dataset.root(), "stride", "must be at least 1, got " + std::to_string(stride_));
+  if (drop_last_ < 0)
+    throw file_error(dataset.root(), "drop_n_last_frames", "must be at least 0, got " + std::to_string(drop_last_));
   const auto& eps = dataset.episodes();
   uint64_t h = 1469598103934665603ULL;  // FNV-1a over the positions and lengths
   auto feed = [&](uint64_t v) {
@@ -154,16 +156,25 @@ FrameSampler::FrameSampler(const RobotDataset& dataset, std::vector<int64_t> epi
       h *= 1099511628211ULL;
     }
   };
-  for (int64_t p : episodes_) {
+  for (int64_t p : episode_positions) {
     if (p < 0 || p >= static_cast<int64_t>(eps.size()))
       throw file_error(dataset.root(), "episodes", "no episode at position " + std::to_string(p));
-    starts_.push_back(total_);
-    total_ += (eps[static_cast<size_t>(p)].length + stride_ - 1) / stride_;
     feed(static_cast<uint64_t>(p));
     feed(static_cast<uint64_t>(eps[static_cast<size_t>(p)].length));
+    const int64_t kept = eps[static_cast<size_t>(p)].length - drop_last_;
+    if (kept <= 0) continue;  // as LeRobot's sampler: an episode drop_n_last_frames empties is skipped
+    episodes_.push_back(p);
+    starts_.push_back(total_);
+    total_ += (kept + stride_ - 1) / stride_;
   }
   if (stride_ != 1) feed(static_cast<uint64_t>(stride_));
-  if (total_ == 0) throw file_error(dataset.root(), "episodes", "the episodes used have no frames (" + join(episodes_) + ")");
+  if (drop_last_ != 0) feed(static_cast<uint64_t>(drop_last_) ^ 0xd509ULL);
+  if (total_ == 0)
+    throw file_error(dataset.root(), "episodes",
+                     "the episodes used have no frames (" + join(episode_positions) + ")" +
+                         (drop_last_ ? ", leaving out the last " + std::to_string(drop_last_) +
+                                           " of each (the policy's drop_n_last_frames)"
+                                     : std::string()));
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   fingerprint_ = buf;

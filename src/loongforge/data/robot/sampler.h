@@ -77,13 +77,16 @@ struct SamplerState {
 // The frames of some episodes, one epoch after another: in episode order, or (shuffle) in epoch_order(frames, seed,
 // epoch) (data/shuffle.h: the seeded order the other datasets use), so epoch e's order depends only on (seed, e).
 // STRIDE > 1 keeps every stride-th frame of each episode (0, stride, 2 stride, ...: open-loop evaluation's queries).
+// DROP_LAST leaves out the last drop_last frames of each episode (LeRobot's EpisodeAwareSampler drop_n_last_frames,
+// the policy's PolicySpec::drop_n_last_frames); an episode with no frames left is skipped, and none left at all is an
+// error naming the dataset.
 class FrameSampler {
  public:
   FrameSampler(const RobotDataset& dataset, std::vector<int64_t> episode_positions, bool shuffle, uint64_t seed,
-               int64_t stride = 1);
+               int64_t stride = 1, int64_t drop_last = 0);
 
   int64_t frames_per_epoch() const { return total_; }
-  const std::vector<int64_t>& episode_positions() const { return episodes_; }
+  const std::vector<int64_t>& episode_positions() const { return episodes_; }  // those with frames to draw
   FrameRef at(int64_t k) const;  // the K-th frame in episode order (0 <= K < frames_per_epoch())
   FrameRef next();
   std::vector<FrameRef> next_batch(int64_t n);
@@ -98,7 +101,7 @@ class FrameSampler {
   int64_t total_ = 0;
   bool shuffle_ = false;
   uint64_t seed_ = 0;
-  int64_t stride_ = 1;
+  int64_t stride_ = 1, drop_last_ = 0;
   int64_t epoch_ = 0, position_ = 0;
   std::vector<int64_t> order_;  // this epoch's order (shuffle only)
   std::string fingerprint_;

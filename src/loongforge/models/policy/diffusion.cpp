@@ -54,6 +54,8 @@ DiffusionConfig DiffusionConfig::from_json(const nlohmann::json& j, const std::s
   c.n_action_steps = r.integer("n_action_steps", 32);
   for (const char* k : {"n_obs_steps", "horizon", "n_action_steps"})
     if (r.integer(k) < 1) r.fail(k, "expected a positive number");
+  c.drop_n_last_frames = r.integer("drop_n_last_frames", 7);  // LeRobot's default: horizon - n_action_steps - n_obs_steps + 1
+  if (c.drop_n_last_frames < 0) r.fail("drop_n_last_frames", "expected a number >= 0");
   c.vision_backbone = r.string("vision_backbone", "resnet18");
   std::string why;
   c.backbone = ResNetLayout::named(c.vision_backbone, &why);
@@ -476,6 +478,7 @@ PolicySpec DiffusionPolicyImpl::policy_spec() const {
   for (int64_t i = 1 - c.n_obs_steps; i <= 0; ++i) s.observation_offsets.push_back(i);
   for (int64_t i = 0; i < c.horizon; ++i) s.action_offsets.push_back(1 - c.n_obs_steps + i);
   s.n_action_steps = c.n_action_steps;
+  s.drop_n_last_frames = c.drop_n_last_frames;
   return s;
 }
 
@@ -590,6 +593,7 @@ nlohmann::json describe_diffusion(const nlohmann::json& j, const std::string& fi
           {"n_obs_steps", c.n_obs_steps},
           {"horizon", c.horizon},
           {"n_action_steps", c.n_action_steps},
+          {"drop_n_last_frames", c.drop_n_last_frames},
           {"vision_backbone", c.vision_backbone},
           {"use_group_norm", c.use_group_norm},
           {"down_dims", c.down_dims},

@@ -36,6 +36,7 @@ namespace lf::models::policy {
 struct DiffusionConfig {
   PolicyFeatures features;
   int64_t n_obs_steps = 2, horizon = 64, n_action_steps = 32;
+  int64_t drop_n_last_frames = 7;  // training frames leave out each episode's last this many (LeRobot's sampler)
   std::string vision_backbone = "resnet18";
   std::vector<int64_t> resize_shape, crop_shape;  // [h, w]; empty: none
   bool crop_is_random = true, use_group_norm = false, separate_encoders = true;
@@ -187,8 +188,8 @@ class DiffusionPolicyImpl : public PolicyModel {
   // horizon, A] (undefined: drawn), then steps [n_obs_steps - 1, n_obs_steps - 1 + n_action_steps).
   at::Tensor predict_action_chunk(const Batch& b, const at::Tensor& sample_noise, const at::Tensor& step_noise);
   // The policy side of the contract: observations at offsets [1 - n_obs_steps, 0], actions at
-  // [1 - n_obs_steps, 1 - n_obs_steps + horizon); training draws noise [rows, horizon, A] and timesteps [rows]; the
-  // sampler takes the batch's sample_noise (and the DDPM steps' noise, sample_step_noise) when given.
+  // [1 - n_obs_steps, 1 - n_obs_steps + horizon), drop_n_last_frames from the config; training draws noise [rows,
+  // horizon, A] and timesteps [rows]; the sampler takes the batch's sample_noise (and the DDPM steps' noise, sample_step_noise) when given.
   PolicySpec policy_spec() const override;
   std::map<std::string, at::Tensor> training_draws(int64_t rows, at::Generator& gen) const override;
   at::Tensor predict_action_chunk(const Batch& b) override {

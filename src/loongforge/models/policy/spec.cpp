@@ -21,6 +21,11 @@ PolicySpec lerobot_policy_spec(const nlohmann::json& config, const std::string& 
     const JsonReader m = r.object("normalization_mapping");
     for (const auto& item : m.json().items()) s.norm_map[item.key()] = m.string(item.key());
   }
+  // lerobot_train reads getattr(cfg, "drop_n_last_frames", 0): configs without it keep every frame.
+  if (r.has("drop_n_last_frames")) {
+    s.drop_n_last_frames = r.integer("drop_n_last_frames");
+    if (s.drop_n_last_frames < 0) r.fail("drop_n_last_frames", "must be >= 0, got " + std::to_string(s.drop_n_last_frames));
+  }
   return s;
 }
 
