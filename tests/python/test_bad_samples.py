@@ -94,7 +94,9 @@ def test_skip_bad_samples_trains_on_the_good_ones(llava, tmp_path):
            f"output_dir={tmp_path / 'clean'}")
     ours = [json.loads(l)["loss"] for l in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()]
     clean = [json.loads(l)["loss"] for l in (tmp_path / "clean" / "metrics.jsonl").read_text().splitlines()]
-    assert ours == clean  # the same two conversations in the same order
+    # the same two conversations in the same order (to float rounding: MKL's GEMMs may round differently when the two
+    # runs' buffers sit at other alignments; other conversations or another order move the loss by far more)
+    assert len(ours) == len(clean) and all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(ours, clean)), (ours, clean)
     assert "data_skipped_samples" not in first_metrics(tmp_path / "clean")  # not asked to skip: no field
 
 
