@@ -191,3 +191,46 @@ def test_groot_dump_matches_lerobot(tmp_path, case):
     assert (np.abs(ref[top]).max() > 0) == (spec["policy"].get("tune_top_llm_layers", 0) > 0)
     info = json.loads(run_lf("info", tmp_path / "policy").stdout)
     assert info["model_type"] == "groot" and info["parameters"] == sum(v.size for k, v in ref.items() if k.startswith("grad."))
+
+
+@pytest.mark.slow
+def test_groot_bad_configs_and_batches_one_line(tmp_path):
+    """Config mistakes (the policy's, the GR00T model config's under base_model_path) and what is not supported yet
+    (diffusers' sinusoidal positions, padded prompts) are one line naming the file's field."""
+    import shutil
+    from safetensors.numpy import load_file, save_file
+    from conftest import run_lerobot
+    run_lerobot(ORACLE, json.dumps(CASES["groot"]), tmp_path)
+
+    def one_line(proc, what):
+        assert proc.returncode != 0 and what in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+    def fails(change_policy, change_base, field):
+        bad = tmp_path / "bad"
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(tmp_path / "policy", bad / "policy")
+        shutil.copytree(tmp_path / "base", bad / "base")
+        cfg = json.loads((bad / "policy" / "config.json").read_text())
+        base = json.loads((bad / "base" / "config.json").read_text())
+        cfg["base_model_path"] = str(bad / "base")
+        change_policy(cfg)
+        change_base(base)
+        (bad / "policy" / "config.json").write_text(json.dumps(cfg))
+        (bad / "base" / "config.json").write_text(json.dumps(base))
+        one_line(run_lf("info", bad / "policy", check=False), f"config.json: field '{field}'")
+
+    keep = lambda c: None  # noqa: E731
+    fails(lambda c: c.update(base_model_path="nvidia/GR00T-N1.7-3B"), keep, "base_model_path")
+    fails(keep, lambda b: b["diffusion_model_cfg"].update(positional_embeddings="sinusoidal"),
+          "diffusion_model_cfg.positional_embeddings")
+    fails(keep, lambda b: b["diffusion_model_cfg"].update(output_dim=7), "diffusion_model_cfg.output_dim")
+    fails(keep, lambda b: b.update(backbone_embedding_dim=48, vl_self_attention_cfg=dict(
+        b["vl_self_attention_cfg"], attention_head_dim=24)), "backbone_embedding_dim")
+    fails(keep, lambda b: b.update(backbone_embedding_dim=48), "vl_self_attention_cfg")
+    fails(keep, lambda b: b.update(model_name="nobody/unknown"), "model_name")
+    batch = load_file(tmp_path / "batch.safetensors")
+    batch["attention_mask"][1, -1] = 0
+    save_file(batch, str(tmp_path / "padded.safetensors"))
+    one_line(run_lf("dump", "--model", tmp_path / "policy", "--batch", tmp_path / "padded.safetensors", "--out",
+                    tmp_path / "x.safetensors", check=False), "attention_mask")
