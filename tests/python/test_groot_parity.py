@@ -34,7 +34,11 @@ State-dict names (LeRobot's = LoongForge's):
 
 NOTES (what works, what is left):
   - works: the model (backbone through the existing Qwen3-VL, action head, flow-matching loss, Euler sampler),
-    `dump` and `info`, LeRobot's folder loads (tied lm_head name), frozen parts per tune_* flags.
+    `dump` and `info`, LeRobot's folder loads (tied lm_head name), frozen parts per tune_* flags. Tests:
+    test_groot_dump_matches_lerobot[groot] (fast: AlternateVLDiT, vlln + vl_self_attention, position embedding,
+    frozen backbone), [groot_dit] (slow: plain DiT, top LLM layer trained, projectors frozen),
+    test_groot_bad_configs_and_batches_one_line (slow), test_groot_full_size_info (slow: `info` of the real
+    3.1B N1.7 = LeRobot's count, built on the meta device).
   - left: padded prompts (attention_mask zeros: the backbone here is causal only; refused in one line), GR00T's
     processor (processor_groot.py: the state/action min-max with percentiles, the Qwen3-VL image processor and chat
     template, embodiment ids) so that `data.format: robot` training and open-loop evaluation can feed it, dropout in
@@ -234,3 +238,33 @@ def test_groot_bad_configs_and_batches_one_line(tmp_path):
     save_file(batch, str(tmp_path / "padded.safetensors"))
     one_line(run_lf("dump", "--model", tmp_path / "policy", "--batch", tmp_path / "padded.safetensors", "--out",
                     tmp_path / "x.safetensors", check=False), "attention_mask")
+
+
+META = r'''
+import json, sys, torch
+from pathlib import Path
+import lerobot.policies.groot.groot_n1_7 as G
+out = Path(sys.argv[2])
+cfg = G.GR00TN17Config()  # GR00T N1.7's defaults: Cosmos-Reason2-2B cut at layer 16, a 32-block AlternateVLDiT
+cfg.save_pretrained(out / "base")
+with torch.device("meta"):  # shapes only
+    model = G.GR00TN17(cfg, load_backbone_weights=False)
+print(json.dumps({"parameters": sum(p.numel() for p in model.parameters()),
+                  "backbone": sum(p.numel() for p in model.backbone.parameters())}))
+'''
+
+
+@pytest.mark.slow
+def test_groot_full_size_info(tmp_path):
+    """`info` of a full-size GR00T N1.7 (LeRobot's defaults, the known nvidia/Cosmos-Reason2-2B backbone) counts
+    LeRobot's parameters (3.1B) without building the model."""
+    from conftest import run_lerobot
+    ref = json.loads(run_lerobot(META, "{}", tmp_path).strip().splitlines()[-1])
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "config.json").write_text(json.dumps({
+        "type": "groot", "base_model_path": str(tmp_path / "base"),
+        "input_features": {"observation.state": {"type": "STATE", "shape": [8]},
+                           "observation.images.top": {"type": "VISUAL", "shape": [3, 256, 256]}},
+        "output_features": {"action": {"type": "ACTION", "shape": [7]}}}))
+    info = json.loads(run_lf("info", tmp_path / "policy").stdout)
+    assert info["parameters"] == ref["parameters"] and info["components"]["backbone"]["parameters"] == ref["backbone"]
