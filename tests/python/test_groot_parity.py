@@ -39,7 +39,13 @@ NOTES (what works, what is left):
     frozen backbone), [groot_dit] (slow: plain DiT, top LLM layer trained, projectors frozen),
     test_groot_bad_configs_and_batches_one_line (slow), test_groot_full_size_info (slow: `info` of the real
     3.1B N1.7 = LeRobot's count, built on the meta device).
-  - left: padded prompts (attention_mask zeros: the backbone here is causal only; refused in one line), GR00T's
+  - left: padded prompts (attention_mask zeros; refused in one line). Tried (not committed): positions from
+    qwen->position_ids on each row's valid tokens moved first (argsort), pads at 0, written over block_inputs'
+    cos/sin, and an AttentionHook::attention_fn on the language model's attention modules with transformers' mask
+    (causal AND key valid, repeat_kv, SDPA). The valid tokens' features then equal transformers' to 3e-8, but the
+    pad tokens' differ by ~1e-2 (with pads at position 1 instead of 0 a single right pad matched, two did not:
+    unexplained), and GR00T's vl_self_attention mixes the pad features in unmasked, so its gradients (~1e-6 of the
+    largest) were 3% off. GR00T's
     processor (processor_groot.py: the state/action min-max with percentiles, the Qwen3-VL image processor and chat
     template, embodiment ids) so that `data.format: robot` training and open-loop evaluation can feed it, dropout in
     parity (implemented, not compared), bf16 autocast, RTC, the engine layouts (DDP/FSDP) over this policy, saving a
@@ -101,15 +107,20 @@ policy.save_pretrained(out / "policy")
 g = spec["groot"]; B = len(spec["rows"]); H = g["action_horizon"]; A = g["max_action_dim"]
 v = spec["vision"]; patch_dim = v["in_channels"] * v["temporal_patch_size"] * v["patch_size"] ** 2
 merge = v["spatial_merge_size"] ** 2
-ids, grids = [], []
-for before, grid, after in spec["rows"]:
+ids, grids, masks = [], [], []
+for (before, grid, after), (side, pad) in zip(spec["rows"], spec.get("pads", [["right", 0]] * B)):
     n = grid[0] * grid[1] * grid[2] // merge
-    ids.append(torch.cat([torch.randint(0, 96, (before,)), torch.tensor([tok["vision_start_token_id"]]),
-                          torch.full((n,), tok["image_token_id"]), torch.tensor([tok["vision_end_token_id"]]),
-                          torch.randint(0, 96, (after,))]))
-    grids.append(grid)
-batch = {"input_ids": torch.stack(ids), "image_grid_thw": torch.tensor(grids)}
-batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    row = torch.cat([torch.randint(0, 96, (before,)), torch.tensor([tok["vision_start_token_id"]]),
+                     torch.full((n,), tok["image_token_id"]), torch.tensor([tok["vision_end_token_id"]]),
+                     torch.randint(0, 96, (after,))])
+    valid = torch.ones(len(row) + pad, dtype=torch.long)
+    pads = torch.full((pad,), 7)
+    if side == "right":
+        row = torch.cat([row, pads]); valid[len(row) - pad:] = 0
+    else:
+        row = torch.cat([pads, row]); valid[:pad] = 0
+    ids.append(row); masks.append(valid); grids.append(grid)
+batch = {"input_ids": torch.stack(ids), "image_grid_thw": torch.tensor(grids), "attention_mask": torch.stack(masks)}
 batch["pixel_values"] = torch.randn(int(sum(t * h * w for t, h, w in grids)), patch_dim)
 batch["state"] = torch.randn(B, 1, g["max_state_dim"])
 batch["action"] = torch.randn(B, H, A)
