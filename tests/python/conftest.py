@@ -72,6 +72,26 @@ def assert_policy_grads_and_step_match(got, ref):
         assert (diff <= 1.1e-3)[noise].all(), k
 
 
+def check_policy_dump(tmp_path, oracle, spec):
+    """Runs ORACLE (a lerobot script taking SPEC as json and a folder; it writes policy/, batch.safetensors with the
+    draws and ref.safetensors) and `loongforge dump` with one AdamW step on its folder and batch: the loss (1e-5 rel),
+    the eval-mode action_chunk (1e-4) and assert_policy_grads_and_step_match. Returns (ref, got)."""
+    import json
+    import numpy as np
+    from safetensors.numpy import load_file
+    run_lerobot(oracle, json.dumps(spec), tmp_path)
+    out = tmp_path / "lf.safetensors"
+    run_lf("dump", "--model", tmp_path / "policy", "--batch", tmp_path / "batch.safetensors", "--out", out,
+           "--adamw", "lr=1e-3,beta1=0.9,beta2=0.95,eps=1e-8,weight_decay=0.1")
+    ref, got = load_file(tmp_path / "ref.safetensors"), load_file(out)
+    assert abs(got["loss"][0] - ref["loss"][0]) <= 1e-5 * max(1.0, abs(ref["loss"][0])), (got["loss"], ref["loss"])
+    assert got["action_chunk"].shape == ref["action_chunk"].shape, (got["action_chunk"].shape, ref["action_chunk"].shape)
+    chunk_diff = np.abs(got["action_chunk"] - ref["action_chunk"]).max()
+    assert chunk_diff <= 1e-4, chunk_diff
+    assert_policy_grads_and_step_match(got, ref)
+    return ref, got
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a longer test (more layouts of the same kind); runs with LF_SLOW=1")
 

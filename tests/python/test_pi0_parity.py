@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from conftest import assert_policy_grads_and_step_match, run_lerobot, run_lf
+from conftest import check_policy_dump, run_lerobot, run_lf
 
 # In the lerobot environment, SMALL_PI0 defines small_pi0(kind, sizes, vocab, vision) -> (modeling module, config class, policy class) with those
 # patches in place (test_pi0_train.py uses it too).
@@ -164,15 +164,7 @@ CASES = {
 
 
 def check_dump(tmp_path, spec):
-    run_lerobot(ORACLE, json.dumps(spec), tmp_path)
-    out = tmp_path / "lf.safetensors"
-    run_lf("dump", "--model", tmp_path / "policy", "--batch", tmp_path / "batch.safetensors", "--out", out,
-           "--adamw", "lr=1e-3,beta1=0.9,beta2=0.95,eps=1e-8,weight_decay=0.1")
-    ref, got = load_file(tmp_path / "ref.safetensors"), load_file(out)
-    assert abs(got["loss"][0] - ref["loss"][0]) <= 1e-5 * max(1.0, abs(ref["loss"][0])), (got["loss"], ref["loss"])
-    assert got["action_chunk"].shape == ref["action_chunk"].shape
-    assert np.abs(got["action_chunk"] - ref["action_chunk"]).max() <= 1e-4, np.abs(got["action_chunk"] - ref["action_chunk"]).max()
-    assert_policy_grads_and_step_match(got, ref)
+    ref, _ = check_policy_dump(tmp_path, ORACLE, spec)
     info = json.loads(run_lf("info", tmp_path / "policy").stdout)
     assert info["model_type"] == spec["type"] and info["parameters"] == sum(v.size for k, v in ref.items() if k.startswith("grad."))
 

@@ -9,6 +9,7 @@
 #include "loongforge/core/json.h"
 #include "loongforge/models/policy/act.h"
 #include "loongforge/models/policy/diffusion.h"
+#include "loongforge/models/policy/groot.h"
 #include "loongforge/models/policy/pi0.h"
 
 namespace lf::models::policy {
@@ -29,6 +30,7 @@ const std::vector<Entry>& entries() {
       {"pi0", build_pi0, describe_pi0, nullptr},
       {"pi05", build_pi0, describe_pi0, nullptr},
       {"diffusion", build_diffusion, describe_diffusion, build_diffusion_for_weights},
+      {"groot", build_groot, describe_groot, nullptr},
   };
   return e;
 }

@@ -1,0 +1,638 @@
+#include "loongforge/models/policy/groot.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/dropout.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+
+#include "loongforge/core/error.h"
+#include "loongforge/core/json.h"
+
+namespace lf::models::policy {
+
+namespace {
+
+bool starts(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
+const std::string kBackbone = "_groot_model.backbone.model.";
+
+// LeRobot's hard-coded nvidia/Cosmos-Reason2-2B config (a Qwen3-VL-2B layout).
+nlohmann::json cosmos_reason2_config() {
+  return {{"model_type", "qwen3_vl"},
+          {"image_token_id", 151655},
+          {"video_token_id", 151656},
+          {"vision_start_token_id", 151652},
+          {"vision_end_token_id", 151653},
+          {"tie_word_embeddings", true},
+          {"text_config",
+           {{"attention_bias", false}, {"head_dim", 128}, {"hidden_act", "silu"}, {"hidden_size", 2048},
+            {"intermediate_size", 6144}, {"max_position_embeddings", 262144}, {"model_type", "qwen3_vl_text"},
+            {"num_attention_heads", 16}, {"num_hidden_layers", 28}, {"num_key_value_heads", 8}, {"rms_norm_eps", 1e-6},
+            {"rope_scaling", {{"mrope_interleaved", true}, {"mrope_section", {24, 20, 20}}, {"rope_type", "default"}}},
+            {"rope_theta", 5000000}, {"tie_word_embeddings", true}, {"vocab_size", 151936}}},
+          {"vision_config",
+           {{"deepstack_visual_indexes", {5, 11, 17}}, {"depth", 24}, {"hidden_act", "gelu_pytorch_tanh"},
+            {"hidden_size", 1024}, {"in_channels", 3}, {"intermediate_size", 4096}, {"model_type", "qwen3_vl"},
+            {"num_heads", 16}, {"num_position_embeddings", 2304}, {"out_hidden_size", 2048}, {"patch_size", 16},
+            {"spatial_merge_size", 2}, {"temporal_patch_size", 2}}}};
+}
+
+// A diffusers block stack's settings from `key` of the GR00T config (the constructor's defaults for absent fields).
+GrootBlocksConfig read_blocks(const JsonReader& g, const std::string& key, bool dit) {
+  GrootBlocksConfig b;
+  if (!g.has(key)) {
+    if (dit) return {32, 32, 48, 1024, 0.2, 1e-5, true, true, true, false};  // GR00T_N1_7_DEFAULTS
+    return {4, 32, 64, 0, 0.2, 1e-5, true, true, false, true};
+  }
+  const JsonReader r = g.object(key);
+  b.num_layers = r.integer("num_layers", dit ? 12 : 0);  // vl_self_attention_cfg without num_layers: none
+  b.num_attention_heads = r.integer("num_attention_heads", 8);
+  b.attention_head_dim = r.integer("attention_head_dim", 64);
+  b.output_dim = r.integer("output_dim", 26);
+  b.dropout = r.number("dropout", 0.1);
+  b.final_dropout = r.boolean("final_dropout", true);
+  b.attention_bias = r.boolean("attention_bias", true);
+  b.norm_eps = r.number("norm_eps", 1e-5);
+  // absent: diffusers' default "sinusoidal"
+  if (b.num_layers > 0 && (!r.json().contains("positional_embeddings") || r.has("positional_embeddings")))
+    r.fail("positional_embeddings", "only null is supported (GR00T N1.7's)");
+  if (r.string("activation_fn", "gelu-approximate") != "gelu-approximate")
+    r.fail("activation_fn", "only gelu-approximate is supported");
+  if (dit) {
+    b.interleave_self_attention = r.boolean("interleave_self_attention", false);
+    b.norm_elementwise_affine = r.boolean("norm_elementwise_affine", false);
+    if (r.string("norm_type", "ada_norm") != "ada_norm") r.fail("norm_type", "only ada_norm is supported");
+  } else {
+    b.norm_elementwise_affine = true;
+  }
+  for (const char* k : {"num_attention_heads", "attention_head_dim"})
+    if (r.integer(k, 1) <= 0) r.fail(k, "must be positive");
+  return b;
+}
+
+}  // namespace
+
+GrootConfig GrootConfig::from_json(const nlohmann::json& j, const std::string& file) {
+  namespace fs = std::filesystem;
+  JsonReader r(j, file);
+  GrootConfig c;
+  c.raw = j;
+  c.chunk_size = r.integer("chunk_size", 40);
+  c.n_action_steps = r.integer("n_action_steps", 40);
+  c.tune_llm = r.boolean("tune_llm", false);
+  c.tune_visual = r.boolean("tune_visual", false);
+  c.tune_projector = r.boolean("tune_projector", true);
+  c.tune_diffusion_model = r.boolean("tune_diffusion_model", true);
+  c.tune_vlln = r.boolean("tune_vlln", true);
+  c.tune_top_llm_layers = r.integer("tune_top_llm_layers", 0);
+  const PolicyFeatures f = PolicyFeatures::read(r, "groot");
+  c.action_dim = f.action_dim;
+  c.state_dim = f.state_dim;
+  if (f.cameras.empty()) r.fail("input_features", "GR00T needs at least one VISUAL feature");
+
+  // GR00T N1.7's model config, from the base model's folder
+  const std::string base = r.string("base_model_path", "nvidia/GR00T-N1.7-3B");
+  if (!fs::is_directory(base))
+    r.fail("base_model_path", "'" + base + "' is not a local folder (LoongForge reads GR00T's model config from its config.json)");
+  const std::string gfile = (fs::path(base) / "config.json").string();
+  const nlohmann::json gj = read_json_file(gfile);
+  const JsonReader g(gj, gfile);
+  c.backbone_embedding_dim = g.integer("backbone_embedding_dim", 2048);
+  c.select_layer = g.integer("select_layer", 16);
+  c.hidden_size = g.integer("hidden_size", 1024);
+  c.input_embedding_dim = g.integer("input_embedding_dim", 1536);
+  c.max_state_dim = g.integer("max_state_dim", 132);
+  c.max_action_dim = g.integer("max_action_dim", 132);
+  c.action_horizon = g.integer("action_horizon", 40);
+  c.state_history_length = g.integer("state_history_length", 1);
+  c.max_seq_len = g.integer("max_seq_len", 1024);
+  c.max_num_embodiments = g.integer("max_num_embodiments", 32);
+  c.num_inference_timesteps = g.integer("num_inference_timesteps", 4);
+  if (r.has("num_inference_timesteps")) c.num_inference_timesteps = r.integer("num_inference_timesteps");
+  c.num_timestep_buckets = g.integer("num_timestep_buckets", 1000);
+  c.attend_text_every_n_blocks = g.integer("attend_text_every_n_blocks", 2);
+  c.add_pos_embed = g.boolean("add_pos_embed", true);
+  c.use_vlln = g.boolean("use_vlln", true);
+  c.use_alternate_vl_dit = g.boolean("use_alternate_vl_dit", true);
+  c.noise_beta_alpha = g.number("noise_beta_alpha", 1.5);
+  c.noise_beta_beta = g.number("noise_beta_beta", 1.0);
+  c.noise_s = g.number("noise_s", 0.999);
+  c.state_dropout_prob = g.number("state_dropout_prob", 0.2);
+  c.dit = read_blocks(g, "diffusion_model_cfg", true);
+  c.vl = read_blocks(g, "vl_self_attention_cfg", false);
+  for (const char* k : {"backbone_embedding_dim", "select_layer", "hidden_size", "input_embedding_dim", "max_state_dim",
+                        "max_action_dim", "action_horizon", "state_history_length", "max_seq_len",
+                        "max_num_embodiments", "num_inference_timesteps", "num_timestep_buckets",
+                        "attend_text_every_n_blocks"})
+    if (g.integer(k, 1) <= 0) g.fail(k, "must be positive");
+  if (c.dit.inner() != c.input_embedding_dim)
+    g.fail("diffusion_model_cfg", "num_attention_heads x attention_head_dim = " + std::to_string(c.dit.inner()) +
+                                      " must equal input_embedding_dim " + std::to_string(c.input_embedding_dim));
+  if (c.dit.output_dim != c.hidden_size)
+    g.fail("diffusion_model_cfg.output_dim", "must equal hidden_size " + std::to_string(c.hidden_size));
+  if (c.vl.num_layers > 0 && c.vl.inner() != c.backbone_embedding_dim)
+    g.fail("vl_self_attention_cfg", "num_attention_heads x attention_head_dim = " + std::to_string(c.vl.inner()) +
+                                        " must equal backbone_embedding_dim " + std::to_string(c.backbone_embedding_dim));
+  if (c.use_alternate_vl_dit && !c.dit.interleave_self_attention)
+    g.fail("diffusion_model_cfg.interleave_self_attention", "AlternateVLDiT requires true");
+  if (c.add_pos_embed && c.action_horizon > c.max_seq_len)
+    g.fail("max_seq_len", "must be at least action_horizon " + std::to_string(c.action_horizon));
+  if (c.action_dim > c.max_action_dim) r.fail("output_features", "action dimension exceeds GR00T's max_action_dim");
+  if (c.state_dim > c.max_state_dim)
+    r.fail("input_features", "state dimension exceeds GR00T's max_state_dim");
+
+  // the backbone: Qwen3-VL cut to its first select_layer decoder layers
+  const std::string name = g.string("model_name", "nvidia/Cosmos-Reason2-2B");
+  nlohmann::json bj;
+  std::string bfile = gfile;
+  if (fs::is_directory(name)) {
+    bfile = (fs::path(name) / "config.json").string();
+    bj = read_json_file(bfile);
+  } else if (name == "nvidia/Cosmos-Reason2-2B") {
+    bj = cosmos_reason2_config();
+  } else {
+    g.fail("model_name", "'" + name + "' is neither a local folder nor a backbone LoongForge knows (nvidia/Cosmos-Reason2-2B)");
+  }
+  if (bj.value("model_type", std::string("qwen3_vl")) != "qwen3_vl")
+    throw file_error(bfile, "model_type", "GR00T N1.7's backbone must be qwen3_vl");
+  nlohmann::json& text = bj.contains("text_config") ? bj["text_config"] : bj;
+  const int64_t layers = text.value("num_hidden_layers", int64_t{32});
+  text["num_hidden_layers"] = std::min(layers, c.select_layer);
+  if (text.contains("layer_types") && text["layer_types"].is_array() &&
+      static_cast<int64_t>(text["layer_types"].size()) > c.select_layer)
+    text["layer_types"].erase(text["layer_types"].begin() + c.select_layer, text["layer_types"].end());
+  c.backbone = vlm::Qwen3VLConfig::from_json(bj, bfile);
+  if (c.backbone.text.hidden_size != c.backbone_embedding_dim)
+    g.fail("backbone_embedding_dim", "must equal the backbone's hidden_size " + std::to_string(c.backbone.text.hidden_size));
+  return c;
+}
+
+// ---- modules ----
+
+CategoryLinearImpl::CategoryLinearImpl(int64_t categories, int64_t in, int64_t out) {
+  W = register_parameter("W", at::randn({categories, in, out}) * 0.02);
+  b = register_parameter("b", at::zeros({categories, out}));
+}
+
+at::Tensor CategoryLinearImpl::forward(const at::Tensor& x, const at::Tensor& cat) {
+  return at::bmm(x, W.index_select(0, cat)) + b.index_select(0, cat).unsqueeze(1);
+}
+
+CategoryMLPImpl::CategoryMLPImpl(int64_t categories, int64_t in, int64_t hidden, int64_t out) {
+  layer1 = register_module("layer1", CategoryLinear(categories, in, hidden));
+  layer2 = register_module("layer2", CategoryLinear(categories, hidden, out));
+}
+
+at::Tensor CategoryMLPImpl::forward(const at::Tensor& x, const at::Tensor& cat) {
+  return layer2(at::relu(layer1(x, cat)), cat);
+}
+
+GrootAttentionImpl::GrootAttentionImpl(int64_t dim, int64_t context_dim, const GrootBlocksConfig& c)
+    : heads_(c.num_attention_heads), head_dim_(c.attention_head_dim), dropout_(c.dropout) {
+  const int64_t inner = c.inner(), kv = context_dim > 0 ? context_dim : dim;
+  to_q = register_module("to_q", nn::Linear(dim, inner, c.attention_bias));
+  to_k = register_module("to_k", nn::Linear(kv, inner, c.attention_bias));
+  to_v = register_module("to_v", nn::Linear(kv, inner, c.attention_bias));
+  to_out = register_module("to_out", torch::nn::ModuleList());
+  to_out->push_back(nn::Linear(inner, dim, true));
+}
+
+at::Tensor GrootAttentionImpl::forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& key_mask) {
+  const at::Tensor& kv = context.defined() ? context : x;
+  const int64_t B = x.size(0), T = x.size(1), S = kv.size(1);
+  const at::Tensor q = to_q(x).view({B, T, heads_, head_dim_}).transpose(1, 2);
+  const at::Tensor k = to_k(kv).view({B, S, heads_, head_dim_}).transpose(1, 2);
+  const at::Tensor v = to_v(kv).view({B, S, heads_, head_dim_}).transpose(1, 2);
+  std::optional<at::Tensor> mask;
+  // diffusers repeats the mask per head: [B, heads, 1, S]
+  if (key_mask.defined()) mask = key_mask.view({B, 1, 1, S}).expand({B, heads_, 1, S});
+  at::Tensor o = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false);
+  o = o.transpose(1, 2).reshape({B, T, heads_ * head_dim_});
+  return at::dropout((*to_out)[0]->as<nn::LinearImpl>()->forward(o), dropout_, is_training());
+}
+
+GrootBlockImpl::GrootBlockImpl(int64_t dim, int64_t context_dim, bool ada_norm, const GrootBlocksConfig& c)
+    : cross(context_dim > 0), ada_(ada_norm), dropout_(c.dropout), final_dropout_(c.final_dropout) {
+  if (ada_) {  // AdaLayerNorm: linear (dim -> 2 dim) of SiLU(temb), LayerNorm(eps 1e-5) without affine
+    norm1 = register_module("norm1", std::make_shared<torch::nn::Module>());
+    norm1_linear = norm1->register_module("linear", nn::Linear(dim, 2 * dim, true));
+  } else {
+    norm1_ln = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(c.norm_eps)));
+  }
+  attn1 = register_module("attn1", GrootAttention(dim, context_dim, c));
+  norm3 = register_module("norm3", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(c.norm_eps).elementwise_affine(c.norm_elementwise_affine)));
+  auto ff = register_module("ff", std::make_shared<torch::nn::Module>());
+  ff_net = ff->register_module("net", torch::nn::ModuleList());
+  auto gelu = std::make_shared<torch::nn::Module>();
+  gelu->register_module("proj", nn::Linear(dim, 4 * dim, true));
+  ff_net->push_back(gelu);
+  ff_net->push_back(torch::nn::Dropout(c.dropout));
+  ff_net->push_back(nn::Linear(4 * dim, dim, true));
+}
+
+at::Tensor GrootBlockImpl::forward(const at::Tensor& h, const at::Tensor& context, const at::Tensor& key_mask,
+                                   const at::Tensor& temb) {
+  at::Tensor x;
+  if (ada_) {
+    const auto ss = norm1_linear(at::silu(temb)).chunk(2, 1);  // scale, shift
+    x = at::layer_norm(h, {h.size(-1)}, {}, {}, 1e-5) * (1 + ss[0].unsqueeze(1)) + ss[1].unsqueeze(1);
+  } else {
+    x = norm1_ln(h);
+  }
+  at::Tensor a = attn1(x, cross ? context : at::Tensor(), cross ? key_mask : at::Tensor());
+  if (final_dropout_) a = at::dropout(a, dropout_, is_training());
+  at::Tensor out = a + h;
+  auto* proj = (*ff_net)[0]->named_children()[0].value()->as<nn::LinearImpl>();
+  at::Tensor f = at::gelu(proj->forward(norm3(out)), "tanh");
+  f = (*ff_net)[2]->as<nn::LinearImpl>()->forward(at::dropout(f, dropout_, is_training()));
+  if (final_dropout_) f = at::dropout(f, dropout_, is_training());
+  return f + out;
+}
+
+GrootDiTImpl::GrootDiTImpl(const GrootConfig& c) : c_(c) {
+  const int64_t inner = c.dit.inner();
+  timestep_encoder = register_module("timestep_encoder", std::make_shared<torch::nn::Module>());
+  timestep_embedder = timestep_encoder->register_module("timestep_embedder", std::make_shared<torch::nn::Module>());
+  linear_1 = timestep_embedder->register_module("linear_1", nn::Linear(256, inner, true));
+  linear_2 = timestep_embedder->register_module("linear_2", nn::Linear(inner, inner, true));
+  transformer_blocks = register_module("transformer_blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.dit.num_layers; ++i) {
+    const bool self_attn = i % 2 == 1 && c.dit.interleave_self_attention;
+    transformer_blocks->push_back(GrootBlock(inner, self_attn ? 0 : c.backbone_embedding_dim, true, c.dit));
+  }
+  proj_out_1 = register_module("proj_out_1", nn::Linear(inner, 2 * inner, true));
+  proj_out_2 = register_module("proj_out_2", nn::Linear(inner, c.dit.output_dim, true));
+}
+
+at::Tensor GrootDiTImpl::forward(const at::Tensor& hidden, const at::Tensor& vl, const at::Tensor& timestep,
+                                 const at::Tensor& image_mask, const at::Tensor& attention_mask) {
+  // diffusers' Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=1): [cos, sin] of t * exp(-ln(1e4) k / 127)
+  const int64_t half = 128;
+  const auto f32 = hidden.options().dtype(at::kFloat);
+  const at::Tensor exponent = at::arange(0, half, f32) * (-std::log(10000.0)) / static_cast<double>(half - 1);
+  const at::Tensor arg = timestep.unsqueeze(1).to(at::kFloat) * at::exp(exponent).unsqueeze(0);
+  const at::Tensor proj = at::cat({at::cos(arg), at::sin(arg)}, -1).to(hidden.scalar_type());
+  const at::Tensor temb = linear_2(at::silu(linear_1(proj)));
+  at::Tensor image, text;
+  if (c_.use_alternate_vl_dit) {
+    image = image_mask.logical_and(attention_mask);
+    text = image_mask.logical_not().logical_and(attention_mask);
+  }
+  at::Tensor h = hidden;
+  for (size_t i = 0; i < transformer_blocks->size(); ++i) {
+    auto* block = (*transformer_blocks)[i]->as<GrootBlockImpl>();
+    at::Tensor mask;  // DiT: no mask on the cross attention
+    if (c_.use_alternate_vl_dit && block->cross)
+      mask = static_cast<int64_t>(i) % (2 * c_.attend_text_every_n_blocks) == 0 ? text : image;
+    h = block->forward(h, vl, mask, temb);
+  }
+  const auto ss = proj_out_1(at::silu(temb)).chunk(2, 1);  // shift, scale
+  h = at::layer_norm(h, {h.size(-1)}, {}, {}, 1e-6) * (1 + ss[1].unsqueeze(1)) + ss[0].unsqueeze(1);
+  return proj_out_2(h);
+}
+
+GrootActionHeadImpl::GrootActionHeadImpl(const GrootConfig& c) : c_(c) {
+  model = register_module("model", GrootDiT(c));
+  state_encoder = register_module("state_encoder", CategoryMLP(c.max_num_embodiments, c.max_state_dim * c.state_history_length,
+                                                               c.hidden_size, c.input_embedding_dim));
+  action_encoder = register_module("action_encoder", std::make_shared<torch::nn::Module>());
+  W1 = action_encoder->register_module("W1", CategoryLinear(c.max_num_embodiments, c.max_action_dim, c.input_embedding_dim));
+  W2 = action_encoder->register_module("W2", CategoryLinear(c.max_num_embodiments, 2 * c.input_embedding_dim, c.input_embedding_dim));
+  W3 = action_encoder->register_module("W3", CategoryLinear(c.max_num_embodiments, c.input_embedding_dim, c.input_embedding_dim));
+  action_decoder = register_module("action_decoder", CategoryMLP(c.max_num_embodiments, c.hidden_size, c.hidden_size, c.max_action_dim));
+  if (c.use_vlln) vlln = register_module("vlln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.backbone_embedding_dim})));
+  if (c.vl.num_layers > 0) {
+    vl_self_attention = register_module("vl_self_attention", std::make_shared<torch::nn::Module>());
+    vl_blocks = vl_self_attention->register_module("transformer_blocks", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.vl.num_layers; ++i) vl_blocks->push_back(GrootBlock(c.vl.inner(), 0, false, c.vl));
+  }
+  if (c.add_pos_embed) {
+    position_embedding = register_module("position_embedding", torch::nn::Embedding(c.max_seq_len, c.input_embedding_dim));
+    torch::NoGradGuard g;
+    position_embedding->weight.normal_(0.0, 0.02);
+  }
+}
+
+at::Tensor GrootActionHeadImpl::vl_features(const at::Tensor& features) {
+  at::Tensor h = vlln ? vlln(features) : features;
+  if (vl_blocks)
+    for (size_t i = 0; i < vl_blocks->size(); ++i) h = (*vl_blocks)[i]->as<GrootBlockImpl>()->forward(h, {}, {}, {});
+  return h;
+}
+
+at::Tensor GrootActionHeadImpl::velocity(const at::Tensor& vl, const at::Tensor& state_features, const at::Tensor& x_t,
+                                         const at::Tensor& t_discrete, const at::Tensor& embodiment,
+                                         const at::Tensor& image_mask, const at::Tensor& attention_mask) {
+  const int64_t B = x_t.size(0), H = x_t.size(1), E = c_.input_embedding_dim;
+  // MultiEmbodimentActionEncoder: W1 x, joined with the time's [sin, cos] (exp(-k ln(1e4) / (E / 2))), swish, W3
+  const int64_t half = E / 2;
+  const auto f32 = x_t.options().dtype(at::kFloat);
+  const at::Tensor rate = at::log(at::scalar_tensor(10000.0, f32)) / static_cast<double>(half);
+  const at::Tensor exponent = -at::arange(half, f32) * rate;
+  const at::Tensor freqs = t_discrete.to(at::kFloat).view({B, 1, 1}).expand({B, H, 1}) * at::exp(exponent);
+  const at::Tensor time_emb = at::cat({at::sin(freqs), at::cos(freqs)}, -1).to(x_t.scalar_type());
+  const at::Tensor a = W1(x_t, embodiment);
+  const at::Tensor w2 = W2(at::cat({a, time_emb}, -1), embodiment);
+  at::Tensor features = W3(w2 * at::sigmoid(w2), embodiment);
+  if (position_embedding) features = features + position_embedding->weight.narrow(0, 0, H).unsqueeze(0);
+  const at::Tensor sa = at::cat({state_features, features}, 1);
+  const at::Tensor out = model(sa, vl, t_discrete, image_mask, attention_mask);
+  const at::Tensor pred = action_decoder(out, embodiment);
+  return pred.narrow(1, pred.size(1) - H, H);
+}
+
+// ---- the policy ----
+
+GrootPolicyImpl::GrootPolicyImpl(GrootConfig config) : PolicyModel(config.raw), config_(std::move(config)) {
+  groot_model = register_module("_groot_model", std::make_shared<torch::nn::Module>());
+  backbone = groot_model->register_module("backbone", std::make_shared<torch::nn::Module>());
+  qwen = backbone->register_module("model", vlm::Qwen3VL(config_.backbone));
+  action_head = groot_model->register_module("action_head", GrootActionHead(config_));
+  // LeRobot's set_trainable_parameters: the frozen parts take no gradient
+  const auto& c = config_;
+  auto freeze = [](torch::nn::Module& m, bool train) {
+    for (auto& p : m.parameters()) p.set_requires_grad(train);
+  };
+  freeze(*qwen->visual, c.tune_visual);
+  freeze(*qwen->language_model, c.tune_llm);
+  const int64_t layers = c.backbone.text.num_hidden_layers;
+  for (int64_t i = std::max<int64_t>(0, layers - c.tune_top_llm_layers); i < layers && c.tune_top_llm_layers > 0; ++i)
+    freeze(qwen->language_model->block(i), true);
+  auto& h = *action_head;
+  for (torch::nn::Module* m : {static_cast<torch::nn::Module*>(h.state_encoder.get()), h.action_encoder.get(),
+                               static_cast<torch::nn::Module*>(h.action_decoder.get())})
+    freeze(*m, c.tune_projector);
+  if (h.position_embedding) freeze(*h.position_embedding, c.tune_projector);
+  freeze(*h.model, c.tune_diffusion_model);
+  if (h.vlln) freeze(*h.vlln, c.tune_vlln);
+  if (h.vl_self_attention) freeze(*h.vl_self_attention, c.tune_vlln);
+}
+
+void GrootPolicyImpl::init_weights(double std) {
+  torch::NoGradGuard g;
+  qwen->init_weights(std);
+  // PyTorch's defaults for the action head's linear layers and LayerNorms; CategorySpecificLinear W ~ 0.02 N(0, 1),
+  // b = 0; the position embedding N(0, 0.02)
+  for (auto& m : action_head->modules(false)) {
+    if (auto* l = m->as<nn::LinearImpl>()) {
+      torch::nn::init::kaiming_uniform_(l->weight, std::sqrt(5.0));
+      if (l->bias.defined()) {
+        const double bound = 1.0 / std::sqrt(static_cast<double>(l->in_features));
+        l->bias.uniform_(-bound, bound);
+      }
+    } else if (auto* cl = m->as<CategoryLinearImpl>()) {
+      cl->W.normal_(0.0, 0.02);
+      cl->b.zero_();
+    } else if (auto* ln = m->as<torch::nn::LayerNormImpl>()) {
+      if (ln->weight.defined()) ln->weight.fill_(1.0);
+      if (ln->bias.defined()) ln->bias.zero_();
+    }
+  }
+  if (action_head->position_embedding) action_head->position_embedding->weight.normal_(0.0, 0.02);
+}
+
+BatchSchema GrootPolicyImpl::batch_schema() const {
+  const auto& c = config_;
+  const std::string H = std::to_string(c.action_horizon), A = std::to_string(c.max_action_dim);
+  BatchSchema s;
+  s.push_back(required_field("state", at::kFloat, 3, "GR00T's normalised state [B, " + std::to_string(c.state_history_length) + ", " + std::to_string(c.max_state_dim) + "]"));
+  s.push_back(required_field("action", at::kFloat, 3, "normalised action chunk [B, " + H + ", " + A + "]"));
+  s.push_back(required_field("action_mask", at::kFloat, 3, "the chunk's valid elements [B, " + H + ", " + A + "]"));
+  s.push_back(required_field("embodiment_id", at::kLong, 1, "embodiment index [B]"));
+  s.push_back(required_field("input_ids", at::kLong, 2, "the backbone's tokens (text and image tokens) [B, L]"));
+  s.push_back(required_field("attention_mask", at::kLong, 2, "the backbone's valid tokens [B, L]"));
+  s.push_back(required_field("pixel_values", at::kFloat, 2, "Qwen3-VL patches [patches, C x T x P x P]"));
+  s.push_back(required_field("image_grid_thw", at::kLong, 2, "per image (t, h, w) [images, 3]"));
+  s.push_back(optional_field("noise", at::kFloat, 3, "flow matching's noise [B, " + H + ", " + A + "] (drawn when absent)"));
+  s.push_back(optional_field("time", at::kFloat, 1, "flow matching's time [B] (GR00T's: 1 is the data; drawn when absent)"));
+  return s;
+}
+
+int64_t GrootPolicyImpl::loss_terms(const Batch& b) const {
+  if (const at::Tensor m = b.get("action_mask"); m.defined()) return static_cast<int64_t>(m.to(at::kDouble).sum().item<double>());
+  return b.num_rows() * config_.action_horizon * config_.max_action_dim;
+}
+
+double GrootPolicyImpl::train_flops_per_sample(int64_t seq) const {
+  // the action head over the state and action tokens (forward and backward); the backbone's forward over the prompt
+  int64_t head = 0, backbone = 0;
+  for (const auto& p : action_head->parameters()) head += p.numel();
+  for (const auto& p : qwen->parameters()) backbone += p.numel();
+  return 6.0 * static_cast<double>(config_.action_horizon + 1) * static_cast<double>(head) +
+         2.0 * static_cast<double>(std::max<int64_t>(seq, 1)) * static_cast<double>(backbone);
+}
+
+at::Tensor GrootPolicyImpl::head_loss_sum(const at::Tensor& h, const Batch&) { return h.to(at::kFloat).sum(); }
+
+GrootPolicyImpl::Backbone GrootPolicyImpl::run_backbone(const Batch& b) {
+  const bool frozen = !config_.tune_llm && !config_.tune_visual && config_.tune_top_llm_layers == 0;
+  std::optional<torch::NoGradGuard> no_grad;
+  if (frozen) no_grad.emplace();
+  Batch in;
+  in.set("input_ids", b.at("input_ids"));
+  in.set("pixel_values", b.at("pixel_values"));
+  in.set("image_grid_thw", b.at("image_grid_thw"));
+  const at::Tensor dtype_probe = action_head->model->proj_out_2->weight;
+  at::Tensor h = qwen->embed(in);
+  const Batch blocks = qwen->block_inputs(in, h.scalar_type());
+  // the last kept layer's output as GR00T's forward hook takes it: before that layer's deepstack features
+  const int64_t n = qwen->num_blocks();
+  for (int64_t i = 0; i < n; ++i) h = i + 1 < n ? qwen->block_forward(blocks, h, i) : qwen->block_body(blocks, h, i);
+  Backbone out;
+  out.features = h.to(dtype_probe.scalar_type());
+  out.image_mask = b.at("input_ids") == config_.backbone.image_token_id;
+  out.attention_mask = b.at("attention_mask") == 1;
+  return out;
+}
+
+at::Tensor GrootPolicyImpl::forward_whole(const Batch& b) {
+  const auto& c = config_;
+  const at::Tensor actions = b.at("action");
+  const int64_t B = actions.size(0);
+  at::Tensor noise = b.get("noise"), time = b.get("time");
+  if (!noise.defined()) noise = at::randn(actions.sizes(), actions.options());
+  if (!time.defined()) {  // (1 - Beta(alpha, beta)) * noise_s, a Beta draw as X / (X + Y) of two Gamma draws
+    const at::Tensor x = at::_standard_gamma(at::full({B}, c.noise_beta_alpha, at::kFloat));
+    const at::Tensor y = at::_standard_gamma(at::full({B}, c.noise_beta_beta, at::kFloat));
+    time = ((1 - x / (x + y)) * c.noise_s).to(actions.options());
+  }
+  const Backbone bb = run_backbone(b);
+  const at::Tensor vl = action_head->vl_features(bb.features);
+  const at::Tensor emb = b.at("embodiment_id");
+  at::Tensor state_features = action_head->state_encoder(b.at("state").reshape({B, 1, -1}), emb);
+  if (is_training() && c.state_dropout_prob > 0) {
+    const at::Tensor drop = (at::rand({B}, state_features.options()) < c.state_dropout_prob).to(state_features.scalar_type());
+    state_features = state_features * (1 - drop.view({B, 1, 1}));
+  }
+  const at::Tensor t = time.view({B, 1, 1});
+  const at::Tensor x_t = (1 - t) * noise + t * actions;
+  const at::Tensor target = actions - noise;
+  const at::Tensor t_discrete = (t.view({B}) * static_cast<double>(c.num_timestep_buckets)).to(at::kLong);
+  const at::Tensor v = action_head->velocity(vl, state_features, x_t, t_discrete, emb, bb.image_mask, bb.attention_mask);
+  const at::Tensor mask = b.at("action_mask").to(v.scalar_type());
+  return ((v - target).square() * mask).reshape({B, -1});
+}
+
+at::Tensor GrootPolicyImpl::predict_action_chunk(const Batch& b, const at::Tensor& start) {
+  torch::NoGradGuard g;
+  const bool was = is_training();
+  eval();
+  const auto& c = config_;
+  const at::Tensor state = b.at("state");
+  const int64_t B = state.size(0);
+  const Backbone bb = run_backbone(b);
+  const at::Tensor vl = action_head->vl_features(bb.features);
+  const at::Tensor emb = b.at("embodiment_id");
+  const at::Tensor state_features = action_head->state_encoder(state.reshape({B, 1, -1}), emb);
+  at::Tensor x = start.defined() ? start : at::randn({B, c.action_horizon, c.max_action_dim}, state.options());
+  const double dt = 1.0 / static_cast<double>(c.num_inference_timesteps);
+  for (int64_t step = 0; step < c.num_inference_timesteps; ++step) {
+    // int(step / N * buckets), as Python computes it in double
+    const double t_cont = static_cast<double>(step) / static_cast<double>(c.num_inference_timesteps);
+    const auto t_discrete = static_cast<int64_t>(t_cont * static_cast<double>(c.num_timestep_buckets));
+    const at::Tensor ts = at::full({B}, t_discrete, state.options().dtype(at::kLong));
+    x = x + dt * action_head->velocity(vl, state_features, x, ts, emb, bb.image_mask, bb.attention_mask);
+  }
+  train(was);
+  const int64_t horizon = std::max<int64_t>(1, std::min({c.action_horizon, c.chunk_size, c.n_action_steps}));
+  return x.narrow(1, 0, horizon).narrow(2, 0, c.action_dim);
+}
+
+Batch GrootPolicyImpl::check_batch(const std::map<std::string, at::Tensor>& batch, const std::string& file) const {
+  const auto& c = config_;
+  BatchChecker k(batch, file, action_head->model->proj_out_2->weight.scalar_type());
+  const int64_t B = BatchChecker::kB, H = c.action_horizon, A = c.max_action_dim;
+  k.take("state", {B, c.state_history_length, c.max_state_dim}, true);
+  k.take("action", {B, H, A}, true);
+  if (const at::Tensor m = k.raw("action_mask"); m.defined() && m.scalar_type() == at::kBool)
+    k.take("action_mask", {B, H, A}, true, BatchChecker::kBool);
+  else
+    k.take("action_mask", {B, H, A}, true);
+  k.take("embodiment_id", {B}, true, BatchChecker::kInteger);
+  k.take("input_ids", {B, -1}, true, BatchChecker::kInteger);
+  const int64_t L = k.out.at("input_ids").size(1);
+  if (const at::Tensor m = k.raw("attention_mask"); m.defined() && m.scalar_type() == at::kBool)
+    k.take("attention_mask", {B, L}, true, BatchChecker::kBool);
+  else
+    k.take("attention_mask", {B, L}, true, BatchChecker::kInteger);
+  k.take("pixel_values", {-1, -1}, true);
+  k.take("image_grid_thw", {-1, 3}, true, BatchChecker::kInteger);
+  k.take("noise", {B, H, A}, false);
+  k.take("time", {B}, false);
+  k.take("sample_noise", {B, H, A}, false);
+  Batch out = k.out;
+  out.set("attention_mask", out.at("attention_mask").to(at::kLong));
+  const at::Tensor emb = out.at("embodiment_id");
+  if (emb.min().item<int64_t>() < 0 || emb.max().item<int64_t>() >= c.max_num_embodiments)
+    throw file_error(file, "embodiment_id", "must be in [0, " + std::to_string(c.max_num_embodiments) + ")");
+  const at::Tensor ids = out.at("input_ids");
+  if (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= c.backbone.text.vocab_size)
+    throw file_error(file, "input_ids", "ids must be in [0, " + std::to_string(c.backbone.text.vocab_size) + ")");
+  // TODO(next): padded prompts (transformers' padding mask inside the backbone); the backbone here is causal only
+  if (!(out.at("attention_mask") == 1).all().item<bool>())
+    throw file_error(file, "attention_mask", "padded prompts are not supported yet (every token must be valid)");
+  return out;
+}
+
+Model::ReferenceOutput GrootPolicyImpl::reference_forward(const std::map<std::string, at::Tensor>& batch, const std::string& file) {
+  const Batch b = check_batch(batch, file);
+  for (const char* k : {"noise", "time"})
+    if (!b.has(k)) throw file_error(file, k, "missing (flow matching's draw: dump is deterministic)");
+  if (!b.has("sample_noise"))
+    throw file_error(file, "sample_noise", "missing (the sampler's start [B, action_horizon, max_action_dim]: dump is deterministic)");
+  ReferenceOutput r;
+  const at::Tensor h = forward_whole(b);
+  r.loss = h.sum() / (b.at("action_mask").to(h.scalar_type()).sum() + 1e-6);
+  r.outputs.emplace_back("action_chunk", predict_action_chunk(b, b.at("sample_noise")));
+  return r;
+}
+
+std::vector<CheckpointTensor> GrootPolicyImpl::checkpoint_tensors() const {
+  std::vector<CheckpointTensor> out;
+  for (CheckpointTensor e : qwen->checkpoint_tensors()) {
+    e.name = kBackbone + e.name;
+    e.param = kBackbone + e.param;
+    out.push_back(e);
+  }
+  for (const auto& item : action_head->named_parameters())
+    out.push_back({"_groot_model.action_head." + item.key(), "_groot_model.action_head." + item.key()});
+  return out;
+}
+
+bool GrootPolicyImpl::ignorable_checkpoint_tensor(const std::string& name) const {
+  return starts(name, kBackbone) && qwen->ignorable_checkpoint_tensor(name.substr(kBackbone.size()));
+}
+
+std::string GrootPolicyImpl::canonical_checkpoint_name(const std::string& stored) const {
+  // safetensors' save_model keeps one name of tied tensors: the first in sorted order, the unused lm_head's
+  if (config_.backbone.text.tie_word_embeddings && stored == kBackbone + "lm_head.weight")
+    return kBackbone + "model.language_model.embed_tokens.weight";
+  return stored;
+}
+
+PolicySpec GrootPolicyImpl::policy_spec() const {
+  // GR00T's batch (state, action_mask, embodiment_id, the Qwen3-VL chat prompt and patches) comes from its own
+  // processor (LeRobot's processor_groot.py), which is not built here yet
+  throw Error("groot: training and evaluating from robot datasets need GR00T's processor, which LoongForge does not "
+              "build yet (dump takes GR00T's processed batch)");
+}
+
+std::map<std::string, at::Tensor> GrootPolicyImpl::training_draws(int64_t rows, at::Generator& gen) const {
+  const auto& c = config_;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor noise = at::randn({rows, c.action_horizon, c.max_action_dim}, gen, f32);
+  const at::Tensor x = at::_standard_gamma(at::full({rows}, c.noise_beta_alpha, f32), gen);
+  const at::Tensor y = at::_standard_gamma(at::full({rows}, c.noise_beta_beta, f32), gen);
+  return {{"noise", noise}, {"time", (1 - x / (x + y)) * c.noise_s}};
+}
+
+std::shared_ptr<Model> build_groot(const nlohmann::json& j, const std::string& file) {
+  return GrootPolicy(GrootConfig::from_json(j, file)).ptr();
+}
+
+nlohmann::json describe_groot(const nlohmann::json& j, const std::string& file) {
+  const GrootConfig c = GrootConfig::from_json(j, file);
+  // the action head's numbers from its shapes; the backbone's from Qwen3-VL's own count
+  auto linear = [](int64_t in, int64_t out) { return in * out + out; };
+  auto blocks = [&](const GrootBlocksConfig& b, int64_t dim, int64_t context, bool ada, bool interleave) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < b.num_layers; ++i) {
+      const int64_t kv = (interleave && i % 2 == 1) || context == 0 ? dim : context;
+      const int64_t bias = b.attention_bias ? b.inner() : 0;
+      n += ada ? linear(dim, 2 * dim) : 2 * dim;
+      n += dim * b.inner() + bias + 2 * (kv * b.inner() + bias) + linear(b.inner(), dim);
+      n += linear(dim, 4 * dim) + linear(4 * dim, dim);
+      if (b.norm_elementwise_affine) n += 2 * dim;
+    }
+    return n;
+  };
+  const int64_t E = c.max_num_embodiments, emb = c.input_embedding_dim, hid = c.hidden_size;
+  const int64_t inner = c.dit.inner();
+  const int64_t dit = linear(256, inner) + linear(inner, inner) +
+                      blocks(c.dit, inner, c.backbone_embedding_dim, true, c.dit.interleave_self_attention) +
+                      linear(inner, 2 * inner) + linear(inner, c.dit.output_dim);
+  const int64_t vl = (c.vl.num_layers > 0 ? blocks(c.vl, c.vl.inner(), 0, false, false) : 0) +
+                     (c.use_vlln ? 2 * c.backbone_embedding_dim : 0);
+  const int64_t projectors = E * linear(c.max_state_dim * c.state_history_length, hid) + E * linear(hid, emb) +
+                             E * (linear(c.max_action_dim, emb) + linear(2 * emb, emb) + linear(emb, emb)) +
+                             E * (linear(hid, hid) + linear(hid, c.max_action_dim)) +
+                             (c.add_pos_embed ? c.max_seq_len * emb : 0);
+  nlohmann::json bj = c.backbone.raw;
+  const int64_t backbone = vlm::describe_qwen3_vl(bj, file)["parameters"].get<int64_t>();
+  return {{"family", "policy"},
+          {"model_type", "groot"},
+          {"parameters", backbone + dit + vl + projectors},
+          {"state_dim", c.state_dim},
+          {"action_dim", c.action_dim},
+          {"chunk_size", c.chunk_size},
+          {"n_action_steps", c.n_action_steps},
+          {"select_layer", c.select_layer},
+          {"components", {{"backbone", {{"parameters", backbone}}}, {"diffusion_model", {{"parameters", dit}}},
+                          {"vl_self_attention", {{"parameters", vl}}}, {"projectors", {{"parameters", projectors}}}}}};
+}
+
+}  // namespace lf::models::policy
