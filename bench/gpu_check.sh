@@ -14,7 +14,9 @@
 #      transformers' eager one (issue 19);
 #   5. the DiT training step (bench/dit_train.py --device cuda, bf16): DiT-B/2 and DiT-XL/2 against diffusers' eager
 #      model (issue 20);
-#   6. print a short table last.
+#   6. the robot-policy training step (bench/policy_cpu.py --device cuda): ACT and a small π0 against LeRobot where
+#      a Python with lerobot is given (issue 24; skipped otherwise);
+#   7. print a short table last.
 # Usage (repo root):  bash bench/gpu_check.sh
 #   OUT=dir            where logs and JSON go (default build-gpu/gpu_out; the device tool's $OUT when set)
 #   LF_DEBS=dir        the .deb folder (default ./third_party_debs)
@@ -305,5 +307,26 @@ for SHAPE in B/2 XL/2; do
     row "$NAME" FAIL "$(elapsed "$T")" "see $F.log: $(tail -1 "$F.log" | cut -c1-100)"
   fi
 done
+
+# ---- 6. robot-policy training step: LoongForge vs LeRobot on the GPU (bench/policy_cpu.py --device cuda) ------------
+# ACT at LeRobot's default d512 and the small π0 shape (issue 24), fp32. LeRobot is not on the GPU image and its imports
+# (datasets, pandas, pyarrow, OpenCV, PyAV, diffusers, ...) do not fit the carry: the rows run where a Python with
+# lerobot 0.6.1 is named by LOONGFORGE_LEROBOT_PYTHON, and are skipped with that reason otherwise.
+LR_PY=${LOONGFORGE_LEROBOT_PYTHON:-$PY}
+if [ "${GPU_CHECK_ONLY:-}" = dist ]; then
+  row "policy train (ACT, pi0)" SKIP 0 "GPU_CHECK_ONLY=dist"
+elif ! "$LR_PY" -c "import lerobot.policies.act.modeling_act" >/dev/null 2>&1; then
+  row "policy train (ACT, pi0)" SKIP 0 "lerobot does not import in $LR_PY (set LOONGFORGE_LEROBOT_PYTHON)"
+else
+  T=$(date +%s)
+  if LOONGFORGE_LEROBOT_PYTHON=$LR_PY LOONGFORGE_BIN="$BUILD/loongforge" timeout 300 "$PY" bench/policy_cpu.py \
+      --device cuda --shapes act512,pi0small --rounds 2 --steps 6 --warmup 2 --out "$OUT/policy_train.md" \
+      >"$OUT/policy_train.log" 2>&1; then
+    row "policy train (ACT, pi0)" ok "$(elapsed "$T")" "$(tail -1 "$OUT/policy_train.md" | cut -d'|' -f3-5 | tr -s ' ')"
+    cat "$OUT/policy_train.md"
+  else
+    row "policy train (ACT, pi0)" FAIL "$(elapsed "$T")" "see $OUT/policy_train.log: $(tail -1 "$OUT/policy_train.log" | cut -c1-100)"
+  fi
+fi
 
 print_table

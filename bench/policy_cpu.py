@@ -11,7 +11,10 @@ Diffusion Policy's random crop) are each side's own. Prints a table of the media
 (issue 24's goal: >= 1.5x on the CPU); with --out, writes it as markdown too.
 
     [LOONGFORGE_BIN=build/loongforge] .venv/bin/python bench/policy_cpu.py [--shapes act256,act512,pi0small,diffusion]
-        [--threads 2] [--steps 6] [--warmup 2] [--rounds 3] [--out FILE.md]
+        [--threads 2] [--steps 6] [--warmup 2] [--rounds 3] [--out FILE.md] [--device cpu|cuda]
+
+With --device cuda (bench/gpu_check.sh, when a Python with lerobot is there: LOONGFORGE_LEROBOT_PYTHON) both sides
+train on the GPU, fp32, each step timed between two synchronizes.
 
 Each round runs both sides once per shape (the order alternating); the table shows medians over the rounds and each
 round's ratio. ACT's batch: 8 rows, one 3 x 96 x 128 camera, state 14, action 14, chunk 50 (the last rows padded at
@@ -107,8 +110,8 @@ elif kind == "diffusion":
 else:
     spec = S["cfg"]
     exec(SMALL_PI0)  # defines small_pi0
-    vocab = spec.pop("vocab_size")
-    M, Config, Policy = small_pi0(spec.pop("type"), spec.pop("variant_sizes"), vocab, spec.pop("vision_config"))
+    vocab = spec.pop("vocab_size"); sizes = spec.pop("variant_sizes"); vision = spec.pop("vision_config")
+    M, Config, Policy = small_pi0(spec.pop("type"), sizes, vocab, vision)
     S["cfg"] = spec
     S["cfg"]["image_resolution"] = tuple(S["cfg"]["image_resolution"])
     feats = {"observation.state": vec(b["state"]), "observation.images.top": PolicyFeature(FeatureType.VISUAL, tuple(b["image"]))}
@@ -119,7 +122,7 @@ else:
              "observation.language.attention_mask": torch.ones(n, b["tokens"], dtype=torch.bool)}
     batch["observation.language.attention_mask"][n // 2:, -3:] = False
 cfg = Config(input_features=feats, output_features={"action": PolicyFeature(FeatureType.ACTION, (b["action"],))},
-             device="cpu", **kw, **S["cfg"])
+             device=S.get("device", "cpu"), **kw, **S["cfg"])
 if mode == "make":
     torch.manual_seed(0)
     policy = Policy(cfg)
@@ -138,18 +141,22 @@ if kind == "pi0":
     assert not unexpected and all("embed_tokens" in k or "lm_head" in k for k in missing), (missing, unexpected)
 else:
     policy = Policy.from_pretrained(out + "/policy")
-policy.train()
-batch = load_file(out + "/batch.safetensors")
+dev = torch.device(S.get("device", "cpu"))
+policy.to(dev).train()
+batch = {k: v.to(dev) for k, v in load_file(out + "/batch.safetensors").items()}
+sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 preset = policy.config.get_optimizer_preset()
 opt = preset.build(policy.get_optim_params())
 times, losses = [], []
 for i in range(S["steps"] + S["warmup"]):
+    sync()
     t0 = time.perf_counter()
     loss, _ = policy.forward(batch)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(policy.parameters(), preset.grad_clip_norm)
     opt.step()
     opt.zero_grad()
+    sync()
     if i >= S["warmup"]:
         times.append(time.perf_counter() - t0)
     losses.append(loss.item())
@@ -174,6 +181,7 @@ def loongforge(tmp, spec):
 output_dir: {run}
 model: {{path: {tmp / 'policy'}}}
 data: {{format: batch, train: [{{path: {tmp / 'batch.safetensors'}}}]}}
+device: {spec.get('device', 'cpu')}
 train: {{steps: {spec['steps'] + spec['warmup']}, micro_batch_size: {spec['batch']['batch']}, threads: {spec['threads']}}}
 optim: {{lr: {o['lr']}, weight_decay: {o['weight_decay']}, beta1: {o['beta1']}, beta2: {o['beta2']}, eps: {o['eps']}, clip: {o['clip']}, no_decay: []}}
 log: {{progress: off, tensorboard: false, plot: false}}
@@ -203,13 +211,14 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
     load0 = os.getloadavg()[0]
     rows = []
     for key in a.shapes.split(","):
         shape = SHAPES[key]
         spec = dict(kind=shape["kind"], cfg=shape["cfg"], batch=shape["batch"], optim=shape["optim"],
-                    threads=a.threads, steps=a.steps, warmup=a.warmup)
+                    threads=a.threads, steps=a.steps, warmup=a.warmup, device=a.device)
         with tempfile.TemporaryDirectory(prefix="lf_policy_bench_") as tmp:
             tmp = pathlib.Path(tmp)
             lerobot("make", tmp, spec)
@@ -227,7 +236,8 @@ def main():
             ratios = [y / x for x, y in zip(lf, lr)]
             rows.append((shape, statistics.median(lf), statistics.median(lr), statistics.median(ratios), ratios, first))
     load1 = os.getloadavg()[0]
-    lines = [f"Robot-policy training step on the CPU ({cpu_model()}, {a.threads} threads, fp32, forward + backward + "
+    where = "the GPU (CUDA" if a.device == "cuda" else f"the CPU ({cpu_model()}, {a.threads} threads"
+    lines = [f"Robot-policy training step on {where}, fp32, forward + backward + "
              f"clip + AdamW; medians of {a.rounds} rounds x {a.steps} steps after {a.warmup} warm-up; "
              f"{time.strftime('%Y-%m-%d')}; load average {load0:.1f} -> {load1:.1f})", "",
              "| shape | LoongForge s/step | LeRobot s/step | ratio | goal | per-round ratios | first-step loss (LF / LeRobot) |",

@@ -4,6 +4,8 @@ matching; `sample --images` writes the samples as PNGs and a grid; the samples h
 demo, scripts/dit_demo.sh: 16/16 in bench/results/dit_demo.md)."""
 import json
 
+import pytest
+
 import numpy as np
 import torch
 import yaml
@@ -16,6 +18,7 @@ from conftest import ROOT, run_lf
 COLOURS = {"blue": (50, 90, 235), "green": (40, 200, 60), "red": (220, 40, 40), "yellow": (230, 210, 40)}
 
 
+@pytest.mark.slow  # 30-60 s of training on 2 cores: outside the CI set's budget (LF_SLOW=1 runs it)
 def test_demo_learns_colours_quickly(tmp_path):
     data = tmp_path / "data"
     run_lf("data", "synth", "--task", "shape_classes", "--docs", 800, "--seed", 3, "--out", data)

@@ -4,11 +4,14 @@ the demo model from scratch; the checkpoint, asked about held-out images with `g
 (the full demo, scripts/vlm_demo.sh, also learns the shapes: 18/20 in bench/results/vlm_demo.md)."""
 import json
 
+import pytest
+
 import yaml
 
 from conftest import ROOT, run_lf
 
 
+@pytest.mark.slow  # 30-60 s of training on 2 cores: outside the CI set's budget (LF_SLOW=1 runs it)
 def test_demo_learns_colours_quickly(tmp_path):
     data = tmp_path / "data"
     run_lf("data", "synth", "--task", "shapes", "--docs", 2000, "--seed", 3, "--out", data)
