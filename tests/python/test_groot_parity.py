@@ -194,6 +194,12 @@ CASES["groot_dit"] = dict(CASES["groot"], seed=1, embodiments=[1, 1],
                                      vl_self_attention_cfg=dict(num_layers=0),
                                      diffusion_model_cfg=dict(GROOT["diffusion_model_cfg"], num_layers=3,
                                                               interleave_self_attention=False)))
+# prompts padded on the left as LeRobot's processor pads them (8 pads before the first row, none in the second): the
+# pads' features (no attention output, each layer's MLP) reach the action head through vl_self_attention; the top
+# backbone layer trained, so its gradient goes through the pads' path too
+CASES["groot_left_pad"] = dict(CASES["groot"], seed=2, rows=[[2, [1, 4, 4], 1], [5, [1, 4, 8], 2]],
+                               pads=[["left", 8], ["left", 0]],
+                               policy=dict(chunk_size=4, n_action_steps=3, tune_top_llm_layers=1))
 
 
 @pytest.mark.parametrize("case", [c if c == "groot" else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
