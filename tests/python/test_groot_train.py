@@ -12,20 +12,27 @@ LoongForge through data.robot.tokenizer.
     pixel_values and image_grid_thw of the Qwen image processor; its loss (`dump`) = GrootPolicy.forward's on
     LeRobot's batch with the same noise and time; the processor files written beside it load in LeRobot
     (make_pre_post_processors(pretrained_path=...)) and make the same batch;
-  - training lowers the loss, open-loop evaluation runs on a held-out episode (= LeRobot's numbers for the checkpoint
-    with its preprocessor / predict_action_chunk / postprocessor and the same sampler noise is left: see below), and
-    the checkpoint folder (weights, config, processors, processor files) loads in LeRobot
-    (GrootPolicy.from_pretrained, make_pre_post_processors) and gives the chunk LoongForge gives for the same
-    processed observation.
+  - prompts of different lengths (a dataset with three tasks) are padded on the left to the batch's longest, as
+    LeRobot's processor pads them: the batch and its loss = LeRobot's (test_groot_padded_prompts_match_lerobot);
+  - training lowers the loss (on a fixed batch: see the test), open-loop evaluation on a held-out episode (during
+    training and `eval --open-loop`) = LeRobot's numbers for the checkpoint (its processors, predict_action_chunk
+    with the sampler drawing from the recipe's seed), and the checkpoint folder (weights, config, GR00T's
+    processor files, the processor folder's files) loads in LeRobot (GrootPolicy.from_pretrained,
+    make_pre_post_processors(pretrained_path=...)), whose chunk for a processed raw observation = LoongForge's on
+    the same processed batch with the same sampler start.
 
 NOTES (what is left):
-  - prompts of different lengths in one batch (a dataset with several tasks): the source pads them on the left as
-    LeRobot does (test_groot_multi_task_batch_is_lerobots checks the batch), but the policy refuses attention_mask
-    zeros in one line (test_groot_parity.py's NOTES: pad tokens' features are not yet transformers').
+  - open-loop evaluation compares with the batch's packed actions unpacked (= the recorded ones within the
+    statistics' range: the dataset's statistics cover every episode; a given stats.json narrower than a held-out
+    episode would clip them).
   - formalize_language keeps ASCII letters and digits only (Python's str.isalnum / lower are Unicode-aware).
+  - a data-parallel share pads its prompts to its own longest row, as each LeRobot process pads its own batch; as
+    the pads' features enter vl_self_attention unmasked (LeRobot's model), a multi-task batch's loss depends on
+    how it is split over processes (a single-task dataset's does not).
   - raw N1.7 checkpoints' processor sidecars (processor_config.json, statistics.json: percentiles, relative action
-    groups, per-embodiment modality configs, video horizons) are not read; image geometry is LeRobot's default
-    (256 / 230) and the albumentations path is not built; state dropout in the processor (0 by default) is not built.
+    groups, per-embodiment modality configs, video horizons) are not read; the image geometry is LeRobot's default
+    (256 / 230) and the albumentations path is not built; the processor's state dropout (0 by default) is not built;
+    the embodiment tag is the config's embodiment_tag in LeRobot's N1.7 mapping.
 """
 import json
 
@@ -170,6 +177,34 @@ res.update(action=torch.zeros(2, 4, 5), action_mask=torch.ones(2, 4, 5), noise=n
 save_file(res, out)
 '''
 
+# LeRobot's own open-loop numbers for the checkpoint (argv[2]) on the held-out episode (argv[4]) of the dataset
+# (argv[3]): one batch of the frames every n_action_steps through its preprocessor, predict_action_chunk with the
+# sampler drawing from torch's generator seeded with argv[5] (as LoongForge's evaluation seeds its own), the
+# postprocessor, against the recorded actions inside the episode.
+OPEN_LOOP = SETUP + r'''
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+from lerobot.policies.factory import make_pre_post_processors
+ckpt, root, ep, seed = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+p = GrootPolicy.from_pretrained(ckpt)
+p.eval()
+ds = LeRobotDataset("test/robot", root=root)
+pre, post = make_pre_post_processors(p.config, pretrained_path=ckpt)
+lo, hi = int(ds.meta.episodes["dataset_from_index"][ep]), int(ds.meta.episodes["dataset_to_index"][ep])
+actions = torch.stack([ds[i]["action"] for i in range(lo, hi)])
+frames = list(range(0, hi - lo, p.config.n_action_steps))
+items = [ds[lo + f] for f in frames]
+obs = {k: torch.stack([it[k] for it in items]) for k in ("observation.state", "observation.images.top")}
+obs["task"] = [it["task"] for it in items]
+torch.manual_seed(seed)
+with torch.no_grad():
+    chunk = post(p.predict_action_chunk(pre(obs)))
+sq, n = 0.0, 0
+for i, f in enumerate(frames):
+    k = min(chunk.shape[1], hi - lo - f)
+    sq += ((chunk[i, :k] - actions[f:f + k]) ** 2).sum().item(); n += k * chunk.shape[2]
+print(json.dumps({"mse": sq / n}))
+'''
+
 SPEC = dict(fixture=str(FIXTURES / "tok_bytelevel_gpt2" / "tokenizer.json"), special=SPECIAL, template=TEMPLATE,
             vision=VISION, text=TEXT, groot=SMALL)
 TASKS = ["follow the ring", "Pick up the cube, then stop!", "put_the block"]
@@ -284,3 +319,5 @@ def test_groot_trains_and_its_checkpoint_loads_in_lerobot(tmp_path, made):
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["episodes"] == 1 and report["chunks"] == 5 and len(report["mse_per_dim"]) == 4
     assert abs(report["mse"] - m[-1]["open_loop_mse"]) <= 1e-6 * max(report["mse"], 1e-3)
+    ref = json.loads(run_lerobot(OPEN_LOOP, made, ckpt, made / "dataset", 1, 7).strip().splitlines()[-1])
+    assert abs(report["mse"] - ref["mse"]) <= 1e-5 * max(ref["mse"], 1e-3), (report["mse"], ref["mse"])

@@ -18,8 +18,10 @@
 // t = (1 − Beta(1.5, 1))·noise_s, the time given to the encoders as floor(t·num_timestep_buckets); loss = Σ (v − target)²
 // · action_mask / (Σ action_mask + 1e-6). Sampling: num_inference_timesteps Euler steps from noise at t = 0.
 // The batch is GR00T's processed one (what GrootPolicy.forward receives): state [B, 1, max_state_dim], action and
-// action_mask [B, action_horizon, max_action_dim], embodiment_id [B], input_ids / attention_mask [B, L],
-// pixel_values [patches, C·T·P·P] with image_grid_thw [images, 3]; `dump` takes the draws `noise`
+// action_mask [B, action_horizon, max_action_dim], embodiment_id [B], input_ids / attention_mask [B, L] (prompts
+// padded on the left, as LeRobot's processor pads them: the pads get transformers' features, no attention output and
+// each layer's MLP; right padding is refused), pixel_values [patches, C·T·P·P] with image_grid_thw [images, 3]; the
+// robot batch source makes it from a dataset through policy_spec / prompts / pack_batch; `dump` takes the draws `noise`
 // [B, action_horizon, max_action_dim], `time` [B] (GR00T's t) and the sampler's start `sample_noise`.
 // The architecture is read as LeRobot reads it: the policy's config.json names base_model_path, a folder whose
 // config.json is GR00T N1.7's model config (diffusion_model_cfg, select_layer, ...; GR00T_N1_7_DEFAULTS for absent
