@@ -35,6 +35,7 @@ NOTES (what is left):
     the embodiment tag is the config's embodiment_tag in LeRobot's N1.7 mapping.
 """
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -321,3 +322,29 @@ def test_groot_trains_and_its_checkpoint_loads_in_lerobot(tmp_path, made):
     assert abs(report["mse"] - m[-1]["open_loop_mse"]) <= 1e-6 * max(report["mse"], 1e-3)
     ref = json.loads(run_lerobot(OPEN_LOOP, made, ckpt, made / "dataset", 1, 7).strip().splitlines()[-1])
     assert abs(report["mse"] - ref["mse"]) <= 1e-5 * max(ref["mse"], 1e-3), (report["mse"], ref["mse"])
+
+
+@pytest.mark.slow
+def test_groot_recipe_mistakes_one_line(tmp_path, made):
+    """Without data.robot.tokenizer (and no processor files in the policy folder), with a chunk_size the model's
+    action_horizon does not take, or with a processor folder whose image processor gives no patches: one line naming
+    the key or the config's field."""
+    def one_line(rec, what):
+        proc = run_lf("train", rec, check=False)
+        assert proc.returncode != 0 and what in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+    text = recipe(tmp_path, made, steps=1).read_text()
+    (tmp_path / "no_proc.yaml").write_text(text.replace(f"    tokenizer: {made / 'processor'}\n", ""))
+    one_line(tmp_path / "no_proc.yaml", "data.robot.tokenizer")
+    pol = tmp_path / "policy"
+    shutil.copytree(made / "policy", pol)
+    cfg = json.loads((pol / "config.json").read_text())
+    (pol / "config.json").write_text(json.dumps(dict(cfg, chunk_size=8, n_action_steps=8)))
+    (tmp_path / "chunk.yaml").write_text(text.replace(str(made / "policy"), str(pol)))
+    one_line(tmp_path / "chunk.yaml", "'chunk_size'")
+    proc_dir = tmp_path / "clip"
+    shutil.copytree(made / "processor", proc_dir)
+    (proc_dir / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "CLIPImageProcessor"}))
+    (tmp_path / "clip.yaml").write_text(text.replace(str(made / "processor"), str(proc_dir)))
+    one_line(tmp_path / "clip.yaml", "Qwen2VLImageProcessor")

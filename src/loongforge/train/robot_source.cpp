@@ -43,8 +43,8 @@ std::string prompt_tokenizer_folder(const RobotSourceOptions& o, const std::stri
   for (const char* f : {"tokenizer.json", "tokenizer.model"})
     if (!o.policy_dir.empty() && fs::exists(fs::path(o.policy_dir) / f))
       return fs::absolute(o.policy_dir).lexically_normal().string();
-  throw Error(key + "the " + model_type + " policy reads the task as tokens; give the folder of its tokenizer " +
-              "(tokenizer.json): the policy folder has none");
+  throw Error(key + "the " + model_type + " policy reads the task through a tokenizer; give the folder of its " +
+              "tokenizer (tokenizer.json) or processor: the policy folder has none");
 }
 
 // The pad token's id: tokenizer_config.json's (or special_tokens_map.json's) pad_token, else "<pad>".
