@@ -39,17 +39,15 @@ NOTES (what works, what is left):
     frozen backbone), [groot_dit] (slow: plain DiT, top LLM layer trained, projectors frozen),
     test_groot_bad_configs_and_batches_one_line (slow), test_groot_full_size_info (slow: `info` of the real
     3.1B N1.7 = LeRobot's count, built on the meta device).
-  - left: padded prompts (attention_mask zeros; refused in one line). Tried (not committed): positions from
-    qwen->position_ids on each row's valid tokens moved first (argsort), pads at 0, written over block_inputs'
-    cos/sin, and an AttentionHook::attention_fn on the language model's attention modules with transformers' mask
-    (causal AND key valid, repeat_kv, SDPA). The valid tokens' features then equal transformers' to 3e-8, but the
-    pad tokens' differ by ~1e-2 (with pads at position 1 instead of 0 a single right pad matched, two did not:
-    unexplained), and GR00T's vl_self_attention mixes the pad features in unmasked, so its gradients (~1e-6 of the
-    largest) were 3% off. GR00T's
-    processor (processor_groot.py: the state/action min-max with percentiles, the Qwen3-VL image processor and chat
-    template, embodiment ids) so that `data.format: robot` training and open-loop evaluation can feed it, dropout in
-    parity (implemented, not compared), bf16 autocast, RTC, the engine layouts (DDP/FSDP) over this policy, saving a
-    folder LeRobot reloads (it needs base_model_path's weights), the DiT with positional_embeddings.
+  - prompts padded on the left (LeRobot's processor's side; transformers 5.24 gives the valid tokens the unpadded
+    prompt's positions and attention, and the pads' fully masked query rows SDPA's 0, so a pad's feature is its
+    embedding through each layer's residual MLP): [groot_left_pad] (slow: loss, gradients with the top backbone
+    layer trained, action chunk, AdamW step). Right padding is refused in one line (pads' queries would see the
+    prompt).
+  - GR00T's processor (the default path of processor_groot.py): tests/python/test_groot_train.py.
+  - left: dropout in parity (implemented, not compared), bf16 autocast, RTC, the engine layouts (DDP/FSDP) over
+    this policy, the DiT with positional_embeddings, a raw N1.7 checkpoint's weights as the starting point (LoongForge
+    reads a LeRobot policy folder's model.safetensors; base_model_path gives only the architecture).
 """
 import json
 
@@ -194,6 +192,12 @@ CASES["groot_dit"] = dict(CASES["groot"], seed=1, embodiments=[1, 1],
                                      vl_self_attention_cfg=dict(num_layers=0),
                                      diffusion_model_cfg=dict(GROOT["diffusion_model_cfg"], num_layers=3,
                                                               interleave_self_attention=False)))
+# prompts padded on the left as LeRobot's processor pads them (8 pads before the first row, none in the second): the
+# pads' features (no attention output, each layer's MLP) reach the action head through vl_self_attention; the top
+# backbone layer trained, so its gradient goes through the pads' path too
+CASES["groot_left_pad"] = dict(CASES["groot"], seed=2, rows=[[2, [1, 4, 4], 1], [5, [1, 4, 8], 2]],
+                               pads=[["left", 8], ["left", 0]],
+                               policy=dict(chunk_size=4, n_action_steps=3, tune_top_llm_layers=1))
 
 
 @pytest.mark.parametrize("case", [c if c == "groot" else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
@@ -211,7 +215,7 @@ def test_groot_dump_matches_lerobot(tmp_path, case):
 @pytest.mark.slow
 def test_groot_bad_configs_and_batches_one_line(tmp_path):
     """Config mistakes (the policy's, the GR00T model config's under base_model_path) and what is not supported yet
-    (diffusers' sinusoidal positions, padded prompts) are one line naming the file's field."""
+    (diffusers' sinusoidal positions, prompts padded on the right) are one line naming the file's field."""
     import shutil
     from safetensors.numpy import load_file, save_file
     from conftest import run_lerobot

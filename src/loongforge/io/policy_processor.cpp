@@ -103,6 +103,21 @@ void write_policy_processors(const std::string& dir, const PolicyNormalization& 
   };
   fill(pre, kPreName, "normalizer_processor", n.features);
   fill(post, kPostName, "unnormalizer_processor", outputs);
+  // a policy's own steps that carry statistics: "stats_features" -> their state file
+  auto fill_own = [&](nlohmann::json& steps, const char* pipeline) {
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (!steps[i].contains("stats_features")) continue;
+      nlohmann::json features = nlohmann::json::object();
+      for (const auto& f : steps[i]["stats_features"]) features[f.get<std::string>()] = true;
+      steps[i].erase("stats_features");
+      const std::string file = std::string(pipeline) + "_step_" + std::to_string(i) + "_" +
+                               steps[i].value("registry_name", std::string("step")) + ".safetensors";
+      save_file((fs::path(dir) / file).string(), state_tensors(n, features));
+      steps[i]["state_file"] = file;
+    }
+  };
+  fill_own(pre, kPreName);
+  fill_own(post, kPostName);
   write_file_atomic((fs::path(dir) / kPre).string(), nlohmann::json{{"name", kPreName}, {"steps", pre}}.dump(2));
   write_file_atomic((fs::path(dir) / kPost).string(), nlohmann::json{{"name", kPostName}, {"steps", post}}.dump(2));
 }

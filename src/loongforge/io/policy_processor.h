@@ -31,7 +31,8 @@ std::optional<PolicyNormalization> read_policy_normalization(const std::string& 
 // `outputs` names the features the postprocessor unnormalises (LeRobot: the policy's output features). PRE_STEPS /
 // POST_STEPS (lists of {registry_name, config}; null: the default pipelines above) give a policy's own pipelines:
 // their normalizer_processor / unnormalizer_processor steps get N's config and their state file (named by the step's
-// position, as LeRobot names it).
+// position, as LeRobot names it); a step with "stats_features" (a list of feature names: a policy's own steps that
+// normalise, GR00T's pack / unpack) gets a state file with N's statistics of those features instead of that field.
 void write_policy_processors(const std::string& dir, const PolicyNormalization& n, const nlohmann::json& outputs,
                              const nlohmann::json& pre_steps = nullptr, const nlohmann::json& post_steps = nullptr);
 

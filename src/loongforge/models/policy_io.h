@@ -54,6 +54,26 @@ struct PolicySpec {
   // normalizer_processor / unnormalizer_processor steps (config, state file) and the tokenizer_processor's
   // tokenizer_name. Empty (null): the default pipelines.
   nlohmann::json preprocessor_steps, postprocessor_steps;
+  // A step of those lists with "stats_features": [names] gets a state file (named as the normaliser's) holding the
+  // dataset statistics of those features ("<feature>.<stat>"; the field is dropped): the policy's own processor steps
+  // that normalise with the statistics (GR00T's pack / unpack steps). The source needs statistics for them even
+  // when norm_map leaves them IDENTITY.
+  std::vector<std::string> stats_features;
+  // Policies whose processor writes a vision-language chat prompt (GR00T: LeRobot's GrootN17VLMEncodeStep with the
+  // Qwen3-VL processor): one user message holding every camera's frame as an image (cameras in name order), then
+  // Policy::prompts' text, rendered by the processor folder's chat template, tokenised, each image's token expanded
+  // to its merged patch grid, rows padded with the pad token on `padding_side` to the longest row: input_ids,
+  // attention_mask (int64), pixel_values, image_grid_thw, from the folder's image processor. Before it each frame
+  // (the float camera as uint8, (x.clamp(0, 1) * 255) truncated) is resized (torchvision, bicubic, antialiased) to a
+  // square of resize_edge, centre-cropped to round(edge * crop_fraction) (offset floored; none unless in (0, 1)) and
+  // resized to target_height x target_width.
+  struct VlmPrompt {
+    bool enabled = false;
+    int64_t image_token_id = -1;  // the token the template writes per image (expanded)
+    int64_t resize_edge = 0, target_height = 0, target_width = 0;
+    double crop_fraction = 0;
+    std::string padding_side = "left";
+  } vlm_prompt;
   // The normalisation mode of a feature (its type's entry in norm_map; IDENTITY when the type has none).
   std::string mode_of(const PolicyFeature& f) const {
     auto it = norm_map.find(f.type);
@@ -78,6 +98,15 @@ class Policy {
   virtual std::vector<std::string> prompts(const std::vector<std::string>& tasks, const Batch& normalised) const {
     return tasks;
   }
+  // Per feature, its statistics ({stat: tensor}), as the dataset's meta/stats.json holds them.
+  using Stats = std::map<std::string, std::map<std::string, at::Tensor>>;
+  // Policies whose processor packs the features itself (GR00T): the model's batch from the source's (the features
+  // normalised by norm_map, "action_is_pad", the prompt's tensors) and the statistics of spec.stats_features.
+  // Default: the batch as it is.
+  virtual Batch pack_batch(const Batch& features, const Stats& stats) const { return features; }
+  // Such a policy's postprocessor: the action chunk [.., >= action_dim] of its batch or of predict_action_chunk in
+  // the dataset's units [.., action_dim]. Undefined (the default): the inverse of norm_map's action normalisation.
+  virtual at::Tensor unpack_action(const at::Tensor& chunk, const Stats& stats) const { return {}; }
 };
 
 // The model's policy interface (nullptr: not a policy).

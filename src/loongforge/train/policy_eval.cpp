@@ -40,6 +40,8 @@ OpenLoopReport open_loop_eval(const nlohmann::json& r, models::Model& model, con
   const std::string action = "action";
   const data::robot::NormMode mode = src.modes().count(action) ? src.modes().at(action) : data::robot::NormMode::identity;
   auto unnorm = [&](const at::Tensor& x) {
+    // a policy with its own postprocessor (GR00T) unpacks its chunk itself
+    if (at::Tensor own = policy->unpack_action(x, src.stats()); own.defined()) return own;
     return mode == data::robot::NormMode::identity ? x : data::robot::unnormalize(x, src.stats().at(action), mode, action);
   };
   // Where each predicted step's recorded action sits in the batch's action window.

@@ -24,6 +24,8 @@
 #include "loongforge/data/robot/normalize.h"
 #include "loongforge/data/robot/sampler.h"
 #include "loongforge/data/robot/transforms.h"
+#include "loongforge/data/chat_template.h"
+#include "loongforge/data/image/processor.h"
 #include "loongforge/data/tokenizer/tokenizer.h"
 #include "loongforge/models/model.h"
 #include "loongforge/models/policy_io.h"
@@ -89,6 +91,13 @@ class RobotSource : public BatchSource {
   int64_t pad_id_ = 0;
   // observation.language.tokens / .attention_mask of the rows' prompts (LeRobot's TokenizerProcessorStep)
   void add_language(Batch& out, const at::Tensor& task_index) const;
+  // vision-language prompt policies (PolicySpec::vlm_prompt): the folder's chat template and image processor
+  std::unique_ptr<data::ChatTemplate> chat_template_;
+  data::ChatTemplate::Loaded chat_loaded_;
+  std::unique_ptr<data::image::ImageProcessor> image_processor_;
+  // input_ids, attention_mask, pixel_values, image_grid_thw of the rows' cameras and prompts; the cameras leave
+  void add_vlm_prompt(Batch& out, const at::Tensor& task_index) const;
+  std::vector<std::string> task_texts(const at::Tensor& task_index) const;
 };
 
 }  // namespace lf::train

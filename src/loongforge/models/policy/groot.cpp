@@ -5,12 +5,15 @@
 #include <torch/nn/modules/dropout.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <optional>
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/models/llama/model.h"
+#include "loongforge/models/policy/spec.h"
 
 namespace lf::models::policy {
 
@@ -432,20 +435,46 @@ GrootPolicyImpl::Backbone GrootPolicyImpl::run_backbone(const Batch& b) {
   const bool frozen = !config_.tune_llm && !config_.tune_visual && config_.tune_top_llm_layers == 0;
   std::optional<torch::NoGradGuard> no_grad;
   if (frozen) no_grad.emplace();
+  const at::Tensor ids = b.at("input_ids");
+  const at::Tensor valid = b.at("attention_mask") == 1;
+  const bool padded = !valid.all().item<bool>();
+  // Left-padded prompts (LeRobot's processor pads on the left): transformers gives the valid tokens the positions
+  // and attention of the unpadded prompt, and the pad tokens, whose query rows are fully masked, no attention output
+  // (SDPA's 0). Here each row's valid tokens are moved first (in order), so that causal attention and the positions
+  // block_inputs computes are the unpadded prompt's; the pads' features are their embedding through each kept layer's
+  // residual MLP alone; then the rows are put back in their order.
+  at::Tensor order;
   Batch in;
-  in.set("input_ids", b.at("input_ids"));
+  if (padded) {
+    order = at::argsort(valid.logical_not().to(at::kInt), /*stable=*/true, 1, false);
+    in.set("input_ids", ids.gather(1, order));
+  } else {
+    in.set("input_ids", ids);
+  }
   in.set("pixel_values", b.at("pixel_values"));
   in.set("image_grid_thw", b.at("image_grid_thw"));
   const at::Tensor dtype_probe = action_head->model->proj_out_2->weight;
   at::Tensor h = qwen->embed(in);
+  const at::Tensor embedded = h;
   const Batch blocks = qwen->block_inputs(in, h.scalar_type());
   // the last kept layer's output as GR00T's forward hook takes it: before that layer's deepstack features
   const int64_t n = qwen->num_blocks();
   for (int64_t i = 0; i < n; ++i) h = i + 1 < n ? qwen->block_forward(blocks, h, i) : qwen->block_body(blocks, h, i);
+  if (padded) {
+    const at::Tensor moved_valid = valid.gather(1, order);
+    at::Tensor pads = embedded;  // only the pad positions' values are kept
+    for (int64_t i = 0; i < n; ++i) {
+      auto* layer = dynamic_cast<llama::DecoderLayerImpl*>(&qwen->block(i));
+      if (!layer || !layer->mlp) throw Error("groot: padded prompts need the backbone's dense decoder layers");
+      pads = pads + layer->mlp(layer->post_attention_layernorm(pads));
+    }
+    h = at::where(moved_valid.unsqueeze(-1), h, pads);
+    h = at::empty_like(h).scatter(1, order.unsqueeze(-1).expand_as(h), h);
+  }
   Backbone out;
   out.features = h.to(dtype_probe.scalar_type());
-  out.image_mask = b.at("input_ids") == config_.backbone.image_token_id;
-  out.attention_mask = b.at("attention_mask") == 1;
+  out.image_mask = ids == config_.backbone.image_token_id;
+  out.attention_mask = valid;
   return out;
 }
 
@@ -532,9 +561,10 @@ Batch GrootPolicyImpl::check_batch(const std::map<std::string, at::Tensor>& batc
   const at::Tensor ids = out.at("input_ids");
   if (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= c.backbone.text.vocab_size)
     throw file_error(file, "input_ids", "ids must be in [0, " + std::to_string(c.backbone.text.vocab_size) + ")");
-  // TODO(next): padded prompts (transformers' padding mask inside the backbone); the backbone here is causal only
-  if (!(out.at("attention_mask") == 1).all().item<bool>())
-    throw file_error(file, "attention_mask", "padded prompts are not supported yet (every token must be valid)");
+  // padded prompts: on the left only (LeRobot's processor's side; right pads' queries see the prompt)
+  const at::Tensor m = out.at("attention_mask") == 1;
+  if (!(m.to(at::kInt).diff(1, 1) >= 0).all().item<bool>() || !m.select(1, L - 1).all().item<bool>())
+    throw file_error(file, "attention_mask", "prompts must be padded on the left (zeros, then ones; the last token valid)");
   return out;
 }
 
@@ -574,11 +604,164 @@ std::string GrootPolicyImpl::canonical_checkpoint_name(const std::string& stored
   return stored;
 }
 
+namespace {
+
+// LeRobot's N1_7_EMBODIMENT_MAPPING (processor_groot.py): embodiment tag -> id.
+int64_t embodiment_id_of(const std::string& tag) {
+  static const std::map<std::string, int64_t> ids = {
+      {"oxe_droid_relative_eef_relative_joint", 24}, {"xdof_relative_eef_relative_joint", 27},
+      {"xdof_relative_eef_relative_joint_subtask", 27}, {"real_g1_relative_eef_relative_joints", 25},
+      {"real_r1_pro_sharpa_relative_eef", 26}, {"real_r1_pro_sharpa_relative_eef_human", 26},
+      {"real_r1_pro_sharpa_relative_eef_maxinsights", 26}, {"real_r1_pro_sharpa_relative_eef_mecka", 26},
+      {"unitree_g1_full_body_with_waist_height_nav_cmd", 25}, {"simpler_env_google", 0}, {"simpler_env_widowx", 1},
+      {"libero_sim", 2}, {"new_embodiment", 10}};
+  auto it = ids.find(tag);
+  return it == ids.end() ? 0 : it->second;
+}
+
+nlohmann::json embodiment_mapping_json() {
+  nlohmann::json m = nlohmann::json::object();
+  for (const char* t : {"oxe_droid_relative_eef_relative_joint", "xdof_relative_eef_relative_joint",
+                        "xdof_relative_eef_relative_joint_subtask", "real_g1_relative_eef_relative_joints",
+                        "real_r1_pro_sharpa_relative_eef", "real_r1_pro_sharpa_relative_eef_human",
+                        "real_r1_pro_sharpa_relative_eef_maxinsights", "real_r1_pro_sharpa_relative_eef_mecka",
+                        "unitree_g1_full_body_with_waist_height_nav_cmd", "simpler_env_google", "simpler_env_widowx",
+                        "libero_sim", "new_embodiment"})
+    m[t] = embodiment_id_of(t);
+  return m;
+}
+
+constexpr int64_t kNativeHorizon = 40;               // N1_7_NATIVE_ACTION_HORIZON
+constexpr int64_t kImageTarget = 256, kImageCrop = 230;  // N1_7_DEFAULT_IMAGE_TARGET_SIZE / _CROP_SIZE
+
+// min / max of a feature's statistics as GR00T aligns them to D values (min padded with 0, max with 1, cut).
+std::pair<at::Tensor, at::Tensor> min_max(const Policy::Stats& stats, const std::string& name, int64_t D) {
+  auto vec = [&](const char* stat, double fill) {
+    const at::Tensor t = stats.at(name).at(stat).to(at::kFloat).flatten();
+    if (t.numel() >= D) return t.narrow(0, 0, D);
+    return at::cat({t, at::full({D - t.numel()}, fill, at::kFloat)});
+  };
+  return {vec("min", 0.0), vec("max", 1.0)};
+}
+
+bool has_min_max(const Policy::Stats& stats, const std::string& name) {
+  auto it = stats.find(name);
+  return it != stats.end() && it->second.count("min") && it->second.count("max");
+}
+
+// GR00T's _min_max_norm (clip_outliers): [-1, 1], 0 where max = min.
+at::Tensor groot_normalize(const at::Tensor& x, const Policy::Stats& stats, const std::string& name) {
+  if (!has_min_max(stats, name)) return x;
+  auto [lo, hi] = min_max(stats, name, x.size(-1));
+  lo = lo.to(x.device()), hi = hi.to(x.device());
+  const at::Tensor denom = hi - lo, ok = denom != 0;
+  const at::Tensor safe = at::where(ok, denom, at::ones_like(denom));
+  const at::Tensor mapped = 2 * (x - lo) / safe - 1;
+  return at::where(ok, mapped, at::zeros_like(mapped)).clamp(-1.0, 1.0);
+}
+
+}  // namespace
+
 PolicySpec GrootPolicyImpl::policy_spec() const {
-  // GR00T's batch (state, action_mask, embodiment_id, the Qwen3-VL chat prompt and patches) comes from its own
-  // processor (LeRobot's processor_groot.py), which is not built here yet
-  throw Error("groot: training and evaluating from robot datasets need GR00T's processor, which LoongForge does not "
-              "build yet (dump takes GR00T's processed batch)");
+  const auto& c = config_;
+  PolicySpec s = lerobot_policy_spec(c.raw, "config.json");
+  const int64_t H = std::min(c.chunk_size, kNativeHorizon);
+  if (H != c.action_horizon)
+    throw file_error("config.json", "chunk_size", "GR00T's processor packs min(chunk_size, 40) = " + std::to_string(H) +
+                                                      " action steps; the model's action_horizon is " + std::to_string(c.action_horizon));
+  for (const char* k : {"max_state_dim", "max_action_dim"})
+    if (c.raw.contains(k) && c.raw[k].is_number_integer() &&
+        c.raw[k].get<int64_t>() != (std::string(k) == "max_state_dim" ? c.max_state_dim : c.max_action_dim))
+      throw file_error("config.json", k, "differs from the GR00T model config's (base_model_path)");
+  for (int64_t i = 0; i < H; ++i) s.action_offsets.push_back(i);
+  s.n_action_steps = c.n_action_steps;
+  s.drop_n_last_frames = H - 1;
+  if (c.state_dim > 0) s.stats_features.push_back("observation.state");
+  s.stats_features.push_back("action");
+  s.vlm_prompt.enabled = true;
+  s.vlm_prompt.image_token_id = c.backbone.image_token_id;
+  s.vlm_prompt.resize_edge = kImageTarget;
+  s.vlm_prompt.target_height = s.vlm_prompt.target_width = kImageTarget;
+  s.vlm_prompt.crop_fraction = static_cast<double>(kImageCrop) / static_cast<double>(kImageTarget);
+  s.vlm_prompt.padding_side = "left";
+  const std::string tag = c.raw.value("embodiment_tag", std::string("new_embodiment"));
+  // make_groot_pre_post_processors' pipelines as save_pretrained writes them
+  const nlohmann::json rename = {{"registry_name", "rename_observations_processor"}, {"config", {{"rename_map", nlohmann::json::object()}}}};
+  const nlohmann::json batch = {{"registry_name", "to_batch_processor"}, {"config", nlohmann::json::object()}};
+  const nlohmann::json device = {{"registry_name", "device_processor"}, {"config", {{"device", "cpu"}, {"float_dtype", nullptr}}}};
+  nlohmann::json pack = {{"registry_name", "groot_n1_7_pack_inputs_v1"},
+                         {"config",
+                          {{"state_horizon", 1}, {"action_horizon", H}, {"valid_action_horizon", H}, {"video_horizon", nullptr},
+                           {"max_state_dim", c.max_state_dim}, {"max_action_dim", c.max_action_dim}, {"language_key", "task"},
+                           {"formalize_language", true}, {"embodiment_tag", tag}, {"embodiment_mapping", embodiment_mapping_json()},
+                           {"normalize_min_max", true}, {"state_dropout_prob", 0.0}, {"clip_outliers", true},
+                           {"use_percentiles", false}, {"video_modality_keys", nullptr}, {"raw_stats", nullptr},
+                           {"modality_config", nullptr}}},
+                         {"stats_features", s.stats_features}};
+  const nlohmann::json encode = {{"registry_name", "groot_n1_7_vlm_encode_v1"},
+                                 {"config",
+                                  {{"model_name", "{processor_folder}"}, {"image_crop_size", {kImageCrop, kImageCrop}},
+                                   {"image_target_size", {kImageTarget, kImageTarget}}, {"shortest_image_edge", nullptr},
+                                   {"crop_fraction", nullptr}, {"use_albumentations", false},
+                                   {"letter_box_transform", false}, {"device", "cpu"}}}};
+  s.preprocessor_steps = {rename, batch, pack, encode, device};
+  const nlohmann::json unpack = {{"registry_name", "groot_action_unpack_unnormalize_v2"},
+                                 {"config",
+                                  {{"env_action_dim", c.action_dim}, {"normalize_min_max", true},
+                                   {"clip_normalized_action", true}, {"libero_gripper_action", tag == "libero_sim"},
+                                   {"libero_gripper_binarize", true}}},
+                                 {"stats_features", {"action"}}};
+  s.postprocessor_steps = {unpack, device};
+  return s;
+}
+
+std::vector<std::string> GrootPolicyImpl::prompts(const std::vector<std::string>& tasks, const Batch&) const {
+  std::vector<std::string> out;
+  for (const std::string& t : tasks) {
+    const std::string text = t.empty() ? "Perform the task." : t;
+    std::string f;
+    for (unsigned char ch : text) {
+      if (std::isalnum(ch) || ch == '_' || ch == ' ' || (ch >= '\t' && ch <= '\r')) f += static_cast<char>(std::tolower(ch));
+    }
+    out.push_back(f);
+  }
+  return out;
+}
+
+Batch GrootPolicyImpl::pack_batch(const Batch& in, const Stats& stats) const {
+  const auto& c = config_;
+  Batch out;
+  for (const auto& [k, t] : in.tensors())
+    if (!starts(k, "observation.") && k != "action") out.set(k, t);
+  const at::Tensor action = in.at("action").to(at::kFloat);  // [B, H, A]
+  const int64_t B = action.size(0), H = action.size(1), A = action.size(2);
+  if (in.has("observation.state")) {
+    const at::Tensor st = groot_normalize(in.at("observation.state").to(at::kFloat).reshape({B, -1}), stats, "observation.state");
+    out.set("state", at::constant_pad_nd(st, {0, c.max_state_dim - st.size(1)}).unsqueeze(1).contiguous());
+  } else {
+    out.set("state", at::zeros({B, 1, c.max_state_dim}, action.options()));
+  }
+  at::Tensor valid = at::ones({B, H}, action.options().dtype(at::kBool));
+  if (in.has("action_is_pad")) valid = in.at("action_is_pad").to(at::kBool).logical_not();
+  at::Tensor a = groot_normalize(action.reshape({B * H, A}), stats, "action").view({B, H, A});
+  a = a * valid.unsqueeze(-1).to(a.scalar_type());
+  out.set("action", at::constant_pad_nd(a, {0, c.max_action_dim - A}).contiguous());
+  at::Tensor mask = at::zeros({B, H, c.max_action_dim}, action.options());
+  mask.narrow(2, 0, A).copy_(valid.unsqueeze(-1).to(at::kFloat).expand({B, H, A}));
+  out.set("action_mask", mask);
+  out.set("embodiment_id", at::full({B}, embodiment_id_of(c.raw.value("embodiment_tag", std::string("new_embodiment"))), at::kLong));
+  return out;
+}
+
+at::Tensor GrootPolicyImpl::unpack_action(const at::Tensor& chunk, const Stats& stats) const {
+  at::Tensor x = chunk.narrow(-1, 0, config_.action_dim).to(at::kFloat);
+  if (!has_min_max(stats, "action")) return x;
+  x = x.clamp(-1.0, 1.0);
+  auto [lo, hi] = min_max(stats, "action", x.size(-1));
+  lo = lo.to(x.device()), hi = hi.to(x.device());
+  const at::Tensor denom = hi - lo, ok = denom != 0;
+  const at::Tensor safe = at::where(ok, denom, at::ones_like(denom));
+  return at::where(ok, (x + 1.0) * 0.5 * safe + lo, lo);
 }
 
 std::map<std::string, at::Tensor> GrootPolicyImpl::training_draws(int64_t rows, at::Generator& gen) const {

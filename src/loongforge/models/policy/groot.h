@@ -18,8 +18,10 @@
 // t = (1 − Beta(1.5, 1))·noise_s, the time given to the encoders as floor(t·num_timestep_buckets); loss = Σ (v − target)²
 // · action_mask / (Σ action_mask + 1e-6). Sampling: num_inference_timesteps Euler steps from noise at t = 0.
 // The batch is GR00T's processed one (what GrootPolicy.forward receives): state [B, 1, max_state_dim], action and
-// action_mask [B, action_horizon, max_action_dim], embodiment_id [B], input_ids / attention_mask [B, L],
-// pixel_values [patches, C·T·P·P] with image_grid_thw [images, 3]; `dump` takes the draws `noise`
+// action_mask [B, action_horizon, max_action_dim], embodiment_id [B], input_ids / attention_mask [B, L] (prompts
+// padded on the left, as LeRobot's processor pads them: the pads get transformers' features, no attention output and
+// each layer's MLP; right padding is refused), pixel_values [patches, C·T·P·P] with image_grid_thw [images, 3]; the
+// robot batch source makes it from a dataset through policy_spec / prompts / pack_batch; `dump` takes the draws `noise`
 // [B, action_horizon, max_action_dim], `time` [B] (GR00T's t) and the sampler's start `sample_noise`.
 // The architecture is read as LeRobot reads it: the policy's config.json names base_model_path, a folder whose
 // config.json is GR00T N1.7's model config (diffusion_model_cfg, select_layer, ...; GR00T_N1_7_DEFAULTS for absent
@@ -177,8 +179,22 @@ class GrootPolicyImpl : public PolicyModel {
   // LeRobot's files keep the tied embedding under the (unused) lm_head's name
   std::string canonical_checkpoint_name(const std::string& stored) const override;
 
-  // not yet: GR00T's processor (robot datasets -> its batch) is not built; a one-line error
+  // GR00T's processor (LeRobot's make_groot_pre_post_processors without a raw N1.7 checkpoint's sidecars, absolute
+  // actions): the action window min(chunk_size, 40) frames, the last window - 1 frames of each episode left out of
+  // training, no LeRobot normaliser (IDENTITY), the state and action's min / max statistics for the pack step, the
+  // Qwen3-VL chat prompt (cameras as 256 x 256 images after a 230 / 256 centre crop, then the formalised task),
+  // padded on the left; the processor files' steps as LeRobot saves them.
   PolicySpec policy_spec() const override;
+  // GR00T's formalize_language: the task lower-cased, keeping letters, digits, whitespace and '_' ("" -> "perform
+  // the task"). ASCII letters and digits only: other characters are dropped (Python keeps Unicode ones).
+  std::vector<std::string> prompts(const std::vector<std::string>& tasks, const Batch& normalised) const override;
+  // GrootN17PackInputsStep: state [B, 1, max_state_dim] and action [B, H, max_action_dim] min-max normalised to
+  // [-1, 1] (2 (x - min) / (max - min) - 1; 0 where max = min; clipped), zero-padded; action_mask 1 on the action's
+  // dims of the steps that are not padding (the action zeroed there); embodiment_id of embodiment_tag (LeRobot's
+  // N1.7 mapping; unknown tags 0). The cameras and raw features leave the batch.
+  Batch pack_batch(const Batch& features, const Stats& stats) const override;
+  // GrootActionUnpackUnnormalizeStep: the first action_dim dims, clipped to [-1, 1], min-max unnormalised.
+  at::Tensor unpack_action(const at::Tensor& chunk, const Stats& stats) const override;
   // noise [rows, action_horizon, max_action_dim] and time [rows] ((1 - Beta(alpha, beta)) x noise_s)
   std::map<std::string, at::Tensor> training_draws(int64_t rows, at::Generator& gen) const override;
   // The eval-mode chunk [B, min(action_horizon, chunk_size, n_action_steps), action_dim] from `noise`

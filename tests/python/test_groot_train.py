@@ -1,0 +1,350 @@
+"""GR00T N1.7 trained by `loongforge train` from a LeRobot dataset (data.format: robot), against LeRobot's own GR00T
+processor (processor_groot.py's make_groot_pre_post_processors, the default path: no raw N1.7 checkpoint sidecars,
+absolute actions) and GrootPolicy, built small and offline as test_groot_parity.py builds them, on test_policy_train.py's
+dataset (one 24 x 32 camera, 4-dim state and action) with a small Qwen3-VL processor folder made here (the byte-level
+fixture tokenizer with Qwen's special tokens, a Qwen-VL ChatML template, Qwen2VLImageProcessor with 16-pixel patches
+merged 2 x 2): LeRobot's processors load it in place of nvidia/Cosmos-Reason2-2B (GROOT_N1_7_BACKBONE_MODEL patched),
+LoongForge through data.robot.tokenizer.
+  - a batch of the robot source = LeRobot's preprocessor output for the same frames: state / action min-max
+    normalised (clipped) and zero-padded to max_state_dim / max_action_dim, action_mask, embodiment_id
+    (new_embodiment: 10), the camera squashed to 256 x 256, centre-cropped to 230 and resized back (torchvision's
+    antialiased bicubic), the chat prompt (the image, then the formalised task) tokenised with the image's 64 tokens,
+    pixel_values and image_grid_thw of the Qwen image processor; its loss (`dump`) = GrootPolicy.forward's on
+    LeRobot's batch with the same noise and time; the processor files written beside it load in LeRobot
+    (make_pre_post_processors(pretrained_path=...)) and make the same batch;
+  - prompts of different lengths (a dataset with three tasks) are padded on the left to the batch's longest, as
+    LeRobot's processor pads them: the batch and its loss = LeRobot's (test_groot_padded_prompts_match_lerobot);
+  - training lowers the loss (on a fixed batch: see the test), open-loop evaluation on a held-out episode (during
+    training and `eval --open-loop`) = LeRobot's numbers for the checkpoint (its processors, predict_action_chunk
+    with the sampler drawing from the recipe's seed), and the checkpoint folder (weights, config, GR00T's
+    processor files, the processor folder's files) loads in LeRobot (GrootPolicy.from_pretrained,
+    make_pre_post_processors(pretrained_path=...)), whose chunk for a processed raw observation = LoongForge's on
+    the same processed batch with the same sampler start.
+
+NOTES (what is left):
+  - open-loop evaluation compares with the batch's packed actions unpacked (= the recorded ones within the
+    statistics' range: the dataset's statistics cover every episode; a given stats.json narrower than a held-out
+    episode would clip them).
+  - formalize_language keeps ASCII letters and digits only (Python's str.isalnum / lower are Unicode-aware).
+  - a data-parallel share pads its prompts to its own longest row, as each LeRobot process pads its own batch; as
+    the pads' features enter vl_self_attention unmasked (LeRobot's model), a multi-task batch's loss depends on
+    how it is split over processes (a single-task dataset's does not).
+  - raw N1.7 checkpoints' processor sidecars (processor_config.json, statistics.json: percentiles, relative action
+    groups, per-embodiment modality configs, video horizons) are not read; the image geometry is LeRobot's default
+    (256 / 230) and the albumentations path is not built; the processor's state dropout (0 by default) is not built;
+    the embodiment tag is the config's embodiment_tag in LeRobot's N1.7 mapping.
+"""
+import json
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from conftest import FIXTURES, run_gtest_hook, run_lerobot, run_lf
+from test_groot_parity import GROOT, TEXT
+from test_policy_train import DATASET, PROCESSED
+from test_policy_train import recipe as policy_recipe
+
+SPECIAL = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
+           "<|endoftext|>"]
+# Qwen-VL's ChatML: image parts as the vision markers around one pad token, then the text
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+            "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for part in m['content'] %}"
+            "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+            "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+VISION = dict(depth=2, hidden_size=16, intermediate_size=24, num_heads=2, in_channels=3, patch_size=16,
+              spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=32, num_position_embeddings=16,
+              deepstack_visual_indexes=[0, 1])
+SMALL = dict(GROOT, max_state_dim=6, max_action_dim=5, action_horizon=4, max_num_embodiments=12)
+
+# In the lerobot environment, with MADE = argv[1]: LeRobot's GR00T small and offline (test_groot_parity.py's
+# patches), the processor folder MADE/processor in place of nvidia/Cosmos-Reason2-2B, and GR00TN17 built from
+# base_model_path's config without weights (LeRobot downloads them).
+SETUP = r'''
+import json, sys, types, torch
+from pathlib import Path
+from transformers.models.qwen3_vl import modeling_qwen3_vl as QV
+import lerobot.utils.import_utils as IU
+import lerobot.policies.groot.groot_n1_7 as G
+import lerobot.policies.groot.processor_groot as PG
+from lerobot.policies.groot.modeling_groot import GrootPolicy
+IU._require_package_cache["tree"] = True
+G.tree = types.SimpleNamespace(map_structure=lambda f, x: type(x)({k: f(v) for k, v in x.items()}))
+orig = QV.Qwen3VLModel.compute_3d_position_ids
+def compat(self, *a, past_key_values=None, **kw):
+    return orig(self, *a, cache=past_key_values, **kw)
+QV.Qwen3VLModel.compute_3d_position_ids = compat
+MADE = Path(sys.argv[1])
+PG.GROOT_N1_7_BACKBONE_MODEL = str(MADE / "processor")
+def create(self):
+    model = G.GR00TN17(G.GR00TN17Config.from_pretrained(self.config.base_model_path), load_backbone_weights=False).float()
+    model.backbone.set_trainable_parameters(tune_llm=self.config.tune_llm, tune_visual=self.config.tune_visual,
+                                            tune_top_llm_layers=self.config.tune_top_llm_layers)
+    model.action_head.set_trainable_parameters(self.config.tune_projector, self.config.tune_diffusion_model,
+                                               self.config.tune_vlln)
+    return model
+GrootPolicy._create_groot_model = create
+class Draw:  # torch.randn -> a given tensor (GR00T's noise draws)
+    def __init__(self, t): self.t = t
+    def __enter__(self):
+        self.randn = torch.randn
+        torch.randn = lambda *a, **k: self.t.clone()
+    def __exit__(self, *e): torch.randn = self.randn
+'''
+
+# The processor folder, the Qwen3-VL config, GR00T's model config and a small policy (argv[2]: the specs).
+MAKE = SETUP + r'''
+import transformers
+from tokenizers import Tokenizer
+from lerobot.policies.groot.configuration_groot import GrootConfig
+from lerobot.configs.types import FeatureType, PolicyFeature
+spec = json.loads(sys.argv[2])
+proc = MADE / "processor"; proc.mkdir(parents=True, exist_ok=True)
+tok = Tokenizer.from_file(spec["fixture"])
+tok.add_special_tokens(spec["special"])
+tok.save(str(proc / "tokenizer.json"))
+(proc / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                                                        "chat_template": spec["template"]}))
+(proc / "preprocessor_config.json").write_text(json.dumps({
+    "image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+    "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "size": {"longest_edge": 16777216, "shortest_edge": 65536}}))
+ids = {t: tok.token_to_id(t) for t in spec["special"]}
+tokens = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+              vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+text = dict(spec["text"], vocab_size=tok.get_vocab_size() + 1)
+transformers.Qwen3VLConfig(vision_config=spec["vision"], text_config=text, tie_word_embeddings=True,
+                           **tokens).save_pretrained(MADE / "backbone")
+G.GR00TN17Config(model_name=str(MADE / "backbone"), **spec["groot"]).save_pretrained(MADE / "base")
+torch.manual_seed(0)
+cfg = GrootConfig(input_features={"observation.state": PolicyFeature(FeatureType.STATE, (4,)),
+                                  "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 24, 32))},
+                  output_features={"action": PolicyFeature(FeatureType.ACTION, (4,))}, device="cpu",
+                  base_model_path=str(MADE / "base"), use_bf16=False, chunk_size=4, n_action_steps=4,
+                  max_state_dim=spec["groot"]["max_state_dim"], max_action_dim=spec["groot"]["max_action_dim"])
+policy = GrootPolicy(cfg)
+with torch.no_grad():  # LeRobot starts biases at 0 and LayerNorms at 1: perturb so that gradients say something;
+    # its per-embodiment linears start at std 0.02, through which a model this small hardly learns in tens of steps:
+    # std 1 / sqrt(fan_in) here
+    for n, p in policy.named_parameters():
+        if p.dim() == 1 or n.endswith(".b"): p.add_(torch.randn_like(p) * 0.1)
+        if n.endswith(".W"): p.copy_(torch.randn_like(p) / p.shape[-2] ** 0.5)
+policy.save_pretrained(MADE / "policy")
+'''
+
+# LeRobot's preprocessed batch of the frames the source read (argv[3]'s "index") on the dataset argv[2], its loss
+# with our noise and time, and the processors LoongForge wrote (argv[4]) on the same raw batch; into argv[5].
+LEROBOT_BATCH = SETUP + PROCESSED + r'''
+from safetensors.torch import load_file, save_file
+root, ours, files, out = sys.argv[2:6]
+policy = GrootPolicy.from_pretrained(MADE / "policy")
+ours = load_file(ours)
+keys = ["state", "action", "action_mask", "embodiment_id", "input_ids", "attention_mask", "pixel_values", "image_grid_thw"]
+ref, res = processed(action_dataset(root, policy.config), policy.config, ours["index"], files, keys)
+if "noise" in ours:
+    policy.train()
+    policy._groot_model.action_head.sample_time = lambda n, device, dtype: ours["time"].clone()
+    with Draw(ours["noise"]):
+        loss, _ = policy.forward({k: ref[k] for k in keys})
+    res["loss"] = loss.detach().reshape(1)
+save_file({k: v.contiguous() for k, v in res.items()}, out)
+'''
+
+# The trained checkpoint (argv[2]) as LeRobot loads it: the policy and its processors from the folder; a raw
+# observation through the preprocessor, the chunk from the batch's sampler start (argv[3]), the postprocessor; and
+# the processed observation for LoongForge (into argv[4]).
+LOAD_CHECKPOINT = SETUP + r'''
+from safetensors.torch import load_file, save_file
+from lerobot.policies.factory import make_pre_post_processors
+ckpt, start, out = sys.argv[2:5]
+p = GrootPolicy.from_pretrained(ckpt)
+p.eval()
+pre, post = make_pre_post_processors(p.config, pretrained_path=ckpt)
+g = torch.Generator().manual_seed(3)
+obs = {"observation.state": torch.randn(2, 4, generator=g), "observation.images.top": torch.rand(2, 3, 24, 32, generator=g),
+       "task": ["follow", "follow"]}
+b = pre(obs)
+keys = ["state", "embodiment_id", "input_ids", "attention_mask", "pixel_values", "image_grid_thw"]
+noise = load_file(start)["sample_noise"]
+with torch.no_grad(), Draw(noise):
+    chunk = p.predict_action_chunk({k: b[k] for k in keys})
+a = post(chunk)
+assert a.shape == (2, 4, 4) and torch.isfinite(a).all()
+res = {k: b[k].contiguous() for k in keys}
+res["embodiment_id"] = res["embodiment_id"].long()
+res.update(action=torch.zeros(2, 4, 5), action_mask=torch.ones(2, 4, 5), noise=noise, time=torch.full((2,), 0.5),
+           sample_noise=noise.clone(), chunk=chunk.contiguous(), unpacked=a.contiguous())
+save_file(res, out)
+'''
+
+# LeRobot's own open-loop numbers for the checkpoint (argv[2]) on the held-out episode (argv[4]) of the dataset
+# (argv[3]): one batch of the frames every n_action_steps through its preprocessor, predict_action_chunk with the
+# sampler drawing from torch's generator seeded with argv[5] (as LoongForge's evaluation seeds its own), the
+# postprocessor, against the recorded actions inside the episode.
+OPEN_LOOP = SETUP + r'''
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+from lerobot.policies.factory import make_pre_post_processors
+ckpt, root, ep, seed = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+p = GrootPolicy.from_pretrained(ckpt)
+p.eval()
+ds = LeRobotDataset("test/robot", root=root)
+pre, post = make_pre_post_processors(p.config, pretrained_path=ckpt)
+lo, hi = int(ds.meta.episodes["dataset_from_index"][ep]), int(ds.meta.episodes["dataset_to_index"][ep])
+actions = torch.stack([ds[i]["action"] for i in range(lo, hi)])
+frames = list(range(0, hi - lo, p.config.n_action_steps))
+items = [ds[lo + f] for f in frames]
+obs = {k: torch.stack([it[k] for it in items]) for k in ("observation.state", "observation.images.top")}
+obs["task"] = [it["task"] for it in items]
+torch.manual_seed(seed)
+with torch.no_grad():
+    chunk = post(p.predict_action_chunk(pre(obs)))
+sq, n = 0.0, 0
+for i, f in enumerate(frames):
+    k = min(chunk.shape[1], hi - lo - f)
+    sq += ((chunk[i, :k] - actions[f:f + k]) ** 2).sum().item(); n += k * chunk.shape[2]
+print(json.dumps({"mse": sq / n}))
+'''
+
+SPEC = dict(fixture=str(FIXTURES / "tok_bytelevel_gpt2" / "tokenizer.json"), special=SPECIAL, template=TEMPLATE,
+            vision=VISION, text=TEXT, groot=SMALL)
+TASKS = ["follow the ring", "Pick up the cube, then stop!", "put_the block"]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """The datasets (one task; three tasks of different lengths), the processor folder and the policy, made by one
+    lerobot process."""
+    d = tmp_path_factory.mktemp("groot")
+    runs = [(DATASET, [d / "dataset"]), (DATASET, [d / "tasks", json.dumps(TASKS)]), (MAKE, [d, json.dumps(SPEC)])]
+    script = "import sys\n" + "".join(f"sys.argv = {['-c', *map(str, args)]!r}\nexec({code!r}, {{}})\n"
+                                       for code, args in runs)
+    run_lerobot(script)
+    return d
+
+
+def recipe(tmp_path, made, dataset="dataset", steps=40, extra=""):
+    return policy_recipe(tmp_path, made / dataset, made / "policy", f"    tokenizer: {made / 'processor'}\n{extra}", steps)
+
+
+def compare_batches(ours, ref, files=True):
+    for k in ["state", "action", "action_mask", "pixel_values"]:
+        assert ours[k].shape == ref[k].shape, (k, ours[k].shape, ref[k].shape)
+        assert np.abs(ours[k] - ref[k]).max() <= 1e-6, (k, np.abs(ours[k] - ref[k]).max())
+    for k in ["embodiment_id", "input_ids", "attention_mask", "image_grid_thw"]:
+        assert ours[k].shape == ref[k].shape and (ours[k] == ref[k].astype(np.int64)).all(), (k, ours[k], ref[k])
+    if files:  # our processor files make LeRobot's batch
+        for k in ["state", "action", "action_mask", "embodiment_id", "input_ids", "attention_mask", "pixel_values",
+                  "image_grid_thw"]:
+            assert np.abs(ref["files." + k].astype(np.float64) - ref[k].astype(np.float64)).max() == 0, k
+
+
+def dump_batch(batch, path):
+    """The source's batch as `dump` takes it: without the frames' index and the item fields' row indices, with the
+    sampler's start."""
+    b = {k: v for k, v in batch.items() if k != "index" and not k.endswith(".row")}
+    b["sample_noise"] = np.random.default_rng(0).standard_normal(b["noise"].shape).astype(np.float32)
+    save_file(b, str(path))
+
+
+def check_batch_and_loss(tmp_path, made, dataset, env=None):
+    out = tmp_path / "hook"
+    out.mkdir()
+    run_gtest_hook("RobotSource.BatchHook", {"LF_TEST_ROBOT_RECIPE": str(recipe(tmp_path, made, dataset)),
+                                             "LF_TEST_ROBOT_OUT": str(out), **(env or {})})
+    run_lerobot(LEROBOT_BATCH, made, made / dataset, out / "batch.safetensors", out / "model_files",
+                tmp_path / "ref.safetensors")
+    ours, ref = load_file(out / "batch.safetensors"), load_file(tmp_path / "ref.safetensors")
+    compare_batches(ours, ref)
+    # the loss of our batch (dump: the model as LeRobot's forward) = LeRobot's on its batch with our noise and time
+    dump_batch(ours, tmp_path / "ours.safetensors")
+    run_lf("dump", "--model", made / "policy", "--batch", tmp_path / "ours.safetensors", "--out", tmp_path / "dump.safetensors")
+    got = load_file(tmp_path / "dump.safetensors")
+    assert abs(got["loss"][0] - ref["loss"][0]) <= 1e-5 * max(1.0, abs(ref["loss"][0])), (got["loss"], ref["loss"])
+    return ours
+
+
+def test_groot_batch_and_loss_match_lerobot(tmp_path, made):
+    ours = check_batch_and_loss(tmp_path, made, "dataset")
+    assert ours["input_ids"].shape[0] == 6 and (ours["image_grid_thw"] == [1, 16, 16]).all()
+    assert (ours["embodiment_id"] == 10).all() and ours["attention_mask"].all()
+
+
+@pytest.mark.slow
+def test_groot_padded_prompts_match_lerobot(tmp_path, made):
+    """Tasks of different lengths: the prompts padded on the left to the batch's longest, as LeRobot's processor pads
+    them (one process's batch: the hook's share check is off, a share pads to its own longest row), and the loss of
+    the padded batch = LeRobot's (pad tokens: no attention, their features mixed in by vl_self_attention)."""
+    ours = check_batch_and_loss(tmp_path, made, "tasks", {"LF_TEST_ROBOT_SHARES": "0"})
+    assert not ours["attention_mask"].all() and ours["attention_mask"][:, -1].all()  # left padding
+
+
+@pytest.mark.slow
+def test_groot_trains_and_its_checkpoint_loads_in_lerobot(tmp_path, made):
+    """Training lowers the loss: the flow-matching loss of a step is dominated by its noise and time draws (a small
+    GR00T's per-step loss hardly moves in tens of steps, LeRobot's own likewise), so the loss compared is `dump`'s on
+    one fixed batch of 24 rows with its draws, before and after 40 steps."""
+    rec = recipe(tmp_path, made, steps=40)
+    fixed = tmp_path / "fixed"
+    fixed.mkdir()
+    run_gtest_hook("RobotSource.BatchHook", {"LF_TEST_ROBOT_RECIPE": str(rec), "LF_TEST_ROBOT_OUT": str(fixed),
+                                             "LF_TEST_ROBOT_ROWS": "24", "LF_TEST_ROBOT_SHARES": "0"})
+    dump_batch(load_file(fixed / "batch.safetensors"), fixed / "dump_batch.safetensors")
+
+    def loss(model):
+        run_lf("dump", "--model", model, "--batch", fixed / "dump_batch.safetensors", "--out", fixed / "d.safetensors")
+        return load_file(fixed / "d.safetensors")["loss"][0]
+
+    run_lf("train", rec, "--set", "data.robot.valid_episodes=1", "--set", "eval.every=40", "--set", "optim.lr=0.003")
+    m = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len([x for x in m if "loss" in x]) == 40
+    # open-loop evaluation on the held-out episode during training
+    assert [x["step"] for x in m if "open_loop_mse" in x] == [40] and np.isfinite(m[-1]["open_loop_mse"])
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpt = ckpts / (ckpts / "latest").read_text().strip()
+    before, after = loss(made / "policy"), loss(ckpt)
+    assert after < 0.8 * before, (before, after)
+    assert (ckpt / "policy_preprocessor.json").exists() and (ckpt / "preprocessor_config.json").exists()
+    # LeRobot loads the folder (policy, processors from their files); its chunk of a processed raw observation =
+    # LoongForge's on the same processed batch with the same sampler start
+    start = tmp_path / "start.safetensors"
+    save_file({"sample_noise": np.random.default_rng(1).standard_normal((2, 4, 5)).astype(np.float32)}, str(start))
+    run_lerobot(LOAD_CHECKPOINT, made, ckpt, start, tmp_path / "obs.safetensors")
+    obs = load_file(tmp_path / "obs.safetensors")
+    save_file({k: v for k, v in obs.items() if k not in ("chunk", "unpacked")}, str(tmp_path / "obs_batch.safetensors"))
+    run_lf("dump", "--model", ckpt, "--batch", tmp_path / "obs_batch.safetensors", "--out", tmp_path / "d.safetensors")
+    got = load_file(tmp_path / "d.safetensors")
+    assert np.abs(got["action_chunk"] - obs["chunk"]).max() <= 1e-5, np.abs(got["action_chunk"] - obs["chunk"]).max()
+    # `eval --open-loop` on the held-out episode: 18 frames, a chunk every 4 (n_action_steps)
+    proc = run_lf("eval", rec, "--model", ckpt, "--set", "data.robot.valid_episodes=1", "--open-loop", tmp_path / "ol")
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["episodes"] == 1 and report["chunks"] == 5 and len(report["mse_per_dim"]) == 4
+    assert abs(report["mse"] - m[-1]["open_loop_mse"]) <= 1e-6 * max(report["mse"], 1e-3)
+    ref = json.loads(run_lerobot(OPEN_LOOP, made, ckpt, made / "dataset", 1, 7).strip().splitlines()[-1])
+    assert abs(report["mse"] - ref["mse"]) <= 1e-5 * max(ref["mse"], 1e-3), (report["mse"], ref["mse"])
+
+
+@pytest.mark.slow
+def test_groot_recipe_mistakes_one_line(tmp_path, made):
+    """Without data.robot.tokenizer (and no processor files in the policy folder), with a chunk_size the model's
+    action_horizon does not take, or with a processor folder whose image processor gives no patches: one line naming
+    the key or the config's field."""
+    def one_line(rec, what):
+        proc = run_lf("train", rec, check=False)
+        assert proc.returncode != 0 and what in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+    text = recipe(tmp_path, made, steps=1).read_text()
+    (tmp_path / "no_proc.yaml").write_text(text.replace(f"    tokenizer: {made / 'processor'}\n", ""))
+    one_line(tmp_path / "no_proc.yaml", "data.robot.tokenizer")
+    pol = tmp_path / "policy"
+    shutil.copytree(made / "policy", pol)
+    cfg = json.loads((pol / "config.json").read_text())
+    (pol / "config.json").write_text(json.dumps(dict(cfg, chunk_size=8, n_action_steps=8)))
+    (tmp_path / "chunk.yaml").write_text(text.replace(str(made / "policy"), str(pol)))
+    one_line(tmp_path / "chunk.yaml", "'chunk_size'")
+    proc_dir = tmp_path / "clip"
+    shutil.copytree(made / "processor", proc_dir)
+    (proc_dir / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "CLIPImageProcessor"}))
+    (tmp_path / "clip.yaml").write_text(text.replace(str(made / "processor"), str(proc_dir)))
+    one_line(tmp_path / "clip.yaml", "Qwen2VLImageProcessor")
