@@ -8,9 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LF=build/loongforge
-DATA=runs/act-reach-data
+DATA=runs/reach-demo-data
 OUT=runs/act-reach
-[ -f $DATA/meta/info.json ] || .venv-lerobot/bin/python scripts/robot_demo_data.py $DATA 60
+[ -f $DATA/meta/info.json ] || .venv-lerobot/bin/python scripts/robot_demo_data.py $DATA 200
 $LF train configs/quickstart/act-reach.yaml "$@"
 CKPT=$OUT/checkpoints/$(cat $OUT/checkpoints/latest)
 $LF eval configs/quickstart/act-reach.yaml --model "$CKPT" --open-loop $OUT/open_loop/final > $OUT/open_loop.json

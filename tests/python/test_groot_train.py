@@ -41,7 +41,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from conftest import FIXTURES, run_gtest_hook, run_lerobot, run_lf
+from conftest import FIXTURES, LF_BIN, launch_ranks, run_gtest_hook, run_lerobot, run_lf
 from test_groot_parity import GROOT, TEXT
 from test_policy_train import DATASET, PROCESSED
 from test_policy_train import recipe as policy_recipe
@@ -348,3 +348,42 @@ def test_groot_recipe_mistakes_one_line(tmp_path, made):
     (proc_dir / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "CLIPImageProcessor"}))
     (tmp_path / "clip.yaml").write_text(text.replace(str(made / "processor"), str(proc_dir)))
     one_line(tmp_path / "clip.yaml", "Qwen2VLImageProcessor")
+
+
+@pytest.mark.parametrize("layout", [pytest.param("dp2", marks=pytest.mark.slow), "fsdp2"])
+def test_groot_layout_matches_one_process(tmp_path, made, layout):
+    """GR00T on the FSDP-style engine: DDP (dp2) and FSDP (dp2, zero 3) over the small GR00T (its Qwen3-VL backbone
+    frozen, tune_* as LeRobot's defaults) trained 4 steps on the one-task dataset give one process's per-step losses,
+    gradient norms and final weights (fp32, CPU, <= 1e-5 relative). (A multi-task dataset's pads depend on the
+    split: see NOTES.)"""
+    from safetensors.torch import load_file as load_torch
+
+    def run(out, n, sets):
+        out.mkdir()
+        rec = recipe(out, made, steps=4)
+        args = [LF_BIN, "train", rec, "--set", "train.micro_batch_size=4", *sum((["--set", s] for s in sets), [])]
+        if n == 1:
+            run_lf(*args[1:], "--set", "parallel.zero=1")
+        else:
+            for r, p in enumerate(launch_ranks(n, args, timeout=600)):
+                assert p.returncode == 0, f"rank {r}: {p.stderr[-3000:]}"
+        m = [json.loads(l) for l in (out / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in l]
+        ck = out / "run" / "checkpoints"
+        ck = ck / (ck / "latest").read_text().strip()
+        return m, {k: v for f in sorted(ck.glob("model*.safetensors")) for k, v in load_torch(str(f)).items()}
+
+    ref, ref_w = run(tmp_path / "one", 1, [])
+    sets = ["parallel.dp=2", "train.micro_batch_size=2"] + (["parallel.zero=3"] if layout == "fsdp2" else [])
+    got, w = run(tmp_path / layout, 2, sets)
+    assert len(got) == len(ref) == 4
+    for a, b in zip(got, ref):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (layout, a["step"], a["loss"], b["loss"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * abs(b["grad_norm"]), (layout, a["step"])
+    assert sorted(w) == sorted(ref_w)
+    for k, v in ref_w.items():
+        diff, scale = (w[k] - v).abs().max().item(), max(v.abs().max().item(), 1e-3)
+        assert diff <= 1e-5 * scale + 1e-6, (layout, k, diff, scale)
+    start = load_torch(str(made / "policy" / "model.safetensors"))
+    moved = sum(not bool((ref_w[k] == start[k]).all()) for k in start if k in ref_w)
+    frozen = [k for k in start if ".backbone." in k and k in ref_w]
+    assert moved > 0 and frozen and all(bool((w[k] == start[k]).all()) for k in frozen)
