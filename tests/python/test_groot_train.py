@@ -39,6 +39,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from safetensors.numpy import load_file, save_file
 
 from conftest import FIXTURES, LF_BIN, launch_ranks, run_gtest_hook, run_lerobot, run_lf
@@ -350,6 +351,23 @@ def test_groot_recipe_mistakes_one_line(tmp_path, made):
     one_line(tmp_path / "clip.yaml", "Qwen2VLImageProcessor")
 
 
+def layout_run(out, made, n, sets):
+    """4 steps of the one-task dataset in `n` processes with `sets`: (per-step metrics, final weights)."""
+    from safetensors.torch import load_file as load_torch
+    out.mkdir()
+    rec = recipe(out, made, steps=4)
+    args = [LF_BIN, "train", rec, "--set", "train.micro_batch_size=4", *sum((["--set", s] for s in sets), [])]
+    if n == 1:
+        run_lf(*args[1:], "--set", "parallel.zero=1")
+    else:
+        for r, p in enumerate(launch_ranks(n, args, timeout=600)):
+            assert p.returncode == 0, f"rank {r}: {p.stderr[-3000:]}"
+    m = [json.loads(l) for l in (out / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in l]
+    ck = out / "run" / "checkpoints"
+    ck = ck / (ck / "latest").read_text().strip()
+    return m, {k: v for f in sorted(ck.glob("model*.safetensors")) for k, v in load_torch(str(f)).items()}
+
+
 @pytest.mark.parametrize("layout", [pytest.param("dp2", marks=pytest.mark.slow), "fsdp2"])
 def test_groot_layout_matches_one_process(tmp_path, made, layout):
     """GR00T on the FSDP-style engine: DDP (dp2) and FSDP (dp2, zero 3) over the small GR00T (its Qwen3-VL backbone
@@ -357,24 +375,9 @@ def test_groot_layout_matches_one_process(tmp_path, made, layout):
     gradient norms and final weights (fp32, CPU, <= 1e-5 relative). (A multi-task dataset's pads depend on the
     split: see NOTES.)"""
     from safetensors.torch import load_file as load_torch
-
-    def run(out, n, sets):
-        out.mkdir()
-        rec = recipe(out, made, steps=4)
-        args = [LF_BIN, "train", rec, "--set", "train.micro_batch_size=4", *sum((["--set", s] for s in sets), [])]
-        if n == 1:
-            run_lf(*args[1:], "--set", "parallel.zero=1")
-        else:
-            for r, p in enumerate(launch_ranks(n, args, timeout=600)):
-                assert p.returncode == 0, f"rank {r}: {p.stderr[-3000:]}"
-        m = [json.loads(l) for l in (out / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in l]
-        ck = out / "run" / "checkpoints"
-        ck = ck / (ck / "latest").read_text().strip()
-        return m, {k: v for f in sorted(ck.glob("model*.safetensors")) for k, v in load_torch(str(f)).items()}
-
-    ref, ref_w = run(tmp_path / "one", 1, [])
+    ref, ref_w = layout_run(tmp_path / "one", made, 1, [])
     sets = ["parallel.dp=2", "train.micro_batch_size=2"] + (["parallel.zero=3"] if layout == "fsdp2" else [])
-    got, w = run(tmp_path / layout, 2, sets)
+    got, w = layout_run(tmp_path / layout, made, 2, sets)
     assert len(got) == len(ref) == 4
     for a, b in zip(got, ref):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (layout, a["step"], a["loss"], b["loss"])
@@ -387,3 +390,29 @@ def test_groot_layout_matches_one_process(tmp_path, made, layout):
     moved = sum(not bool((ref_w[k] == start[k]).all()) for k in start if k in ref_w)
     frozen = [k for k in start if ".backbone." in k and k in ref_w]
     assert moved > 0 and frozen and all(bool((w[k] == start[k]).all()) for k in frozen)
+
+
+@pytest.mark.slow
+def test_groot_bf16_fsdp_follows_one_process_bf16(tmp_path, made):
+    """`precision: bf16` over GR00T: bf16 compute over fp32 masters trains as fp32 does (losses within 1 %); DDP at
+    bf16 follows the one-process bf16 run to its rounding, and FSDP (dp2, zero 3) at bf16 stays within 1e-3 of it
+    (a quarter of bf16's resolution). Unlike ACT's (test_policy_dist.py: within 3x DDP's), GR00T's FSDP losses were
+    4x DDP's distance off (1.2e-4 at step 0, 4e-4 at most): FSDP's bf16 copies cover the 2-D weights (not embedding
+    tables) while the one-process run autocasts ops, so parameters used otherwise (GR00T's per-embodiment [E, in, out]
+    weights in batched products, its learned position table) likely round differently: not yet examined. The
+    checkpoint is fp32."""
+    fp32, _ = layout_run(tmp_path / "fp32", made, 1, [])
+    one, _ = layout_run(tmp_path / "one", made, 1, ["precision=bf16"])
+    dp = ["precision=bf16", "parallel.dp=2", "train.micro_batch_size=2"]
+    ddp, _ = layout_run(tmp_path / "ddp", made, 2, dp)
+    fsdp, w = layout_run(tmp_path / "fsdp", made, 2, dp + ["parallel.zero=3"])
+
+    def rel(a, b):
+        return abs(a - b) / max(abs(a), abs(b), 1e-12)
+
+    assert len(fp32) == len(one) == len(ddp) == len(fsdp) == 4
+    assert any(rel(a["loss"], b["loss"]) > 1e-6 for a, b in zip(one, fp32))  # bf16 compute happened
+    assert all(rel(a["loss"], b["loss"]) <= 0.01 for a, b in zip(one, fp32))
+    assert all(rel(a["loss"], b["loss"]) <= 3e-4 for a, b in zip(one, ddp))
+    assert all(rel(a["loss"], b["loss"]) <= 1e-3 for a, b in zip(one, fsdp))
+    assert all(v.dtype == torch.float32 for v in w.values() if v.is_floating_point())
