@@ -394,14 +394,11 @@ def test_groot_layout_matches_one_process(tmp_path, made, layout):
 
 @pytest.mark.slow
 def test_groot_bf16_fsdp_follows_one_process_bf16(tmp_path, made):
-    """`precision: bf16` over GR00T: bf16 compute over fp32 masters trains as fp32 does (losses within 1 %); DDP at
-    bf16 follows the one-process bf16 run to its rounding, and FSDP (dp2, zero 3) at bf16 stays within 1e-3 of it
-    (a quarter of bf16's resolution). Unlike ACT's (test_policy_dist.py: within 3x DDP's), GR00T's FSDP losses were
-    4x DDP's distance off (1.2e-4 at step 0, 4e-4 at most): FSDP's bf16 copies cover the 2-D weights (not embedding
-    tables) while the one-process run autocasts ops, and FSDP runs under autocast too, so a 2-D parameter that is not a
-    matmul weight is rounded to bf16 there and not in one process: GR00T's per-embodiment biases `b` [E, out] are
-    one (keeping them fp32, tried, cut the step-0 gap from 1.5e-4 to 2.8e-5 but left a 1e-3 gap at step 3: there is
-    another, not found yet). The checkpoint is fp32."""
+    """`precision: bf16` over GR00T: bf16 compute over fp32 masters trains as fp32 does (losses within 1 %); as for
+    ACT (test_policy_dist.py), DDP and FSDP (dp2, zero 3) at bf16 follow the one-process bf16 run, FSDP within 3x
+    DDP's rounding (both run under autocast; FSDP's bf16 copies are only of linear layers' weights, so GR00T's
+    per-embodiment biases `b` [E, out] keep fp32, and GR00T reads its compute dtype from a bias, not from a weight
+    FSDP replaces by its bf16 copy: before either, FSDP's losses were 1e-4 to 4e-4 off). The checkpoint is fp32."""
     fp32, _ = layout_run(tmp_path / "fp32", made, 1, [])
     one, _ = layout_run(tmp_path / "one", made, 1, ["precision=bf16"])
     dp = ["precision=bf16", "parallel.dp=2", "train.micro_batch_size=2"]
@@ -414,6 +411,8 @@ def test_groot_bf16_fsdp_follows_one_process_bf16(tmp_path, made):
     assert len(fp32) == len(one) == len(ddp) == len(fsdp) == 4
     assert any(rel(a["loss"], b["loss"]) > 1e-6 for a, b in zip(one, fp32))  # bf16 compute happened
     assert all(rel(a["loss"], b["loss"]) <= 0.01 for a, b in zip(one, fp32))
-    assert all(rel(a["loss"], b["loss"]) <= 3e-4 for a, b in zip(one, ddp))
-    assert all(rel(a["loss"], b["loss"]) <= 1e-3 for a, b in zip(one, fsdp))
+    worst_ddp = max(rel(a["loss"], b["loss"]) for a, b in zip(one, ddp))
+    assert worst_ddp <= 3e-4
+    for a, b in zip(one, fsdp):
+        assert rel(a["loss"], b["loss"]) <= max(3 * worst_ddp, 1e-5), (a["step"], a["loss"], b["loss"], worst_ddp)
     assert all(v.dtype == torch.float32 for v in w.values() if v.is_floating_point())

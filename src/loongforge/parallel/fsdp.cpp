@@ -7,9 +7,9 @@
 #include <torch/csrc/autograd/functions/utils.h>
 
 #include "loongforge/core/error.h"
+#include "loongforge/nn/linear.h"
 
 #include <set>
-#include <torch/nn/modules/embedding.h>
 
 namespace lf::parallel {
 namespace {
@@ -99,11 +99,14 @@ FullyShardedModel::FullyShardedModel(models::Model& model, const Group& shard, c
   const models::Split split = model.split();
   const std::string blocks = split.blocks + ".";
   units_.resize(static_cast<size_t>(L) + 1);
-  // Embedding tables are looked up, not multiplied: they keep fp32 under mixed precision.
-  std::set<std::string> tables;
+  // Under mixed precision the gathered copies of the linear layers' weights are bf16 (the forward runs under autocast,
+  // which casts them for the product anyway: the copies halve the gathers). Every other parameter keeps fp32 as in one
+  // process: embedding tables are looked up, and a 2-D parameter outside a linear layer need not be a matmul operand
+  // (GR00T's per-embodiment biases [E, out] are added), where a bf16 copy would round its values.
+  std::set<std::string> linear_weights;
   for (const auto& item : model.named_modules("", /*include_self=*/false))
-    if (item.value()->as<torch::nn::EmbeddingImpl>())
-      for (const auto& p : item.value()->named_parameters(false)) tables.insert(item.key() + "." + p.key());
+    if (const auto* lin = item.value()->as<nn::LinearImpl>(); lin && lin->weight.defined())
+      linear_weights.insert(item.key() + ".weight");
   for (auto& item : model.named_parameters(true)) {
     if (!item.value().requires_grad()) continue;
     int64_t li = -1;
@@ -124,7 +127,7 @@ FullyShardedModel::FullyShardedModel(models::Model& model, const Group& shard, c
     throw Error("fsdp: compute dtype must be float32, bfloat16 or float16");
   for (auto& unit : units_)
     for (size_t i : unit.members)
-      unit.low.push_back(shapes_[i].size() == 2 && !tables.count(names_[i]));
+      unit.low.push_back(shapes_[i].size() == 2 && linear_weights.count(names_[i]));
   const int S = shard.size(), r = shard.rank();
   at::NoGradGuard no_grad;
   for (auto& unit : units_) {

@@ -27,8 +27,9 @@ namespace lf::parallel {
 
 struct FsdpOptions {
   bool prefetch = true;  // start the next layer's all-gather while the current one runs
-  // Mixed precision (`precision: bf16`): kBFloat16 gives every gathered matrix that feeds a matmul (the Linear
-  // weights and lm_head; not the embedding table, norms or biases) a bf16 copy for compute, made once per gather
+  // Mixed precision (`precision: bf16`): kBFloat16 gives every gathered linear layer's weight (nn::Linear: the layers'
+  // and lm_head; not embedding tables, norms, biases or other parameters, which need not feed a matmul) a bf16 copy
+  // for compute, made once per gather
   // from the fp32 masters; the shards, the optimizer and the all-gather stay fp32 (so the embedding and norms see
   // the exact master values, as under autocast). The bf16 GEMMs' gradients are converted to fp32 before the
   // reduce-scatter (sums over ranks in fp32). kFloat: everything fp32.
@@ -83,7 +84,7 @@ class FullyShardedModel : public GradSync, public std::enable_shared_from_this<F
   struct Unit {
     std::vector<size_t> members;  // indices into names()
     std::vector<size_t> shared;   // root-unit parameters inside this block (Split::shared): gradients to the root
-    std::vector<bool> low;        // per member: a matmul weight (a compute_dtype copy under mixed precision)
+    std::vector<bool> low;        // per member: a linear layer's weight (a compute_dtype copy under mixed precision)
     at::Tensor full;              // gathered flat parameters (undefined when freed)
     Pending gathering;
     bool gathered = false;

@@ -453,7 +453,8 @@ GrootPolicyImpl::Backbone GrootPolicyImpl::run_backbone(const Batch& b) {
   }
   in.set("pixel_values", b.at("pixel_values"));
   in.set("image_grid_thw", b.at("image_grid_thw"));
-  const at::Tensor dtype_probe = action_head->model->proj_out_2->weight;
+  // (a bias: FSDP's bf16 compute copies replace only the 2-D weights)
+  const at::Tensor dtype_probe = action_head->model->proj_out_2->bias;
   at::Tensor h = qwen->embed(in);
   const at::Tensor embedded = h;
   const Batch blocks = qwen->block_inputs(in, h.scalar_type());
@@ -533,7 +534,7 @@ at::Tensor GrootPolicyImpl::predict_action_chunk(const Batch& b, const at::Tenso
 
 Batch GrootPolicyImpl::check_batch(const std::map<std::string, at::Tensor>& batch, const std::string& file) const {
   const auto& c = config_;
-  BatchChecker k(batch, file, action_head->model->proj_out_2->weight.scalar_type());
+  BatchChecker k(batch, file, action_head->model->proj_out_2->bias.scalar_type());  // (a bias, as above)
   const int64_t B = BatchChecker::kB, H = c.action_horizon, A = c.max_action_dim;
   k.take("state", {B, c.state_history_length, c.max_state_dim}, true);
   k.take("action", {B, H, A}, true);
