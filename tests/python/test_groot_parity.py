@@ -56,17 +56,14 @@ import pytest
 
 from conftest import check_policy_dump, run_lf
 
-ORACLE = r'''
+# In the lerobot environment: what LeRobot's GR00T N1.7 needs to run here (test_groot_train.py starts with it too).
+SHIMS = r'''
 import json, sys, types, torch
 from pathlib import Path
-from safetensors.torch import save_file
-import transformers
 from transformers.models.qwen3_vl import modeling_qwen3_vl as QV
 import lerobot.utils.import_utils as IU
 import lerobot.policies.groot.groot_n1_7 as G
 from lerobot.policies.groot.modeling_groot import GrootPolicy
-from lerobot.policies.groot.configuration_groot import GrootConfig
-from lerobot.configs.types import FeatureType, PolicyFeature
 
 # dm-tree shim (GR00TN17.prepare_input maps the batch's tensors to the model's device and dtype)
 IU._require_package_cache["tree"] = True
@@ -76,6 +73,13 @@ orig = QV.Qwen3VLModel.compute_3d_position_ids
 def compat(self, *a, past_key_values=None, **kw):
     return orig(self, *a, cache=past_key_values, **kw)
 QV.Qwen3VLModel.compute_3d_position_ids = compat
+'''
+
+ORACLE = SHIMS + r'''
+from safetensors.torch import save_file
+import transformers
+from lerobot.policies.groot.configuration_groot import GrootConfig
+from lerobot.configs.types import FeatureType, PolicyFeature
 
 spec = json.loads(sys.argv[1]); out = Path(sys.argv[2])
 torch.manual_seed(spec["seed"])

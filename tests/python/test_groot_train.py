@@ -43,7 +43,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 from conftest import FIXTURES, LF_BIN, launch_ranks, run_gtest_hook, run_lerobot, run_lf
-from test_groot_parity import GROOT, TEXT
+from test_groot_parity import GROOT, SHIMS, TEXT
 from test_policy_train import DATASET, PROCESSED
 from test_policy_train import recipe as policy_recipe
 
@@ -63,20 +63,8 @@ SMALL = dict(GROOT, max_state_dim=6, max_action_dim=5, action_horizon=4, max_num
 # In the lerobot environment, with MADE = argv[1]: LeRobot's GR00T small and offline (test_groot_parity.py's
 # patches), the processor folder MADE/processor in place of nvidia/Cosmos-Reason2-2B, and GR00TN17 built from
 # base_model_path's config without weights (LeRobot downloads them).
-SETUP = r'''
-import json, sys, types, torch
-from pathlib import Path
-from transformers.models.qwen3_vl import modeling_qwen3_vl as QV
-import lerobot.utils.import_utils as IU
-import lerobot.policies.groot.groot_n1_7 as G
+SETUP = SHIMS + r'''
 import lerobot.policies.groot.processor_groot as PG
-from lerobot.policies.groot.modeling_groot import GrootPolicy
-IU._require_package_cache["tree"] = True
-G.tree = types.SimpleNamespace(map_structure=lambda f, x: type(x)({k: f(v) for k, v in x.items()}))
-orig = QV.Qwen3VLModel.compute_3d_position_ids
-def compat(self, *a, past_key_values=None, **kw):
-    return orig(self, *a, cache=past_key_values, **kw)
-QV.Qwen3VLModel.compute_3d_position_ids = compat
 MADE = Path(sys.argv[1])
 PG.GROOT_N1_7_BACKBONE_MODEL = str(MADE / "processor")
 def create(self):
