@@ -12,7 +12,6 @@ usage: python scripts/metaworld/record.py --task button-press-topdown-v3 --episo
 import argparse
 import json
 import os
-import re
 import sys
 
 # Offscreen rendering without a display or GPU (MUJOCO_GL=egl where a GPU renders)
@@ -25,11 +24,10 @@ import numpy as np  # noqa: E402
 
 
 def expert_for(task):
-    """The scripted expert of TASK: 'button-press-topdown-v3' -> SawyerButtonPressTopdownV3Policy."""
-    name = "Sawyer" + "".join(p.capitalize() for p in re.split(r"[-_]", task[:-3])) + task[-2:].upper() + "Policy"
-    if not hasattr(experts, name):
-        sys.exit(f"record: no scripted expert {name} for task '{task}' in metaworld.policies")
-    return getattr(experts, name)()
+    """The scripted expert of TASK (Meta-World's own map from task names to expert policies)."""
+    if task not in experts.ENV_POLICY_MAP:
+        sys.exit(f"record: Meta-World has no scripted expert for task '{task}' (metaworld.policies.ENV_POLICY_MAP)")
+    return experts.ENV_POLICY_MAP[task]()
 
 
 def make_env(task, seed, image=0, camera="corner"):
