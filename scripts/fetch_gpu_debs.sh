@@ -21,6 +21,7 @@ PKGS=(
   libyaml-cpp-dev libyaml-cpp0.7
   libsentencepiece-dev libsentencepiece0
   libpng-dev libpng16-16 zlib1g-dev
+  libturbojpeg0-dev libturbojpeg0
   pkgconf-bin libpkgconf3
 )
 (cd "$DEST" && apt-get download "${PKGS[@]}")
