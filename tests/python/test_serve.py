@@ -153,7 +153,7 @@ def test_openpi_client_gets_lerobots_actions(made, server):
     out = json.loads(run_openpi(ONE_CLIENT, server.port, made / "obs.npz"))
     ref = np.load(made / "ref.npz")
     meta = out["metadata"]
-    assert meta["type"] == "act", meta
+    assert meta["policy_type"] == "act", meta
     assert list(meta["action_shape"]) == [5, 4], meta
     assert set(meta["input_features"]) == {"observation.state", "observation.images.top"}, meta
     for name in ("a", "b"):

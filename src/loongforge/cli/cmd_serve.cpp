@@ -42,7 +42,7 @@ void add_serve(CLI::App& app) {
     args->opts.max_message_bytes = static_cast<size_t>(args->max_message_mb * 1024 * 1024);
     train::PolicyRunner runner(args->policy, args->device);
     serve::PolicyServer server(runner, args->opts);
-    const std::string type = runner.metadata().value("type", std::string("policy"));
+    const std::string type = runner.metadata().value("policy_type", std::string("policy"));
     std::printf("loongforge serve: %s (%s) listening on ws://%s\n", args->policy.c_str(), type.c_str(),
                 server.address().c_str());
     std::fflush(stdout);

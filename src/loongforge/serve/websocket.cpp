@@ -139,7 +139,10 @@ WebsocketServer::WebsocketServer(const WebsocketOptions& options, Handlers handl
       if (id && m.handlers.on_close) {
         auto con = m.server.get_con_from_hdl(h);
         std::string why = code_text(con->get_local_close_code(), con->get_local_close_reason());
-        if (why.empty() && con->get_ec()) why = con->get_ec().message();
+        if (con->get_local_close_code() == websocketpp::close::status::abnormal_close)
+          why = "the peer went away without a close frame (1006)";
+        else if (why.empty() && con->get_ec())
+          why = con->get_ec().message();
         m.handlers.on_close(id, why);
       }
       m.maybe_done();
