@@ -2,7 +2,7 @@
 (0.1.2, in its own environment .venv-openpi: requirements-openpi.txt) unchanged, against LeRobot on a small ACT policy
 written here with the lerobot package (its weights, config and processor files):
   - on connect the client gets the policy's metadata; `infer` on a raw observation (a uint8 HWC camera frame, a float
-    state) answers the unnormalised action chunk = LeRobot's own prepare_observation_for_inference -> preprocessor ->
+    state; flat by feature name or nested by its dots, arrays or lists) answers the unnormalised action chunk = LeRobot's own prepare_observation_for_inference -> preprocessor ->
     predict_action_chunk -> postprocessor on the same observation, with the server's timings;
   - malformed requests (not msgpack, not a map, a missing feature, a wrong shape or dtype) are answered with one line
     of text (openpi-client raises with it) and the server serves the next client; a message over --max-message-mb
@@ -129,6 +129,12 @@ for name in ("a", "b"):
     r = client.infer(observation(name))
     out[name] = {"actions": r["actions"].tolist(), "dtype": str(r["actions"].dtype),
                  "keys": sorted(r), "server_timing": r["server_timing"], "policy_timing": r["policy_timing"]}
+# the same observation nested ({"observation": {"images": {"top": ..}}}), the state as a list of Python floats, and
+# a prompt (which ACT does not read)
+a = observation("a")
+nested = {"observation": {"state": a["observation.state"].tolist(), "images": {"top": a["observation.images.top"]}},
+          "prompt": "pick up the cube"}
+out["nested"] = client.infer(nested)["actions"].tolist()
 print(json.dumps(out))
 '''
 
@@ -162,6 +168,8 @@ def test_openpi_client_gets_lerobots_actions(made, server):
         assert np.abs(got - ref[name]).max() <= 1e-5 * max(1.0, np.abs(ref[name]).max()), (got, ref[name])
         assert out[name]["keys"] == ["actions", "policy_timing", "server_timing"]
         assert out[name]["server_timing"]["infer_ms"] >= out[name]["policy_timing"]["infer_ms"] > 0
+    got = np.array(out["nested"])
+    assert np.abs(got - ref["a"]).max() <= 1e-5 * max(1.0, np.abs(ref["a"]).max())
     assert "prev_total_ms" in out["b"]["server_timing"]  # openpi's server: the previous request's round on the server
     assert np.abs(ref["a"] - ref["b"]).max() > 1e-3  # the two observations do differ
 
@@ -289,7 +297,7 @@ def test_latency_report_and_bad_policy_folder(made, tmp_path):
         err = s.stop()
     assert s.proc.returncode == 0, err
     lines = [l for l in err.splitlines() if "latency p50" in l]
-    assert len(lines) == 3, err  # after 2 and 4 requests, and the summary
-    assert "served 4 requests on 2 connections (0 errors)" in lines[-1] and "p99" in lines[-1], lines[-1]
+    assert len(lines) == 4, err  # after 2, 4 and 6 requests (ONE_CLIENT sends 3), and the summary
+    assert "served 6 requests on 2 connections (0 errors)" in lines[-1] and "p99" in lines[-1], lines[-1]
     proc = run_lf("serve", "--policy", tmp_path / "nothing", "--port", 0, check=False)
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

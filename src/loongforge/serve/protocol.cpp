@@ -165,20 +165,24 @@ at::Tensor npgeneric(const std::string& field, const Obj& m) {
   return number(field, *data, numpy_dtype(field, text(*dtype)).first);
 }
 
-// A rectangular list of numbers (nested lists) -> int64 (all integers) or float64.
-void list_shape(const std::string& field, const Obj& o, size_t depth, std::vector<int64_t>& shape) {
+// A rectangular list of numbers (nested lists) -> int64 (all integers) or float64. The first path down fixes the
+// shape; every list at a depth must have that depth's length and every number must sit at the last depth.
+void list_shape(const std::string& field, const Obj& o, size_t depth, std::vector<int64_t>& shape, int& leaf_depth) {
+  const char* ragged = "a list whose items are not all lists of the same length";
   if (o.type != mt::ARRAY) {
-    if (depth != shape.size()) throw bad(field, "a list whose items are not all lists of the same length");
     if (!is_number(o)) throw bad(field, "a list holding something other than numbers");
+    if (depth != shape.size() || (leaf_depth >= 0 && leaf_depth != static_cast<int>(depth))) throw bad(field, ragged);
+    leaf_depth = static_cast<int>(depth);
     return;
   }
   if (depth == shape.size()) {
+    if (leaf_depth >= 0) throw bad(field, ragged);
     if (depth >= static_cast<size_t>(kMaxDims)) throw bad(field, "a list nested too deep");
     shape.push_back(o.via.array.size);
   } else if (depth > shape.size() || shape[depth] != static_cast<int64_t>(o.via.array.size)) {
-    throw bad(field, "a list whose items are not all lists of the same length");
+    throw bad(field, ragged);
   }
-  for (uint32_t i = 0; i < o.via.array.size; ++i) list_shape(field, o.via.array.ptr[i], depth + 1, shape);
+  for (uint32_t i = 0; i < o.via.array.size; ++i) list_shape(field, o.via.array.ptr[i], depth + 1, shape, leaf_depth);
 }
 void list_values(const Obj& o, std::vector<double>& f, std::vector<int64_t>& i, bool& all_int) {
   if (o.type == mt::ARRAY) {
@@ -194,7 +198,8 @@ void list_values(const Obj& o, std::vector<double>& f, std::vector<int64_t>& i, 
 }
 at::Tensor list(const std::string& field, const Obj& o) {
   std::vector<int64_t> shape;
-  list_shape(field, o, 0, shape);
+  int leaf_depth = -1;
+  list_shape(field, o, 0, shape, leaf_depth);
   std::vector<double> f;
   std::vector<int64_t> i;
   bool all_int = true;
