@@ -261,6 +261,88 @@ def test_two_clients_at_once_and_an_oversize_message(made, server):
     assert np.abs(np.array(out["after"]) - ref["b"]).max() <= 1e-5 * max(1.0, np.abs(ref["b"]).max())
 
 
+# Mutated requests, each on a connection of its own: a valid request's msgpack bytes with bits flipped, bytes
+# replaced by msgpack's type markers, cut, repeated; and structural changes (dtype strings, shapes, data sizes, nesting,
+# key types). Each answer must be a reply (bytes) or one line of text naming the request or an observation; a text
+# frame of anything else (an internal error) is a finding. Prints the counts and the findings.
+FUZZ = CLIENT_COMMON + r"""
+import random
+import websockets.sync.client as ws
+rng = random.Random(7)
+a = observation("a")
+base = msgpack_numpy.packb(a)
+def arr(x, **kw):
+    d = msgpack_numpy.pack_array(x); d.update({k.encode(): v for k, v in kw.items()}); return d
+structural = [
+    {"observation.state": arr(a["observation.state"], dtype=">f4"), "observation.images.top": a["observation.images.top"]},
+    {"observation.state": arr(a["observation.state"], dtype="<f16"), "observation.images.top": a["observation.images.top"]},
+    {"observation.state": arr(a["observation.state"], dtype="<x4"), "observation.images.top": a["observation.images.top"]},
+    {"observation.state": arr(a["observation.state"], shape=(2, 3)), "observation.images.top": a["observation.images.top"]},
+    {"observation.state": arr(a["observation.state"], shape=(-1,)), "observation.images.top": a["observation.images.top"]},
+    {"observation.state": arr(a["observation.state"], shape=(1 << 62, 1 << 62)), "observation.images.top": a["observation.images.top"]},
+    {"observation.state": arr(a["observation.state"], data=b"123"), "observation.images.top": a["observation.images.top"]},
+    {"observation.state": {b"__ndarray__": True}, "observation.images.top": a["observation.images.top"]},
+    {"observation.state": {b"__npgeneric__": True, b"data": "x", b"dtype": "<f8"}, "observation.images.top": a["observation.images.top"]},
+    {"observation.state": {b"__npgeneric__": True, b"data": 300, b"dtype": "|u1"}, "observation.images.top": a["observation.images.top"]},
+    {"observation.state": {b"__npgeneric__": True, b"data": 3, b"dtype": "<u4"}, "observation.images.top": a["observation.images.top"]},
+    {"observation.state": [[1.0, 2.0], [3.0]], "observation.images.top": a["observation.images.top"]},
+    {"observation.state": [1.0, [2.0]], "observation.images.top": a["observation.images.top"]},
+    {"observation.state": [[1, 2], [3, [4]]], "observation.images.top": a["observation.images.top"]},
+    {"observation.state": [True, False, True, True], "observation.images.top": a["observation.images.top"]},
+    {"observation.state": np.array([1, 2, 3, 4], np.uint32), "observation.images.top": a["observation.images.top"]},
+    {"observation.state": np.array([1, 2, 3, 4], np.uint16), "observation.images.top": a["observation.images.top"]},
+    {"observation.state": np.array([True, False, True, True]), "observation.images.top": a["observation.images.top"]},
+    {"observation.state": np.array([np.nan, 0, 0, 0], np.float32), "observation.images.top": a["observation.images.top"]},
+    {"observation.state": a["observation.state"], "observation.images.top": a["observation.images.top"].astype(np.float64)},
+    {"observation.state": a["observation.state"], "observation.images.top": a["observation.images.top"][:, :, :2]},
+    {"observation.state": a["observation.state"], "observation.images.top": a["observation.images.top"].astype(bool)},
+    {"observation.state": a["observation.state"], "observation.images.top": np.zeros((0, 32, 3), np.uint8)},
+    {"observation.state": a["observation.state"], "observation.images.top": a["observation.images.top"], "prompt": 5},
+    {"observation.state": None, "observation.images.top": a["observation.images.top"]},
+    {"observation": {"state": {"x": {"y": {"z": 1}}}}},
+]
+cases = [msgpack_numpy.packb(c) for c in structural]
+cases += [msgpack_numpy.packb({1: 2}), msgpack_numpy.packb({"a": 1} | {"a" + str(i): i for i in range(3000)}), b"",
+          b"\x91" * 5000, b"\xdd\xff\xff\xff\xff", b"\xdf\xff\xff\xff\xff", b"\xc7\x01\x05x", b"\x81\xa1a\xc1"]
+markers = [0xc0, 0xc1, 0xc2, 0xc3, 0xc4, 0xc5, 0xc6, 0xca, 0xcb, 0xcc, 0xcf, 0xd0, 0xd3, 0xd9, 0xda, 0xdb, 0xdc, 0xdd,
+           0xde, 0xdf, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xff, 0x00, 0x7f]
+for i in range(int(sys.argv[3])):
+    b = bytearray(base)
+    for _ in range(rng.randint(1, 4)):
+        k = rng.randrange(len(b)); op = rng.randrange(4)
+        if op == 0: b[k] ^= 1 << rng.randrange(8)
+        elif op == 1: b[k] = rng.choice(markers)
+        elif op == 2: b = b[:k]
+        else: b = b[:k] + b[k:k + rng.randint(1, 64)] * rng.randint(2, 4) + b[k:]
+        if not b: b = bytearray(b"\x80")
+    cases.append(bytes(b))
+replies = texts = 0
+findings = []
+for payload in cases:
+    with ws.connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None) as c:
+        c.recv()
+        c.send(payload)
+        r = c.recv(timeout=30)
+    if isinstance(r, bytes):
+        replies += 1
+    elif (r.startswith("request: ") or r.startswith("observation ")) and "\n" not in r:
+        texts += 1
+    else:
+        findings.append(r[:300])
+r = WebsocketClientPolicy(host="127.0.0.1", port=port).infer(a)["actions"].tolist()
+print(json.dumps({"cases": len(cases), "replies": replies, "texts": texts, "findings": findings, "after": r}))
+"""
+
+
+def test_mutated_requests_are_answered_and_never_stop_the_server(made, server):
+    out = json.loads(run_openpi(FUZZ, server.port, made / "obs.npz", 200))
+    assert not out["findings"], out["findings"]
+    assert out["replies"] + out["texts"] == out["cases"] and out["texts"] > out["cases"] // 2, out
+    assert server.proc.poll() is None
+    ref = np.load(made / "ref.npz")
+    assert np.abs(np.array(out["after"]) - ref["a"]).max() <= 1e-5 * max(1.0, np.abs(ref["a"]).max())
+
+
 def outside_address():
     """This machine's address on its default route (not a loopback one), or None."""
     try:

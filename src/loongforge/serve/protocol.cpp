@@ -162,7 +162,14 @@ at::Tensor npgeneric(const std::string& field, const Obj& m) {
   const Obj* dtype = field_of(m, "dtype");
   if (!data || !dtype || !is_text(*dtype)) throw bad(field, "a NumPy scalar needs 'data' and 'dtype'");
   if (!is_number(*data)) throw bad(field, "a NumPy scalar's 'data' is not a number");
-  return number(field, *data, numpy_dtype(field, text(*dtype)).first);
+  const at::ScalarType st = numpy_dtype(field, text(*dtype)).first;
+  try {
+    return number(field, *data, st);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception&) {  // ATen refuses a value out of the dtype's range
+    throw bad(field, "a NumPy scalar whose value does not fit its dtype '" + printable(text(*dtype)) + "'");
+  }
 }
 
 // A rectangular list of numbers (nested lists) -> int64 (all integers) or float64. The first path down fixes the
