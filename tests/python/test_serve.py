@@ -59,7 +59,7 @@ class Server:
                 break
         if "listening on ws://" not in line:
             self.stop()
-            raise AssertionError(f"loongforge serve did not start: {line!r}\n{self.log.read_text()}")
+            raise AssertionError(f"loongforge serve did not start: {line!r}\n{self.log.read_text(errors='replace')}")
         self.host, self.port = line.split("ws://")[1].strip().rsplit(":", 1)
         self.port = int(self.port)
 
@@ -72,7 +72,7 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self.err.close()
-        return self.log.read_text()
+        return self.log.read_text(errors="replace")
 
 
 # In the lerobot environment: test_policy_train.py's small ACT policy (state 4, a 24 x 32 camera, chunk 5) saved to
@@ -302,6 +302,8 @@ structural = [
     {"observation": {"state": {"x": {"y": {"z": 1}}}}},
 ]
 cases = [msgpack_numpy.packb(c) for c in structural]
+# a feature name that is not UTF-8 (the error line quoting it must still be a valid text frame)
+cases.append(msgpack_numpy.packb({**a, "observation.stQte": 1}).replace(b"observation.stQte", b"observation.st\xffte"))
 cases += [msgpack_numpy.packb({1: 2}), msgpack_numpy.packb({"a": 1} | {"a" + str(i): i for i in range(3000)}), b"",
           b"\x91" * 5000, b"\xdd\xff\xff\xff\xff", b"\xdf\xff\xff\xff\xff", b"\xc7\x01\x05x", b"\x81\xa1a\xc1"]
 markers = [0xc0, 0xc1, 0xc2, 0xc3, 0xc4, 0xc5, 0xc6, 0xca, 0xcb, 0xcc, 0xcf, 0xd0, 0xd3, 0xd9, 0xda, 0xdb, 0xdc, 0xdd,

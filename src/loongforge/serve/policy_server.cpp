@@ -42,6 +42,33 @@ std::string first_line(const char* what) {
   return k == std::string::npos ? s : s.substr(0, k);
 }
 
+// LINE as valid UTF-8 (a text frame must be; an error may quote a feature name made of any bytes): every byte that
+// does not start a well-formed sequence becomes '?'.
+std::string valid_utf8(const std::string& line) {
+  std::string out;
+  const auto* p = reinterpret_cast<const unsigned char*>(line.data());
+  const size_t n = line.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] >> 6) == 0x2;
+    if (ok && len > 1) {  // no overlong forms, surrogates or code points past U+10FFFF
+      uint32_t cp = c & (0x7f >> len);
+      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (p[i + k] & 0x3f);
+      ok = cp >= (len == 2 ? 0x80u : len == 3 ? 0x800u : 0x10000u) && cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
+    }
+    if (ok) {
+      out.append(line, i, len);
+      i += len;
+    } else {
+      out += '?';
+      ++i;
+    }
+  }
+  return out;
+}
+
 struct Message {
   std::string payload;
   Clock::time_point arrived;
@@ -138,7 +165,7 @@ struct PolicyServer::Impl {
   void fail(Connection& c, const std::string& line) {
     std::fprintf(stderr, "loongforge serve: connection %llu: %s\n", static_cast<unsigned long long>(c.id),
                  line.c_str());
-    ws->send(c.id, line, false);
+    ws->send(c.id, valid_utf8(line), false);
     ws->close(c.id, 1011, "request failed; the error is in the previous message");
   }
 
