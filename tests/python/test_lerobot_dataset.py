@@ -268,16 +268,23 @@ def test_row_groups(data, tmp_path):
 
 
 def test_depth_camera_info_and_stats(data, tmp_path):
-    """A depth camera: info marks it; data stats leaves it to stats.json (lerobot computes depth statistics from the
-    raw frames while recording) and refuses it when asked by name, in one line; a depth flag on a 3-channel camera
-    is refused in one line naming info.json and the feature."""
+    """A depth camera: info marks it; data stats computes its statistics as lerobot did while recording (stats.json:
+    the sampled frames in the recorded unit, not divided by 255): the TIFF images' bit for bit (millimetres) and within
+    1e-6 (metres, read back through millimetres), the depth video's within its 12-bit quantisation (lerobot's come
+    from the frames before encoding); a depth flag on a 3-channel camera is refused in one line naming info.json and
+    the feature."""
     feats = {f["name"]: f for f in json.loads(run_lf("info", data / "v30depth").stdout)["features"]}
     assert feats["observation.images.depth"].get("depth") is True and "depth" not in feats[VIDEO]
     run_lf("data", "stats", "--dataset", data / "v30depth", "--out", tmp_path / "stats.json")
     got = json.loads((tmp_path / "stats.json").read_text())
-    assert VIDEO in got and "observation.images.depth" not in got
-    line = fails("data", "stats", "--dataset", data / "v30depth", "--features", "observation.images.depth")
-    assert "observation.images.depth" in line and "depth" in line
+    want = json.loads((data / "v30depth" / "meta" / "stats.json").read_text())
+    for cam, rtol in [("depth_mm", 0), ("depth_m", 1e-6), ("depth", 2e-3)]:
+        name = "observation.images." + cam
+        assert set(got[name]) == set(want[name]), name
+        for stat in want[name]:
+            np.testing.assert_allclose(np.array(got[name][stat]), np.array(want[name][stat]), rtol=rtol, atol=0,
+                                       err_msg=f"{name} {stat}")
+        assert np.array(got[name]["mean"]).shape == (1, 1, 1)
     d = broken_copy(data, tmp_path)
     info = json.loads((d / "meta" / "info.json").read_text())
     info["features"][VIDEO].setdefault("info", {})["is_depth_map"] = True

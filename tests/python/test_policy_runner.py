@@ -5,7 +5,7 @@ LeRobot's own preprocessor -> policy.predict_action_chunk -> postprocessor on th
     the camera as uint8 [H, W, C] or as LeRobot's float [C, H, W] frames gives LeRobot's chunk;
   - π0 trained one step by `loongforge train` (the checkpoint: weights, processors, tokenizer): the prompt through
     the tokenizer, the sampler's noise from the seed (torch's generator, as LeRobot's sample_noise draws it);
-  - bad observations (a missing or unknown feature, a misshapen camera): one line naming the file and the feature."""
+  - keys the policy does not read are ignored; bad observations (a missing feature, a misshapen camera or state): one line naming the file and the feature."""
 import json
 
 import numpy as np
@@ -108,6 +108,9 @@ def test_act_chunk_for_a_raw_observation_equals_lerobots(tmp_path, act):
     chw["observation.images.top"] = np.ascontiguousarray(obs["observation.images.top"].transpose(2, 0, 1)).astype(np.float32) / 255
     save_file(chw, str(tmp_path / "chw.safetensors"))
     np.testing.assert_allclose(predict(tmp_path, act / "act", tmp_path / "chw.safetensors"), got, rtol=1e-6, atol=1e-6)
+    # keys the policy does not read are ignored, as LeRobot's policies ignore them
+    save_file(dict(obs, **{"observation.velocity": np.zeros(3, np.float32)}), str(tmp_path / "extra.safetensors"))
+    np.testing.assert_array_equal(predict(tmp_path, act / "act", tmp_path / "extra.safetensors"), got)
     # the JSON form: metadata and the same actions
     j = json.loads(run_lf("predict", "--policy", act / "act", "--observation", tmp_path / "obs.safetensors").stdout)
     assert j["policy_type"] == "act" and j["action_shape"] == [5, 4] and j["n_action_steps"] == 5
@@ -117,7 +120,6 @@ def test_act_chunk_for_a_raw_observation_equals_lerobots(tmp_path, act):
 
 @pytest.mark.parametrize("change,words", [
     ({"drop": "observation.state"}, ["observation.state", "missing"]),
-    ({"observation.velocity": np.zeros(3, np.float32)}, ["observation.velocity", "no such feature"]),
     ({"observation.images.top": np.zeros((20, 32, 3), np.uint8)}, ["observation.images.top", "[20, 32, 3]", "[3, 24, 32]"]),
     ({"observation.state": np.zeros(5, np.float32)}, ["observation.state", "[5]"]),
 ])

@@ -111,7 +111,6 @@ at::Tensor PolicyRunner::predict(const std::map<std::string, at::Tensor>& observ
                                  uint64_t seed) {
   std::lock_guard<std::mutex> lock(mu_);
   Batch b;
-  std::vector<std::string> read;
   for (const auto& f : spec_.inputs) {
     if (f.type == "LANGUAGE") continue;  // the prompt's tokens, made below
     auto it = observation.find(f.name);
@@ -121,7 +120,6 @@ at::Tensor PolicyRunner::predict(const std::map<std::string, at::Tensor>& observ
       throw Error("observation '" + f.name + "': missing (the policy reads it; given: " +
                   (have.empty() ? std::string("nothing") : have) + ")");
     }
-    read.push_back(f.name);
     at::Tensor x = it->second.to(at::kCPU);
     const std::string what = "observation '" + f.name + "'";
     if (f.type == "VISUAL") {
@@ -156,9 +154,6 @@ at::Tensor PolicyRunner::predict(const std::map<std::string, at::Tensor>& observ
       x = at::stack(std::vector<at::Tensor>(spec_.observation_offsets.size(), x));
     b.set(f.name, x.unsqueeze(0).contiguous());
   }
-  for (const auto& [k, v] : observation)
-    if (std::find(read.begin(), read.end(), k) == read.end())
-      throw Error("observation '" + k + "': the policy reads no such feature");
   if (prompt_) {
     if (prompt.empty()) throw Error("observation 'prompt': the " + model_->model_type() + " policy reads the task text");
     prompt_->add(b, {prompt});

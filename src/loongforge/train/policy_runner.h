@@ -12,7 +12,8 @@
 // - cameras ("observation.images.<camera>"): uint8 [H, W, C] or [C, H, W] (0..255), or float [C, H, W] in [0, 1]
 //   (LeRobot's dataset frames); a leading batch dimension of 1 is allowed;
 // - the task text (policies that read a prompt): passed as `prompt`.
-// Missing features, extra ones and misshapen ones are errors naming the feature (lf::Error, one line).
+// Missing and misshapen features are errors naming the feature (lf::Error, one line); other keys are ignored (as
+// LeRobot's policies ignore batch keys they do not read: a robot may send everything it has).
 #pragma once
 #include <ATen/core/Tensor.h>
 

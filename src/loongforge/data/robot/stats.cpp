@@ -312,6 +312,18 @@ at::Tensor auto_downsample(const at::Tensor& frames) {
   return frames.slice(1, 0, h, factor).slice(2, 0, w, factor);
 }
 
+// A depth camera's frames (float32 [n, H, W, 1] in millimetres, as read_camera gives them) as LeRobot's
+// compute_episode_stats takes a depth map's sampled images: in the unit the frames were recorded in (millimetres or
+// metres; computed in float32 as at recording), one channel, not divided by 255, count = frames.
+FeatureStats depth_stats(const at::Tensor& frames, const std::string& unit) {
+  if (frames.dim() != 4 || frames.size(3) != 1) throw Error("depth statistics need frames [n, H, W, 1]");
+  const at::Tensor mm = frames.to(at::kFloat);
+  const at::Tensor values = (unit == "m" ? mm.div(1000.0f) : mm).reshape({-1, 1});
+  FeatureStats st = numeric_stats(values);
+  for (auto& [key, v] : st) v = key == "count" ? at::full({1}, frames.size(0), at::kLong) : v.reshape({1, 1, 1});
+  return st;
+}
+
 FeatureStats aggregate_feature_stats(const std::vector<FeatureStats>& eps) {
   if (eps.empty()) throw Error("aggregate_stats of no episodes");
   const int64_t e = static_cast<int64_t>(eps.size());
@@ -377,16 +389,9 @@ FeatureStats aggregate_feature_stats(const std::vector<FeatureStats>& eps) {
 
 RawStats episode_stats(const RobotDataset& dataset, int64_t episode, const std::vector<std::string>& features) {
   std::vector<std::string> names = features;
-  // Depth cameras: LeRobot computes their statistics from the raw depth when recording (not from the decoded
-  // video): stats.json's are used, none are computed here.
   if (names.empty())
     for (const auto& f : dataset.features())
-      if (f.kind != FeatureKind::text && !f.depth) names.push_back(f.name);
-  for (const auto& name : names)
-    if (dataset.feature(name).depth)
-      throw file_error(dataset.root(), name,
-                       "a depth camera: LeRobot's statistics of depth come from the raw frames when recording "
-                       "(stats.json)");
+      if (f.kind != FeatureKind::text) names.push_back(f.name);
   const Episode& ep = dataset.episodes().at(episode);
   RawStats out;
   for (const auto& name : names) {
@@ -397,7 +402,7 @@ RawStats episode_stats(const RobotDataset& dataset, int64_t episode, const std::
         out[name] = numeric_stats(dataset.read_numeric({name}, episode, 0, ep.length)[0]);
       } else {
         auto frames = dataset.read_camera(name, episode, sample_indices(ep.length));
-        out[name] = image_stats(auto_downsample(frames));
+        out[name] = f.depth ? depth_stats(auto_downsample(frames), f.depth->unit) : image_stats(auto_downsample(frames));
       }
     } catch (const Error& e) {
       std::string what = e.what();

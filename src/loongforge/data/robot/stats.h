@@ -40,7 +40,8 @@ at::Tensor auto_downsample(const at::Tensor& frames);
 FeatureStats aggregate_feature_stats(const std::vector<FeatureStats>& per_episode);
 
 // The statistics of the episode at position EPISODE, for FEATURES (numeric and camera features; empty: all of
-// them; text features are skipped).
+// them; text features are skipped). Depth cameras as LeRobot computes a depth map's at recording: from its sampled
+// frames in the recorded unit, not divided by 255 (from a depth video's decoded frames: within its quantisation).
 RawStats episode_stats(const RobotDataset& dataset, int64_t episode, const std::vector<std::string>& features = {});
 // Over the episodes at positions EPISODES (empty: all; taken in the dataset's order, each once): each episode's
 // stats, then aggregate_stats.
