@@ -302,8 +302,10 @@ structural = [
     {"observation": {"state": {"x": {"y": {"z": 1}}}}},
 ]
 cases = [msgpack_numpy.packb(c) for c in structural]
-# a feature name that is not UTF-8 (the error line quoting it must still be a valid text frame)
-cases.append(msgpack_numpy.packb({**a, "observation.stQte": 1}).replace(b"observation.stQte", b"observation.st\xffte"))
+# a feature name that is not UTF-8 with a value the decoder refuses (the error line quoting it must still be a valid
+# text frame)
+not_utf8 = msgpack_numpy.packb({**a, "observation.stQte": np.array(["x"])}).replace(b"stQte", b"st\xffte")
+cases.append(not_utf8)
 cases += [msgpack_numpy.packb({1: 2}), msgpack_numpy.packb({"a": 1} | {"a" + str(i): i for i in range(3000)}), b"",
           b"\x91" * 5000, b"\xdd\xff\xff\xff\xff", b"\xdf\xff\xff\xff\xff", b"\xc7\x01\x05x", b"\x81\xa1a\xc1"]
 markers = [0xc0, 0xc1, 0xc2, 0xc3, 0xc4, 0xc5, 0xc6, 0xca, 0xcb, 0xcc, 0xcf, 0xd0, 0xd3, 0xd9, 0xda, 0xdb, 0xdc, 0xdd,
@@ -319,12 +321,13 @@ for i in range(int(sys.argv[3])):
         if not b: b = bytearray(b"\x80")
     cases.append(bytes(b))
 replies = texts = 0
-findings = []
+findings, answers = [], {}
 for payload in cases:
     with ws.connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None) as c:
         c.recv()
         c.send(payload)
         r = c.recv(timeout=30)
+    answers[payload] = r
     if isinstance(r, bytes):
         replies += 1
     elif (r.startswith("request: ") or r.startswith("observation ")) and "\n" not in r:
@@ -332,7 +335,8 @@ for payload in cases:
     else:
         findings.append(r[:300])
 r = WebsocketClientPolicy(host="127.0.0.1", port=port).infer(a)["actions"].tolist()
-print(json.dumps({"cases": len(cases), "replies": replies, "texts": texts, "findings": findings, "after": r}))
+print(json.dumps({"cases": len(cases), "replies": replies, "texts": texts, "findings": findings, "after": r,
+                  "not_utf8": answers[not_utf8]}))
 """
 
 
@@ -340,6 +344,7 @@ def test_mutated_requests_are_answered_and_never_stop_the_server(made, server):
     out = json.loads(run_openpi(FUZZ, server.port, made / "obs.npz", 200))
     assert not out["findings"], out["findings"]
     assert out["replies"] + out["texts"] == out["cases"] and out["texts"] > out["cases"] // 2, out
+    assert out["not_utf8"].startswith("request: field 'observation.st?te': dtype '<U1'"), out["not_utf8"]
     assert server.proc.poll() is None
     ref = np.load(made / "ref.npz")
     assert np.abs(np.array(out["after"]) - ref["a"]).max() <= 1e-5 * max(1.0, np.abs(ref["a"]).max())
