@@ -225,6 +225,9 @@ def main():
     lerobot_seeds(add, png, quick)
     hdf5_seeds(add, quick)
 
+    # ---- policy server requests ------------------------------------------------------------------------------------
+    serve_seeds(add)
+
     for target, items in seeds.items():
         d = out / target
         d.mkdir(parents=True, exist_ok=True)
@@ -391,6 +394,37 @@ def hdf5_seeds(add, quick):
             return
         for f in sorted(pathlib.Path(d).glob("*.hdf5")):
             add("hdf5_episode", f.read_bytes())
+
+
+# openpi-client's own encoding of observations (msgpack_numpy), one seed per line as hex.
+SERVE_WRITER = r"""
+import numpy as np
+from openpi_client import msgpack_numpy
+rng = np.random.default_rng(0)
+obs = [{"observation.state": rng.standard_normal(4).astype(np.float32),
+        "observation.images.top": rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), "prompt": "pick up the cube"},
+       {"observation": {"state": [0.5, -1.0, 2.0], "images": {"wrist": np.zeros((2, 3, 4), np.float16)}},
+        "gripper": np.float64(0.25), "step": np.int32(7), "done": np.bool_(False)},
+       {"observation.state": np.arange(6, dtype=np.int64).reshape(2, 3), "mask": np.array([True, False]),
+        "list": [[1, 2], [3, 4]], "u16": np.arange(3, dtype=np.uint16), "f8": np.zeros((0, 2))}]
+for o in obs:
+    print(msgpack_numpy.packb(o).hex())
+"""
+
+
+def serve_seeds(add):
+    """The serve_request target's inputs, written by openpi-client (.venv-openpi); without it, none (said on
+    stderr)."""
+    import os
+    import subprocess
+    python = os.environ.get("LOONGFORGE_OPENPI_PYTHON", str(ROOT / ".venv-openpi" / "bin" / "python"))
+    try:
+        out = subprocess.run([python, "-c", SERVE_WRITER], check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"fuzz_seeds: no serve_request seeds (openpi-client not in {python}: {e})", file=sys.stderr)
+        return
+    for line in out.split():
+        add("serve_request", bytes.fromhex(line))
 
 
 if __name__ == "__main__":

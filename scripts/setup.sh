@@ -13,7 +13,7 @@ PKGS="build-essential cmake ninja-build ccache pkg-config python3 python3-venv p
   libopenblas-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libspdlog-dev
   libfmt-dev libsentencepiece-dev libpcre2-dev libutf8proc-dev libzstd-dev libpng-dev libturbojpeg0-dev
   libhdf5-dev libtiff-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
-  libavcodec-dev libavformat-dev libavutil-dev libswscale-dev"
+  libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libwebsocketpp-dev libasio-dev libmsgpack-cxx-dev"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -22,6 +22,19 @@ if [ -n "$missing" ]; then
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q $missing
 fi
+
+# Once an environment is made, the older ones of its kind beside it go (environments of older requirement files; the
+# main one is a few GB), unless its path was given (GIVEN: the variable's value).
+drop_older() {  # VENV PREFIX GIVEN
+  [ -z "$3" ] || return 0
+  for old in "$(dirname "$1")"/"$2"-*; do
+    if [ "$old" != "$1" ]; then rm -rf "$old"; fi
+  done
+}
+# The checkout's link (.venv, .venv-lerobot, ...) to its environment.
+link_env() {  # LINK VENV
+  if [ "$(readlink -f "$1" 2>/dev/null)" != "$(readlink -f "$2")" ]; then rm -rf "$1"; ln -s "$2" "$1"; fi
+}
 
 # The environment lives outside the checkout, keyed by requirements.txt, so clones share it; .venv links to it.
 PY=${PYTHON:-python3}
@@ -34,14 +47,9 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q -r requirements.txt
   touch "$VENV/.complete"
-  # environments of older requirements.txt versions are a few GB each: drop them
-  if [ -z "${LOONGFORGE_VENV:-}" ]; then
-    for old in "$(dirname "$VENV")"/venv-*; do
-      if [ "$old" != "$VENV" ]; then rm -rf "$old"; fi
-    done
-  fi
+  drop_older "$VENV" venv "${LOONGFORGE_VENV:-}"
 fi
-if [ "$(readlink -f .venv 2>/dev/null)" != "$(readlink -f "$VENV")" ]; then rm -rf .venv; ln -s "$VENV" .venv; fi
+link_env .venv "$VENV"
 
 # The LeRobot oracle environment (requirements-lerobot.txt says why it is separate): a venv that sees the main one's
 # packages through a .pth file, keyed by both requirement files and the rewrite script; .venv-lerobot links to it.
@@ -60,15 +68,25 @@ if [ ! -x "$LVENV/bin/python" ] || [ ! -f "$LVENV/.complete" ]; then
   "$LVENV/bin/python" scripts/lerobot_py311.py "$lsite"
   "$LVENV/bin/python" -c "import lerobot.datasets.lerobot_dataset, lerobot.policies, h5py, av, cv2; assert av.__version__.startswith('15.')"
   touch "$LVENV/.complete"
-  if [ -z "${LOONGFORGE_LEROBOT_VENV:-}" ]; then
-    for old in "$(dirname "$LVENV")"/lerobot-*; do
-      if [ "$old" != "$LVENV" ]; then rm -rf "$old"; fi
-    done
-  fi
+  drop_older "$LVENV" lerobot "${LOONGFORGE_LEROBOT_VENV:-}"
 fi
-if [ "$(readlink -f .venv-lerobot 2>/dev/null)" != "$(readlink -f "$LVENV")" ]; then
-  rm -rf .venv-lerobot; ln -s "$LVENV" .venv-lerobot
+link_env .venv-lerobot "$LVENV"
+
+# The policy server's client oracle (requirements-openpi.txt says why it is separate): openpi-client in a small venv
+# of its own, keyed by its requirement file; .venv-openpi links to it.
+okey=$(sha256sum requirements-openpi.txt | cut -c1-12)
+OVENV=${LOONGFORGE_OPENPI_VENV:-$HOME/.cache/loongforge/openpi-$okey}
+if [ ! -x "$OVENV/bin/python" ] || [ ! -f "$OVENV/.complete" ]; then
+  echo "setup: creating $OVENV (the openpi-client test oracle)"
+  rm -rf "$OVENV"; mkdir -p "$(dirname "$OVENV")"
+  "$PY" -m venv "$OVENV"
+  "$OVENV/bin/pip" install -q --upgrade pip
+  "$OVENV/bin/pip" install -q -r requirements-openpi.txt
+  "$OVENV/bin/python" -c "from openpi_client import websocket_client_policy, msgpack_numpy"
+  touch "$OVENV/.complete"
+  drop_older "$OVENV" openpi "${LOONGFORGE_OPENPI_VENV:-}"
 fi
+link_env .venv-openpi "$OVENV"
 
 flock -u 9
 bash scripts/build.sh

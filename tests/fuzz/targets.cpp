@@ -28,6 +28,7 @@
 #include "loongforge/io/safetensors.h"
 #include "loongforge/models/registry.h"
 #include "loongforge/parallel/moe_plan.h"
+#include "loongforge/serve/protocol.h"
 #include "loongforge/train/recipe.h"
 
 #ifndef LF_SOURCE_DIR
@@ -467,6 +468,15 @@ void hdf5_episode(const uint8_t* d, size_t n) {
   check_robot_dataset(*data::robot::open_hdf5_dataset(p), true);
 }
 
+// A policy server request (openpi's msgpack_numpy message, serve/protocol.h) as it arrives from the network: every
+// observation decoded is a defined CPU tensor. (A build without msgpack-cxx answers every input with lf::Error.)
+void serve_request(const uint8_t* d, size_t n) {
+  const serve::Request r = serve::decode_request(reinterpret_cast<const char*>(d), n);
+  for (const auto& [name, t] : r.observation)
+    if (!t.defined() || !t.device().is_cpu())
+      throw std::logic_error("serve_request: observation '" + name + "' is not a defined CPU tensor");
+}
+
 }  // namespace
 
 const std::string& scratch_dir() {
@@ -499,6 +509,7 @@ const std::vector<Target>& targets() {
       {"video", "MP4 probe and decode (FFmpeg)", video},
       {"lerobot", "LeRobot v2.1 / v3.0 dataset folder (info.json, metadata, data Parquet)", lerobot},
       {"hdf5_episode", "HDF5 episode file, ALOHA / robomimic layout (libhdf5, our reads)", hdf5_episode},
+      {"serve_request", "policy server request (openpi's msgpack_numpy messages)", serve_request},
   };
   return all;
 }

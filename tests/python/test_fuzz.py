@@ -28,13 +28,15 @@ def corpus(tmp_path_factory):
 MUTATIONS = {"model_config": 12}
 TARGETS = ["safetensors", "safetensors_index", "model_config", "tokenizer_json", "sentencepiece", "bpe_text",
            "recipe", "token_shard", "sft_data", "chat_template", "moe_plan", "image", "depth_tiff", "parquet", "video",
-           "lerobot", "hdf5_episode"]
+           "lerobot", "hdf5_episode", "serve_request"]
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_fuzz_smoke(corpus, tmp_path, target):
     if target == "hdf5_episode" and not (corpus / target).exists():
         pytest.skip("no HDF5 seeds: h5py is in neither .venv nor .venv-lerobot")
+    if target == "serve_request" and not (corpus / target).exists():
+        pytest.skip("no policy-server seeds: no openpi-client (.venv-openpi)")
     assert any((corpus / target).iterdir()), f"no seeds for {target}"
     run_gtest_hook("FuzzHook.Smoke", {"LF_FUZZ_CORPUS": str(corpus), "LF_FUZZ_TARGETS": target,
                                       "LF_FUZZ_MUTATIONS": os.environ.get("LF_FUZZ_MUTATIONS", str(MUTATIONS.get(target, 60))),

@@ -22,5 +22,6 @@ void add_info(CLI::App& app);
 void add_env(CLI::App& app);
 void add_moe_plan(CLI::App& app);
 void add_predict(CLI::App& app);  // `predict` (cli/cmd_predict.cpp)
+void add_serve(CLI::App& app);  // `serve` (cli/cmd_serve.cpp)
 
 }  // namespace lf::cli

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   lf::cli::add_env(app);
   lf::cli::add_moe_plan(app);
   lf::cli::add_predict(app);
+  lf::cli::add_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
