@@ -21,5 +21,6 @@ void add_data_stats(CLI::App& data);   // `data stats` (cli/cmd_data_stats.cpp)
 void add_info(CLI::App& app);
 void add_env(CLI::App& app);
 void add_moe_plan(CLI::App& app);
+void add_predict(CLI::App& app);  // `predict` (cli/cmd_predict.cpp)
 
 }  // namespace lf::cli

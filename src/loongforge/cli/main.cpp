@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   lf::cli::add_info(app);
   lf::cli::add_env(app);
   lf::cli::add_moe_plan(app);
+  lf::cli::add_predict(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

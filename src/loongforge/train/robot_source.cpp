@@ -33,40 +33,6 @@ std::vector<double> seconds(const std::vector<int64_t>& offsets, double fps) {
   return s;
 }
 
-// The folder of a language policy's tokenizer: data.robot.tokenizer, else the policy's folder when it has one.
-std::string prompt_tokenizer_folder(const RobotSourceOptions& o, const std::string& model_type) {
-  const std::string key = "recipe: field 'data.robot.tokenizer': ";
-  if (!o.tokenizer.empty()) {
-    if (!fs::exists(o.tokenizer)) throw Error(key + o.tokenizer + " does not exist (a folder with tokenizer.json)");
-    return fs::absolute(o.tokenizer).lexically_normal().string();
-  }
-  for (const char* f : {"tokenizer.json", "tokenizer.model"})
-    if (!o.policy_dir.empty() && fs::exists(fs::path(o.policy_dir) / f))
-      return fs::absolute(o.policy_dir).lexically_normal().string();
-  throw Error(key + "the " + model_type + " policy reads the task through a tokenizer; give the folder of its " +
-              "tokenizer (tokenizer.json) or processor: the policy folder has none");
-}
-
-// The pad token's id: tokenizer_config.json's (or special_tokens_map.json's) pad_token, else "<pad>".
-int64_t pad_token_id(const data::Tokenizer& tok, const std::string& dir) {
-  std::string name = "<pad>", where = dir;
-  for (const char* f : {"tokenizer_config.json", "special_tokens_map.json"}) {
-    const fs::path p = fs::path(dir) / f;
-    if (!fs::is_directory(dir) || !fs::exists(p)) continue;
-    const nlohmann::json j = read_json_file(p.string());
-    if (!j.contains("pad_token") || j["pad_token"].is_null()) continue;
-    const nlohmann::json& v = j["pad_token"];
-    if (v.is_string()) name = v.get<std::string>();
-    else if (v.is_object() && v.contains("content") && v["content"].is_string()) name = v["content"].get<std::string>();
-    else throw file_error(p.string(), "pad_token", "expected a token (a string or {content})");
-    where = p.string();
-    break;
-  }
-  const std::optional<int64_t> id = tok.token_to_id(name);
-  if (!id) throw file_error(where, "pad_token", "'" + name + "' is not in the tokenizer's vocabulary");
-  return *id;
-}
-
 // A second stream per row for image transforms, apart from the draws' (row_seed of a mixed seed).
 constexpr uint64_t kTransformSalt = 0x5851f42d4c957f2dULL;
 
@@ -149,31 +115,14 @@ RobotSource::RobotSource(RobotSourceOptions o, const models::Model& model)
       throw file_error(opts_.stats_file.empty() ? where : opts_.stats_file, n,
                        "no statistics for a feature the policy normalises (" + robot::norm_mode_name(modes_[n]) + ")");
 
-  if (spec_.language) {
+  if (PromptEncoder::needed(spec_)) {
     if (!ds_->has_feature("task_index") || ds_->tasks().empty())
       throw file_error(where, "task_index", "the " + model.model_type() +
-                                                " policy reads the task as its prompt's tokens; the dataset has no tasks");
+                                                " policy writes the task into its prompt; the dataset has no tasks");
     loader_opts_.features.push_back("task_index");
-    tokenizer_dir_ = prompt_tokenizer_folder(opts_, model.model_type());
-    tokenizer_ = data::Tokenizer::load(tokenizer_dir_);
-    pad_id_ = pad_token_id(*tokenizer_, tokenizer_dir_);
-  }
-  if (spec_.vlm_prompt.enabled) {
-    if (spec_.language) throw Error("robot data: a policy reads either prompt tokens or a vision-language prompt");
-    if (!ds_->has_feature("task_index") || ds_->tasks().empty())
-      throw file_error(where, "task_index", "the " + model.model_type() + " policy writes the task into its prompt; the dataset has no tasks");
-    loader_opts_.features.push_back("task_index");
-    tokenizer_dir_ = prompt_tokenizer_folder(opts_, model.model_type());
-    tokenizer_ = data::Tokenizer::load(tokenizer_dir_);
-    pad_id_ = pad_token_id(*tokenizer_, tokenizer_dir_);
-    chat_loaded_ = data::ChatTemplate::load_from_folder(tokenizer_dir_);
-    chat_template_ = std::make_unique<data::ChatTemplate>(chat_loaded_.source, chat_loaded_.origin);
-    image_processor_ = std::make_unique<data::image::ImageProcessor>(
-        data::image::ImageProcessor::from_pretrained(tokenizer_dir_, data::image::Backend::torchvision));
-    if (!image_processor_->config().patches())
-      throw Error("recipe: field 'data.robot.tokenizer': " + tokenizer_dir_ + "'s image processor is " +
-                  image_processor_->config().class_name + "; the " + model.model_type() +
-                  " policy reads Qwen2VLImageProcessor's patches");
+    prompt_ = std::make_unique<PromptEncoder>(
+        policy_, spec_, prompt_tokenizer_folder(opts_.tokenizer, opts_.policy_dir, model.model_type()),
+        model.model_type());
   }
   loader_opts_.threads = opts_.threads;
   loader_opts_.tolerance_s = opts_.tolerance_s;
@@ -253,8 +202,7 @@ Batch RobotSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {
     add(f);
     if (raw.count(f.name + "_is_pad")) out.set(f.name + "_is_pad", raw.at(f.name + "_is_pad"));
   }
-  if (spec_.language) add_language(out, raw.at("task_index"));
-  if (spec_.vlm_prompt.enabled) add_vlm_prompt(out, raw.at("task_index"));
+  if (prompt_) prompt_->add(out, task_texts(raw.at("task_index")));
   out = policy_.pack_batch(out, stats_);
   // The training draws, per row from its own stream (validation rows too: their loss is the training loss).
   std::map<std::string, std::vector<at::Tensor>> draws;
@@ -278,118 +226,6 @@ std::vector<std::string> RobotSource::task_texts(const at::Tensor& task_index) c
     texts.push_back(tasks[static_cast<size_t>(t)]);
   }
   return texts;
-}
-
-void RobotSource::add_vlm_prompt(Batch& out, const at::Tensor& task_index) const {
-  const models::PolicySpec::VlmPrompt& v = spec_.vlm_prompt;
-  const std::vector<std::string> prompts = policy_.prompts(task_texts(task_index), out);
-  const int64_t B = static_cast<int64_t>(prompts.size());
-  std::vector<std::string> cameras;
-  for (const auto& f : spec_.inputs)
-    if (f.type == "VISUAL") cameras.push_back(f.name);
-  std::sort(cameras.begin(), cameras.end());
-  namespace img = data::image;
-  // each frame as uint8 [H, W, C] through the policy's geometry (torchvision's antialiased bicubic resizes)
-  std::vector<at::Tensor> images;
-  for (int64_t r = 0; r < B; ++r)
-    for (const auto& cam : cameras) {
-      at::Tensor x = (out.at(cam)[r].to(at::kFloat).clamp(0, 1) * 255).to(at::kByte).permute({1, 2, 0}).contiguous();
-      if (v.target_height > 0) {
-        const int64_t edge = v.resize_edge > 0 ? v.resize_edge : v.target_height;
-        x = img::resize_torchvision(x, edge, edge, img::Filter::bicubic);
-        if (v.crop_fraction > 0 && v.crop_fraction < 1) {
-          const int64_t ch = std::max<int64_t>(1, std::llround(static_cast<double>(x.size(0)) * v.crop_fraction));
-          const int64_t cw = std::max<int64_t>(1, std::llround(static_cast<double>(x.size(1)) * v.crop_fraction));
-          x = x.narrow(0, std::max<int64_t>(0, (x.size(0) - ch) / 2), ch)
-                  .narrow(1, std::max<int64_t>(0, (x.size(1) - cw) / 2), cw)
-                  .contiguous();
-        }
-        x = img::resize_torchvision(x, v.target_height, v.target_width, img::Filter::bicubic);
-      }
-      images.push_back(x);
-    }
-  for (const auto& cam : cameras) out.set(cam, at::Tensor());
-  const img::ProcessedImages px = image_processor_->preprocess(images);
-  const int64_t merge = image_processor_->config().merge_size;
-  const at::Tensor grid = px.image_grid_thw.to(at::kLong).contiguous();
-  // one user message: the images, then the text; each image token expanded to its merged grid
-  std::vector<std::vector<int64_t>> rows;
-  size_t longest = 0;
-  for (int64_t r = 0; r < B; ++r) {
-    nlohmann::ordered_json content = nlohmann::ordered_json::array();
-    for (size_t k = 0; k < cameras.size(); ++k) content.push_back({{"type", "image"}});
-    content.push_back({{"type", "text"}, {"text", prompts[static_cast<size_t>(r)]}});
-    nlohmann::ordered_json ctx = {{"messages", {{{"role", "user"}, {"content", content}}}},
-                                  {"tools", nullptr},
-                                  {"add_generation_prompt", false},
-                                  {"bos_token", chat_loaded_.bos_token},
-                                  {"eos_token", chat_loaded_.eos_token}};
-    const std::vector<int64_t> ids = tokenizer_->encode(chat_template_->render_ordered(ctx), true);
-    std::vector<int64_t> row;
-    size_t k = 0;
-    for (int64_t id : ids) {
-      if (id != v.image_token_id) {
-        row.push_back(id);
-        continue;
-      }
-      if (k >= cameras.size())
-        throw Error("recipe: field 'data.robot.tokenizer': " + chat_loaded_.origin + " writes more image tokens than the " +
-                    std::to_string(cameras.size()) + " cameras");
-      const int64_t g = r * static_cast<int64_t>(cameras.size()) + static_cast<int64_t>(k++);
-      const int64_t n = grid[g][0].item<int64_t>() * grid[g][1].item<int64_t>() * grid[g][2].item<int64_t>() / (merge * merge);
-      row.insert(row.end(), static_cast<size_t>(n), id);
-    }
-    if (k != cameras.size())
-      throw Error("recipe: field 'data.robot.tokenizer': " + chat_loaded_.origin + " wrote " + std::to_string(k) +
-                  " image tokens (id " + std::to_string(v.image_token_id) + ") for " + std::to_string(cameras.size()) + " cameras");
-    longest = std::max(longest, row.size());
-    rows.push_back(std::move(row));
-  }
-  const int64_t L = static_cast<int64_t>(longest);
-  at::Tensor ids = at::full({B, L}, pad_id_, at::kLong), mask = at::zeros({B, L}, at::kLong);
-  for (int64_t r = 0; r < B; ++r) {
-    const auto& row = rows[static_cast<size_t>(r)];
-    const int64_t n = static_cast<int64_t>(row.size());
-    const int64_t at0 = v.padding_side == "left" ? L - n : 0;
-    ids[r].narrow(0, at0, n).copy_(at::tensor(row, at::kLong));
-    mask[r].narrow(0, at0, n).fill_(1);
-  }
-  out.set("input_ids", ids);
-  out.set("attention_mask", mask);
-  // item fields: the patches and the images of each row
-  const int64_t per_row = static_cast<int64_t>(cameras.size());
-  const at::Tensor image_row = at::arange(B, at::kLong).repeat_interleave(per_row);
-  const at::Tensor patches = (grid.select(1, 0) * grid.select(1, 1) * grid.select(1, 2)).contiguous();
-  out.set_items("pixel_values", px.pixel_values.contiguous(), image_row.repeat_interleave(patches));
-  out.set_items("image_grid_thw", grid, image_row);
-}
-
-void RobotSource::add_language(Batch& out, const at::Tensor& task_index) const {
-  const std::vector<std::string> prompts = policy_.prompts(task_texts(task_index), out);
-  const int64_t L = spec_.tokenizer_max_length, B = static_cast<int64_t>(prompts.size());
-  at::Tensor ids = at::full({B, L}, pad_id_, at::kLong), mask = at::zeros({B, L}, at::kBool);
-  for (int64_t r = 0; r < B; ++r) {
-    const std::string& text = prompts[static_cast<size_t>(r)];
-    std::vector<int64_t> t = tokenizer_->encode(text, true);
-    if (static_cast<int64_t>(t.size()) > L) {  // the text's tokens cut on the right, the special tokens around kept
-      const std::vector<int64_t> plain = tokenizer_->encode(text, false);
-      const size_t extra = t.size() - plain.size();
-      size_t p = 0;
-      while (p < extra && !std::equal(plain.begin(), plain.end(), t.begin() + static_cast<std::ptrdiff_t>(p))) ++p;
-      const size_t keep = static_cast<size_t>(std::max<int64_t>(0, L - static_cast<int64_t>(extra)));
-      std::vector<int64_t> cut(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(p));
-      cut.insert(cut.end(), plain.begin(), plain.begin() + static_cast<std::ptrdiff_t>(std::min(keep, plain.size())));
-      cut.insert(cut.end(), t.begin() + static_cast<std::ptrdiff_t>(p + plain.size()), t.end());
-      cut.resize(std::min(cut.size(), static_cast<size_t>(L)));
-      t = std::move(cut);
-    }
-    const int64_t n = static_cast<int64_t>(t.size());
-    const int64_t at0 = spec_.padding_side == "left" ? L - n : 0;
-    ids[r].narrow(0, at0, n).copy_(at::tensor(t, at::kLong));
-    mask[r].narrow(0, at0, n).fill_(true);
-  }
-  out.set("observation.language.tokens", ids);
-  out.set("observation.language.attention_mask", mask);
 }
 
 nlohmann::json RobotSource::state() const { return {{"sampler", sampler_.to_json()}, {"rows", rows_}}; }
@@ -428,17 +264,17 @@ std::string RobotSource::write_model_files(const std::string& dir) const {
   nlohmann::json pre = spec_.preprocessor_steps, post = spec_.postprocessor_steps;
   for (nlohmann::json* steps : {&pre, &post})
     for (auto& step : *steps) {
-      if (step.value("registry_name", "") == "tokenizer_processor") step["config"]["tokenizer_name"] = tokenizer_dir_;
+      if (step.value("registry_name", "") == "tokenizer_processor") step["config"]["tokenizer_name"] = prompt_dir();
       if (step.contains("config") && step["config"].is_object())
         for (auto& [k, val] : step["config"].items())
-          if (val.is_string() && val.get<std::string>() == "{processor_folder}") val = tokenizer_dir_;
+          if (val.is_string() && val.get<std::string>() == "{processor_folder}") val = prompt_dir();
     }
   io::write_policy_processors(dir, n, outputs, pre, post);
-  if (fs::is_directory(tokenizer_dir_) && fs::absolute(dir).lexically_normal() != fs::path(tokenizer_dir_))
+  if (fs::is_directory(prompt_dir()) && fs::absolute(dir).lexically_normal() != fs::path(prompt_dir()))
     for (const char* f : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                           "preprocessor_config.json", "chat_template.jinja", "chat_template.json"})
-      if (fs::exists(fs::path(tokenizer_dir_) / f))
-        fs::copy_file(fs::path(tokenizer_dir_) / f, fs::path(dir) / f, fs::copy_options::overwrite_existing);
+      if (fs::exists(fs::path(prompt_dir()) / f))
+        fs::copy_file(fs::path(prompt_dir()) / f, fs::path(dir) / f, fs::copy_options::overwrite_existing);
   return dir;
 }
 

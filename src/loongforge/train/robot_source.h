@@ -24,12 +24,10 @@
 #include "loongforge/data/robot/normalize.h"
 #include "loongforge/data/robot/sampler.h"
 #include "loongforge/data/robot/transforms.h"
-#include "loongforge/data/chat_template.h"
-#include "loongforge/data/image/processor.h"
-#include "loongforge/data/tokenizer/tokenizer.h"
 #include "loongforge/models/model.h"
 #include "loongforge/models/policy_io.h"
 #include "loongforge/train/batch.h"
+#include "loongforge/train/prompt_encoder.h"
 
 namespace lf::train {
 
@@ -85,18 +83,8 @@ class RobotSource : public BatchSource {
   std::unique_ptr<data::robot::RobotLoader> loader_;  // for the current (global_rows, first, n); rebuilt on change
   data::robot::SamplerState sampler_;                 // after the last batch given
   int64_t rows_ = 0;                                  // rows of the stream given so far (all ranks' shares)
-  // language policies: the tokenizer, its folder and pad id
-  std::shared_ptr<const data::Tokenizer> tokenizer_;
-  std::string tokenizer_dir_;
-  int64_t pad_id_ = 0;
-  // observation.language.tokens / .attention_mask of the rows' prompts (LeRobot's TokenizerProcessorStep)
-  void add_language(Batch& out, const at::Tensor& task_index) const;
-  // vision-language prompt policies (PolicySpec::vlm_prompt): the folder's chat template and image processor
-  std::unique_ptr<data::ChatTemplate> chat_template_;
-  data::ChatTemplate::Loaded chat_loaded_;
-  std::unique_ptr<data::image::ImageProcessor> image_processor_;
-  // input_ids, attention_mask, pixel_values, image_grid_thw of the rows' cameras and prompts; the cameras leave
-  void add_vlm_prompt(Batch& out, const at::Tensor& task_index) const;
+  std::unique_ptr<PromptEncoder> prompt_;  // policies that read the task as a prompt
+  std::string prompt_dir() const { return prompt_ ? prompt_->folder() : std::string(); }
   std::vector<std::string> task_texts(const at::Tensor& task_index) const;
 };
 
