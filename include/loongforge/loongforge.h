@@ -37,8 +37,8 @@ typedef struct lf_policy lf_policy;
 /* One observation feature, by the policy's LeRobot feature name, as float32 data (row-major, `ndim` dimensions):
  * - vectors ("observation.state", "observation.environment_state"): [D] (or [1, D]);
  * - cameras ("observation.images.<camera>"): [H, W, C] with values 0..255 (as a camera delivers pixels), or
- *   [C, H, W] with values in [0, 1] (LeRobot's dataset frames); [C, H, W] is chosen when the shape is the policy's
- *   [C, H, W], else [H, W, C] when the last dimension is the policy's channel count. A leading 1 is allowed.
+ *   [C, H, W] with values in [0, 1] (LeRobot's dataset frames): a shape equal to the policy's [C, H, W] is read as
+ *   the latter. A leading 1 is allowed.
  * Every input feature of the policy must be given once; others are errors naming the feature. */
 typedef struct {
   const char *name;

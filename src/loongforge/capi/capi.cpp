@@ -88,26 +88,21 @@ std::string make_temp_dir() {
   return buf.data();
 }
 
-// One observation as the runner takes it. Cameras given as [H, W, C] (0..255) become [C, H, W] in [0, 1].
-at::Tensor observation_tensor(const lf_obs& o, const lf::models::PolicySpec& spec) {
-  const std::string name = o.name;
-  if (o.ndim < 0 || o.ndim > 8) throw lf::Error("observation '" + name + "': ndim " + std::to_string(o.ndim) + " out of 0..8");
-  if (o.ndim > 0) need(o.shape, ("observation '" + name + "': shape").c_str());
+// One observation as a tensor (the runner checks it against the policy's features: cameras as [C, H, W] in [0, 1]
+// or [H, W, C] 0..255, vectors by their element count).
+at::Tensor observation_tensor(const lf_obs& o) {
+  const std::string what = std::string("observation '") + o.name + "'";
+  if (o.ndim < 0 || o.ndim > 8) throw lf::Error(what + ": ndim " + std::to_string(o.ndim) + " out of 0..8");
+  if (o.ndim > 0) need(o.shape, (what + ": shape").c_str());
   std::vector<int64_t> dims(o.shape, o.shape + o.ndim);
   int64_t numel = 1;
   for (int64_t d : dims) {
-    if (d < 0) throw lf::Error("observation '" + name + "': negative dimension " + std::to_string(d));
+    if (d < 0) throw lf::Error(what + ": negative dimension " + std::to_string(d));
     numel *= d;
   }
-  if (numel > 0) need(o.data, ("observation '" + name + "': data").c_str());
-  at::Tensor t = numel > 0 ? at::from_blob(const_cast<float*>(o.data), dims, at::kFloat).clone()
-                           : at::empty(dims, at::kFloat);
-  for (const auto& f : spec.inputs) {
-    if (f.name != name || f.type != "VISUAL" || f.shape.size() != 3) continue;
-    if (t.dim() == 4 && t.size(0) == 1) t = t[0];
-    if (t.dim() == 3 && t.sizes().vec() != f.shape && t.size(2) == f.shape[0]) t = t.permute({2, 0, 1}).div(255.0f).contiguous();
-  }
-  return t;
+  if (numel == 0) return at::empty(dims, at::kFloat);
+  need(o.data, (what + ": data").c_str());
+  return at::from_blob(const_cast<float*>(o.data), dims, at::kFloat).clone();
 }
 
 std::shared_ptr<lf::train::PolicyRunner> runner_of(lf_policy* p) {
@@ -126,7 +121,7 @@ int predict(lf_policy* p, const lf_obs* obs, size_t n_obs, const char* prompt, f
     for (size_t i = 0; i < n_obs; ++i) {
       need(obs[i].name, ("obs[" + std::to_string(i) + "].name").c_str());
       if (observation.count(obs[i].name)) throw lf::Error(std::string("observation '") + obs[i].name + "': given twice");
-      observation[obs[i].name] = observation_tensor(obs[i], r->spec());
+      observation[obs[i].name] = observation_tensor(obs[i]);
     }
     at::NoGradGuard no_grad;
     at::Tensor a = r->predict(observation, prompt ? prompt : "", 0).to(at::kCPU, at::kFloat).contiguous();
@@ -197,7 +192,7 @@ int lf_policy_action_shape(lf_policy* p, int64_t shape[2]) {
     need(p, "policy");
     need(shape, "shape");
     const nlohmann::json m = runner_of(p)->metadata();
-    const auto& s = m.at("action").at("shape");
+    const auto& s = m.at("action_shape");
     shape[0] = s.at(0).get<int64_t>();
     shape[1] = s.at(1).get<int64_t>();
     return LF_OK;
