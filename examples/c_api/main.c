@@ -8,7 +8,7 @@
  * separated ('#' starts a comment line), e.g.
  *   observation.state 1 4   0.1 0.2 0.3 0.4
  *   observation.images.top 3 24 32 3   ...24*32*3 values 0..255 ([H, W, C])...
- * Output: "actions CHUNK DIM", then CHUNK lines of DIM values. --threads N: N threads predict the same observation
+ * Output: "actions CHUNK DIM" (also lf_policy_action_shape's), then CHUNK lines of DIM values. --threads N: N threads predict the same observation
  * at once (4 times each) and every chunk must equal the first one.
  * Errors: one line on stderr, exit status 1. */
 #include <loongforge/loongforge.h>
@@ -162,6 +162,12 @@ int main(int argc, char **argv) {
   float *actions = malloc(sizeof(float) * (n ? n : 1));
   if (lf_policy_predict_prompt(policy, obs, n_obs, prompt, actions, n, shape) != LF_OK) {
     fprintf(stderr, "error: %s\n", lf_last_error());
+    lf_policy_close(policy);
+    return 1;
+  }
+  int64_t declared[2];
+  if (lf_policy_action_shape(policy, declared) != LF_OK || declared[0] != shape[0] || declared[1] != shape[1]) {
+    fprintf(stderr, "error: lf_policy_action_shape disagrees with the chunk predicted\n");
     lf_policy_close(policy);
     return 1;
   }

@@ -172,3 +172,19 @@ def test_c_api_finetune_then_save_loads_in_lerobot(installed, policy, tmp_path_f
     # the saved folder opens through the C API too, and predicts the same chunk
     again = chunk_of(run_example(example, saved, policy / "obs.txt").stdout)
     np.testing.assert_array_equal(again, got)
+
+
+@pytest.mark.slow
+def test_c_api_finetune_with_the_default_recipe(installed, policy, tmp_path_factory, tmp_path):
+    """lf_policy_finetune(..., NULL): the default recipe (100 steps, AdamW 1e-5) runs and changes the policy; the
+    saved folder opens again and predicts the same chunk."""
+    _, example = installed
+    if not _DATASET:
+        _DATASET.append(tmp_path_factory.mktemp("robot") / "dataset")
+        run_lerobot(DATASET, _DATASET[0])
+    saved = tmp_path / "saved"
+    got = chunk_of(run_example(example, policy / "policy", policy / "obs.txt", "--finetune", _DATASET[0],
+                               "--save", saved).stdout)
+    assert np.isfinite(got).all() and np.abs(got - np.load(policy / "ref.npy")).max() > 1e-3
+    np.testing.assert_array_equal(chunk_of(run_example(example, saved, policy / "obs.txt").stdout), got)
+
