@@ -5,7 +5,8 @@ made with LeRobot:
   - its action chunk for a raw observation (state, camera as [H, W, C] 0..255 and as [C, H, W] in [0, 1]) is
     LeRobot's preprocessor -> predict_action_chunk -> postprocessor's on the same observation; two threads predicting
     at once get the same chunk;
-  - a folder that is no policy fails with one line naming the file;
+  - a folder that is no policy fails with one line naming the file, an observation without the camera with one
+    line naming the feature; a folder lf_policy_save wrote predicts the same chunk;
   - (slow) a few fine-tune steps on a LeRobot dataset through lf_policy_finetune with a recipe, then lf_policy_save:
     LeRobot loads the saved folder and its chunk is the C API's after the fine-tune."""
 import os
@@ -126,20 +127,21 @@ def test_install_layout_exports_only_the_c_api(installed):
     assert names and all(n.startswith("lf_") for n in names), names
 
 
-def test_c_api_predicts_lerobots_chunk_from_two_threads(installed, policy):
+def test_c_api_predicts_lerobots_chunk_from_two_threads(installed, policy, tmp_path):
     _, example = installed
     ref = np.load(policy / "ref.npy")
-    out = run_example(example, policy / "policy", policy / "obs.txt", "--threads", 2)
+    saved = tmp_path / "saved"
+    out = run_example(example, policy / "policy", policy / "obs.txt", "--threads", 2, "--save", saved)
     got = chunk_of(out.stdout)
     assert got.shape == ref.shape == (5, 4)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
     assert "threads 2 x 4 predictions equal the first" in out.stdout
-    # the camera as [C, H, W] in [0, 1] (LeRobot's frames): the same chunk
-    got_chw = chunk_of(run_example(example, policy / "policy", policy / "obs_chw.txt").stdout)
+    # the folder lf_policy_save wrote, with the camera as [C, H, W] in [0, 1] (LeRobot's frames): the same chunk
+    got_chw = chunk_of(run_example(example, saved, policy / "obs_chw.txt").stdout)
     np.testing.assert_allclose(got_chw, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_c_api_bad_folder_is_one_line_naming_the_file(installed, policy, tmp_path):
+def test_c_api_errors_are_one_line(installed, policy, tmp_path):
     _, example = installed
     empty = tmp_path / "not_a_policy"
     empty.mkdir()
@@ -148,6 +150,13 @@ def test_c_api_bad_folder_is_one_line_naming_the_file(installed, policy, tmp_pat
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert str(empty) in lines[0] and "config.json" in lines[0], lines[0]
+    # an observation without the camera: predict fails with one line naming the feature (lf_last_error)
+    state_only = tmp_path / "state_only.txt"
+    state_only.write_text((policy / "obs.txt").read_text().split("observation.images.top")[0])
+    proc = run_example(example, policy / "policy", state_only, check=False)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "observation 'observation.images.top': missing" in lines[0], proc.stderr
 
 
 @pytest.mark.slow
