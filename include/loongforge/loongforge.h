@@ -15,7 +15,9 @@
  *   library.
  * - lf_policy_predict / lf_policy_predict_prompt may be called from several threads on one policy at once (calls
  *   are serialised inside). lf_policy_finetune swaps the policy's weights when it is done; predictions running
- *   meanwhile use the old ones. lf_policy_close must not race with other calls on the same policy.
+ *   meanwhile use the old ones (both draw from LibTorch's global random generator, which predictions reseed: a
+ *   fine-tune beside running predictions is not reproducible run to run). lf_policy_close must not race with other
+ *   calls on the same policy.
  * - The library runs on the LibTorch it was built against (the torch wheel's lib folder is on its RUNPATH).
  */
 #ifndef LOONGFORGE_LOONGFORGE_H
