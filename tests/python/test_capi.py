@@ -17,10 +17,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import ROOT, run_lerobot
+from conftest import LF_BIN, ROOT, run_lerobot
 from test_policy_train import DATASET, NARROW, POLICY, _DATASET
 
-BUILD = pathlib.Path(os.environ.get("LOONGFORGE_BUILD_DIR", ROOT / "build"))
+BUILD = pathlib.Path(os.environ.get("LOONGFORGE_BUILD_DIR", LF_BIN.parent))  # the build folder to install from
 
 # After POLICY (the small ACT of test_policy_train.py saved to argv[1]): LeRobot's processors for it with made-up
 # statistics, saved beside it (a complete LeRobot policy folder).
