@@ -13,7 +13,7 @@ PKGS="build-essential cmake ninja-build ccache pkg-config python3 python3-venv p
   libopenblas-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libspdlog-dev
   libfmt-dev libsentencepiece-dev libpcre2-dev libutf8proc-dev libzstd-dev libpng-dev libturbojpeg0-dev
   libhdf5-dev libtiff-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
-  libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libwebsocketpp-dev libasio-dev libmsgpack-cxx-dev"
+  libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libwebsocketpp-dev libasio-dev libmsgpack-cxx-dev libosmesa6"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -82,7 +82,7 @@ if [ ! -x "$OVENV/bin/python" ] || [ ! -f "$OVENV/.complete" ]; then
   "$PY" -m venv "$OVENV"
   "$OVENV/bin/pip" install -q --upgrade pip
   "$OVENV/bin/pip" install -q -r requirements-openpi.txt
-  "$OVENV/bin/python" -c "from openpi_client import websocket_client_policy, msgpack_numpy"
+  "$OVENV/bin/python" -c "from openpi_client import websocket_client_policy, msgpack_numpy; import metaworld, mujoco"
   touch "$OVENV/.complete"
   drop_older "$OVENV" openpi "${LOONGFORGE_OPENPI_VENV:-}"
 fi

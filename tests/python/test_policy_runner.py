@@ -95,6 +95,7 @@ def act(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow  # the fast set checks the same runner through serve (test_serve.py) and the C API (test_capi.py)
 def test_act_chunk_for_a_raw_observation_equals_lerobots(tmp_path, act):
     obs = observation(tmp_path / "obs.safetensors", 0)
     ref = tmp_path / "ref.safetensors"
@@ -118,6 +119,7 @@ def test_act_chunk_for_a_raw_observation_equals_lerobots(tmp_path, act):
     np.testing.assert_allclose(np.array(j["actions"]), got, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change,words", [
     ({"drop": "observation.state"}, ["observation.state", "missing"]),
     ({"observation.images.top": np.zeros((20, 32, 3), np.uint8)}, ["observation.images.top", "[20, 32, 3]", "[3, 24, 32]"]),
