@@ -50,6 +50,11 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   drop_older "$VENV" venv "${LOONGFORGE_VENV:-}"
 fi
 link_env .venv "$VENV"
+# Test-runner extras (requirements-test.txt), added to the environment when missing.
+if ! cmp -s requirements-test.txt "$VENV/.test-requirements" 2>/dev/null; then
+  "$VENV/bin/pip" install -q -r requirements-test.txt
+  cp requirements-test.txt "$VENV/.test-requirements"
+fi
 
 # The LeRobot oracle environment (requirements-lerobot.txt says why it is separate): a venv that sees the main one's
 # packages through a .pth file, keyed by both requirement files and the rewrite script; .venv-lerobot links to it.

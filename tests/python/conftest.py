@@ -96,8 +96,17 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a longer test (more layouts of the same kind); runs with LF_SLOW=1")
 
 
+# The test files that take longest (their module fixtures train or record): collected first, so that with several
+# workers (scripts/test.sh: pytest-xdist, one file per worker at a time) none of them is left running alone at the end.
+LONG_FILES = ["test_metaworld.py", "test_policy_train.py", "test_diffusion_policy_train.py", "test_groot_train.py",
+              "test_lerobot_dataset.py", "test_policy_dist.py", "test_pi0_train.py", "test_dist_train.py",
+              "test_dist_comm.py", "test_robot_loader.py", "test_act_parity.py", "test_robot_stats.py"]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked slow are skipped unless LF_SLOW=1 (the CI set stays small)."""
+    """Longest files first (see LONG_FILES); tests marked slow are skipped unless LF_SLOW=1 (the CI set stays small)."""
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: the rest keep their order
     if os.environ.get("LF_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow (set LF_SLOW=1 to run)")
