@@ -10,6 +10,7 @@
 #include "loongforge/kernels/rms_norm.h"
 #include "loongforge/kernels/rope.h"
 #include "loongforge/kernels/swiglu.h"
+#include "loongforge/kernels/causal_conv.h"
 #include "loongforge/models/llama/model.h"
 #include "loongforge/parallel/thread_split.h"
 
@@ -41,6 +42,22 @@ void BM_SwiGLU(benchmark::State& st) {
 }
 BENCHMARK_TEMPLATE(BM_SwiGLU, true)->Args({2048, 688})->Args({2048, 1376})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_SwiGLU, false)->Args({2048, 688})->Args({2048, 1376})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// Gated DeltaNet's short convolution: x [B, T, C], kernel K = 4, forward + backward (fused vs K shifted
+// multiply-adds + at::silu).
+template <bool Fused>
+static void BM_CausalConv(benchmark::State& state) {
+  at::Tensor x = at::randn({state.range(0), state.range(1), state.range(2)}).requires_grad_();
+  at::Tensor w = at::randn({state.range(2), 1, 4}).requires_grad_();
+  at::Tensor dy = at::randn({state.range(0), state.range(1), state.range(2)});
+  for (auto _ : state) {
+    at::Tensor y = Fused ? lf::kernels::causal_conv1d_silu(x, w, true) : lf::kernels::causal_conv1d_silu_reference(x, w, true);
+    y.backward(dy);
+    benchmark::DoNotOptimize(x.grad().data_ptr());
+  }
+}
+BENCHMARK_TEMPLATE(BM_CausalConv, true)->Args({2, 512, 1024})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_CausalConv, false)->Args({2, 512, 1024})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // Linear + cross-entropy, forward + backward: N tokens, hidden H, vocabulary V; range(3) = chunk rows (0: default).
 // The composite version is what the trainer did before: logits = x W^T, cross_entropy_loss(sum).

@@ -12,4 +12,4 @@ export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-10000}
 # One pytest worker per core (LF_TEST_WORKERS overrides), a test file's tests on one worker (module fixtures are made
 # once); conftest.py hands out the longest files first. --durations: what to move to the slow set.
 workers=${LF_TEST_WORKERS:-$(nproc)}
-.venv/bin/python -m pytest tests/python -q -p no:cacheprovider -n "$workers" --dist loadfile --durations=30
+.venv/bin/python -m pytest tests/python -q -p no:cacheprovider -n "$workers" --dist loadfile --no-loadscope-reorder --durations=30

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "loongforge/core/error.h"
+#include "loongforge/kernels/causal_conv.h"
 #include "loongforge/kernels/rms_norm.h"
 
 namespace lf::nn {
@@ -217,15 +218,13 @@ std::pair<at::Tensor, at::Tensor> causal_depthwise_conv_silu(const at::Tensor& x
                                                              const at::Tensor& past) {
   if (x.dim() != 3 || weight.dim() != 3 || weight.size(0) != x.size(2) || weight.size(1) != 1)
     throw Error("causal_depthwise_conv_silu: x must be [B, T, C] and weight [C, 1, K]");
-  const int64_t kernel = weight.size(2), t = x.size(1);
-  at::Tensor xp = past.defined() ? at::cat({past.to(x.scalar_type()), x}, 1) : at::constant_pad_nd(x, {0, 0, kernel - 1, 0});
-  at::Tensor taps = weight.select(1, 0).t();  // [K, C]
-  at::Tensor y;
-  for (int64_t j = 0; j < kernel; ++j) {
-    at::Tensor term = xp.narrow(1, j, t) * taps[j];
-    y = j ? y + term : term;
+  const int64_t keep = weight.size(2) - 1, t = x.size(1);
+  if (past.defined()) {  // continued: the past rows lead the input, the fused kernel runs unpadded
+    at::Tensor xp = at::cat({past.to(x.scalar_type()), x}, 1);
+    return {kernels::causal_conv1d_silu(xp, weight, false), xp.narrow(1, t, keep)};
   }
-  return {at::silu(y), xp.narrow(1, t, kernel - 1)};
+  at::Tensor last = t >= keep ? x.narrow(1, t - keep, keep) : at::constant_pad_nd(x, {0, 0, keep - t, 0});
+  return {kernels::causal_conv1d_silu(x, weight, true), last};
 }
 
 at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight, double eps,

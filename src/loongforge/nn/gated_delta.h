@@ -36,8 +36,8 @@ at::Tensor l2_normalize(const at::Tensor& x, double eps = 1e-6);
 
 // Causal depthwise convolution over time with SiLU: x [B, T, C], weight [C, 1, K] (torch.nn.Conv1d's layout, no
 // bias); y_t = silu(sum_j weight[:, 0, j] * x_{t - K + 1 + j}), x before the start being `past` [B, K - 1, C] (zeros
-// when undefined). Written as K shifted multiply-adds (no CPU convolution kernel: its backward is not safe on
-// several threads). Returns y and the last K - 1 inputs (the state a next call continues from).
+// when undefined). The fused kernel kernels/causal_conv.h (ATen's CPU convolution backward is not safe on several
+// threads). Returns y and the last K - 1 inputs (the state a next call continues from).
 std::pair<at::Tensor, at::Tensor> causal_depthwise_conv_silu(const at::Tensor& x, const at::Tensor& weight,
                                                              const at::Tensor& past = {});
 
