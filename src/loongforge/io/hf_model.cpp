@@ -10,6 +10,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/io/quantized.h"
 #include "loongforge/io/safetensors.h"
 #include "loongforge/models/registry.h"
 
@@ -38,6 +39,7 @@ namespace {
 void load_tensors(models::Model& model, const std::string& dir, const std::string& prefix,
                   const std::vector<std::string>& take = {}, const std::vector<std::string>& skip = {}) {
   SafetensorsCheckpoint ckpt = SafetensorsCheckpoint::open(dir);
+  const Quantization quant = read_quantization(dir);
   const std::map<std::string, std::string> stored = stored_names(model, ckpt, dir, prefix);
   auto contains = [&](const std::string& n) { return stored.count(n) > 0; };
   at::NoGradGuard no_grad;
@@ -65,7 +67,8 @@ void load_tensors(models::Model& model, const std::string& dir, const std::strin
                   "' missing from the checkpoint" +
                   (prefix.empty() ? "" : " (the " + prefix.substr(0, prefix.size() - 1) + " part)"));
     const std::string& key = stored.at(name);
-    std::vector<int64_t> shape = ckpt.shape(key);
+    const bool quantized = is_quantized(quant, ckpt, key);
+    std::vector<int64_t> shape = quantized ? dequantized_shape(ckpt, key) : ckpt.shape(key);
     if (at::IntArrayRef(shape) != p.sizes()) {
       std::string want = "[", got = "[";
       for (auto d : p.sizes()) want += std::to_string(d) + ",";
@@ -74,7 +77,7 @@ void load_tensors(models::Model& model, const std::string& dir, const std::strin
       got.back() = ']';
       throw Error(dir + ": tensor '" + key + "': shape " + got + " does not match the config's " + want);
     }
-    p.copy_(ckpt.tensor(key));
+    p.copy_(quantized ? dequantize(quant, ckpt, key, dir + ": tensor '" + key + "'") : ckpt.tensor(key));
   }
 }
 }  // namespace
@@ -121,8 +124,10 @@ std::shared_ptr<models::Model> load_model(const std::string& dir, at::ScalarType
     expected.insert(e.name);
     expected.insert(e.param);  // stacked expert parameters may also be stored whole
   }
+  const Quantization quant = read_quantization(dir);
   for (const auto& [name, key] : stored_names(*model, ckpt, dir)) {
-    if (expected.count(name) || model->ignorable_checkpoint_tensor(name)) continue;
+    if (expected.count(name) || model->ignorable_checkpoint_tensor(name) || is_quantization_tensor(quant, ckpt, key))
+      continue;
     throw Error(dir + ": tensor '" + key + "' is not a parameter of a " + model->model_type() +
                 " model with this config.json");
   }
@@ -145,6 +150,7 @@ void export_model(models::Model& model, const std::string& out_dir, at::ScalarTy
 void write_model_metadata(const models::Model& model, const std::string& out_dir, at::ScalarType dtype,
                           const std::string& tokenizer_src) {
   nlohmann::json cfg = model.config_json();
+  cfg.erase("quantization_config");  // the weights written are plain (a quantized source was dequantized on load)
   if (model.config_records_dtype()) {
     cfg["dtype"] = dtype_name(dtype) == "BF16" ? "bfloat16" : dtype_name(dtype) == "F16" ? "float16" : "float32";
     cfg.erase("torch_dtype");
