@@ -164,7 +164,7 @@ def test_deepseek_v4_train_moves_all_but_the_indexers(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key, needle", [("tp", "tensor parallelism is not supported yet")])
+@pytest.mark.parametrize("key, needle", [("cp", "context parallel does not support sliding-window attention")])
 def test_deepseek_v4_unsupported_layout_is_one_line(key, needle, tmp_path):
     model_dir = saved(make_model(dict(vocab_size=64)), tmp_path / "model")
     write_periodic_shard(tmp_path / "train", list(range(3, 19)), 40)

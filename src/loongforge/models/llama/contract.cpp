@@ -204,9 +204,32 @@ Split CausalLMImpl::split() const {
 TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
   const DecoderConfig& c = config_;
   // (asked for only when parallel.tp > 1)
-  if (c.deepseek_v4) throw OptionError("tp", "deepseek_v4: tensor parallelism is not supported yet (use dp / zero / ep / pp)");
   TensorParallelSpec t;
   const std::string L = R"(model\.layers\.\d+\.)";
+  if (c.deepseek_v4) {
+    // DeepSeek-V4: query heads split, with their sinks and their groups of the grouped output projection; the query
+    // latent, the one shared key/value head and the compressors' entries stay whole (their outputs feed every head:
+    // partial gradients, summed); the lightning indexers whole on every rank, which all make the same selection (no
+    // gradient reaches them); hyper-connections and norms outside the regions replicated; the MoE as every family's.
+    t.rules = {
+        {"model.embed_tokens", TpStyle::VocabEmbedding},
+        {"lm_head", TpStyle::VocabHead},
+        {L + R"(self_attn\.(q_a_proj|kv_proj))", TpStyle::ReplicatedEntry},
+        {L + R"(self_attn\.(q_a_norm|kv_norm))", TpStyle::ReplicatedInside},
+        {L + R"(self_attn\.(q_b_proj|o_a_proj))", TpStyle::ColwiseInside},
+        {L + R"(self_attn\.o_b_proj)", TpStyle::Rowwise},
+        {L + R"(self_attn)", TpStyle::ShardedInside},  // sinks [heads]
+        {L + R"(self_attn\.compressor\.indexer\.(kv_proj|gate_proj|scorer\.weights_proj))", TpStyle::WholeEntry},
+        {L + R"(self_attn\.compressor\.indexer)", TpStyle::ReplicatedWhole},
+        {L + R"(self_attn\.compressor\.(kv_proj|gate_proj))", TpStyle::ReplicatedEntry},
+        {L + R"(self_attn\.compressor(\.kv_norm)?)", TpStyle::ReplicatedInside},  // position_bias, kv_norm
+        {L + R"(\w+\.shared_experts\.(gate_proj|up_proj))", TpStyle::ColwiseInside},
+        {L + R"(\w+\.shared_experts\.down_proj)", TpStyle::RowwiseInside},
+    };
+    t.divisible = {{"num_attention_heads", c.num_attention_heads}, {"o_groups", c.o_groups},
+                   {"moe_intermediate_size", c.moe_intermediate_size}};
+    return t;
+  }
   t.rules = {
       {"model.embed_tokens", TpStyle::VocabEmbedding},
       {"lm_head", TpStyle::VocabHead},

@@ -349,7 +349,8 @@ at::Tensor V4CompressorImpl::select(const at::Tensor& x, const at::Tensor& q_res
 
 V4AttentionImpl::V4AttentionImpl(const DecoderConfig& c, int64_t layer_idx)
     : nn::AttentionHook(c.num_attention_heads, 1, c.layer_window.at(layer_idx)), kind(c.v4_attn.at(layer_idx)),
-      head_dim(c.head_dim), groups(c.o_groups), layer_idx(layer_idx), eps(c.rms_norm_eps) {
+      head_dim(c.head_dim), groups(c.o_groups), layer_idx(layer_idx), total_heads(c.num_attention_heads),
+      eps(c.rms_norm_eps) {
   const int64_t d = c.hidden_size;
   q_a_proj = register_module("q_a_proj", nn::Linear(d, c.q_lora_rank, false));
   q_a_norm = register_module("q_a_norm", nn::RMSNorm(c.q_lora_rank, c.rms_norm_eps));
@@ -368,6 +369,8 @@ at::Tensor V4AttentionImpl::forward(const at::Tensor& x, const at::Tensor& pos, 
   if (attention_fn) throw Error("deepseek_v4: context parallelism and packed-document attention are not supported yet");
   const int64_t b = x.size(0), t = x.size(1);
   const at::Tensor q_resid = q_a_norm->forward(q_a_proj->forward(x));
+  if (q_resid.size(1) != t)  // a sequence-parallel entry gathered the sequence the compressors would cut
+    throw OptionError("sp", "deepseek_v4: sequence parallelism is not supported yet (tensor parallelism without sp is)");
   at::Tensor q = unweighted_rms(q_b_proj->forward(q_resid).view({b, t, heads, head_dim}).transpose(1, 2), eps);
   q = v4_rotate(q, cos, sin);
   at::Tensor kv = v4_rotate(kv_norm->forward(kv_proj->forward(x)).view({b, t, 1, head_dim}).transpose(1, 2), cos, sin);
@@ -407,9 +410,9 @@ at::Tensor V4AttentionImpl::forward(const at::Tensor& x, const at::Tensor& pos, 
   scores = scores - std::get<0>(scores.max(-1, true));
   const at::Tensor probs = scores.softmax(-1).narrow(-1, 0, scores.size(-1) - 1).to(kv.scalar_type());
   at::Tensor o = v4_rotate(at::matmul(probs, kv), cos, -sin).transpose(1, 2);  // [B,T,H,D], rotated back
-  const int64_t in = heads * head_dim / groups;
-  const at::Tensor w = o_a_proj->weight.view({groups, -1, in});
-  o = at::einsum("btgi,gri->btgr", {o.reshape({b, t, groups, in}), w}).reshape({b, t, -1});
+  const int64_t g = groups * heads / total_heads, in = heads * head_dim / g;  // this rank's groups of heads
+  const at::Tensor w = o_a_proj->weight.view({g, -1, in});
+  o = at::einsum("btgi,gri->btgr", {o.reshape({b, t, g, in}), w}).reshape({b, t, -1});
   return o_b_proj->forward(o);
 }
 

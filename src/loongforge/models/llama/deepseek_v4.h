@@ -97,6 +97,7 @@ class V4AttentionImpl : public torch::nn::Module, public nn::AttentionHook {
   at::Tensor sinks;
   V4Compressor compressor{nullptr};
   int64_t kind, head_dim, groups, layer_idx;
+  int64_t total_heads;  // the config's heads (heads: this rank's under tensor parallelism; groups split with them)
   double eps;
 };
 TORCH_MODULE(V4Attention);
