@@ -1,11 +1,13 @@
 // DeepSeek-V4 (models/llama/deepseek_v4.h): the generation cache. Decoding through it (a prompt, then chunks and
 // single tokens) gives the full-sequence forward's hidden states, while what it holds per layer stays bounded: the
 // last sliding_window - 1 keys, the compressed entries of the complete windows and the rows of the incomplete one.
-// Parity with transformers (its cached greedy decoding): tests/python/test_deepseek_v4_parity.py.
+// Parity with transformers (its cached greedy decoding): tests/python/test_deepseek_v4_parity.py. Packed documents
+// (segment_ids, positions restarting per document) give each document's own hidden states and gradients.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "loongforge/models/llama/deepseek_v4.h"
@@ -69,6 +71,45 @@ TEST(DeepseekV4Cache, IncrementalDecodingEqualsTheFullForward) {
   ASSERT_EQ(begin, t);
   const at::Tensor got = at::cat(parts, 1);
   EXPECT_LE((got - full).abs().max().item<double>(), 1e-5 * full.abs().max().item<double>());
+}
+
+// Two rows of 30 tokens, one holding documents of 13 and 17 (its window, compressed entries and indexer restart at
+// the second), one a single document: the hidden states are each document's own, and so are the gradients of the
+// summed outputs.
+TEST(DeepseekV4Packed, DocumentsEqualSeparateSequences) {
+  at::manual_seed(1);
+  CausalLM m(DecoderConfig::from_json(tiny(), "config.json"));
+  m->init_weights(0.02);
+  {
+    at::NoGradGuard ng;
+    for (auto& p : m->parameters()) p.add_(at::randn_like(p) * 0.3);
+    for (auto& item : m->named_buffers())
+      if (item.key().ends_with("tid2eid")) item.value().copy_(at::randint(0, 4, item.value().sizes(), at::kLong));
+  }
+  const at::Tensor ids = at::randint(2, 64, {2, 30}, at::kLong);
+  const at::Tensor seg = at::cat({at::cat({at::zeros({1, 13}, at::kLong), at::ones({1, 17}, at::kLong)}, 1),
+                                  at::zeros({1, 30}, at::kLong)}, 0);
+  const at::Tensor pos = at::cat({at::cat({at::arange(13), at::arange(17)}).unsqueeze(0), at::arange(30).unsqueeze(0)}, 0);
+  const at::Tensor packed = m->hidden_states(ids, pos, nullptr, seg);
+  packed.sum().backward();
+  std::map<std::string, at::Tensor> g1;
+  for (auto& item : m->named_parameters())  // (the indexers get none)
+    if (item.value().grad().defined()) g1[item.key()] = item.value().grad().clone();
+  m->zero_grad();
+  const at::Tensor a = m->hidden_states(ids.narrow(0, 0, 1).narrow(1, 0, 13));
+  const at::Tensor b = m->hidden_states(ids.narrow(0, 0, 1).narrow(1, 13, 17));
+  const at::Tensor c = m->hidden_states(ids.narrow(0, 1, 1));
+  const at::Tensor separate = at::cat({at::cat({a, b}, 1), c}, 0);
+  (a.sum() + b.sum() + c.sum()).backward();
+  EXPECT_LT((packed - separate).abs().max().item<double>(), 1e-5);
+  EXPECT_GT((packed.narrow(0, 0, 1) - m->hidden_states(ids.narrow(0, 0, 1))).abs().max().item<double>(), 1e-3);
+  for (auto& item : m->named_parameters()) {
+    const at::Tensor& g = item.value().grad();
+    ASSERT_EQ(g.defined(), g1.count(item.key()) > 0) << item.key();
+    if (!g.defined()) continue;
+    EXPECT_LT((g1[item.key()] - g).abs().max().item<double>(), 1e-4 * std::max(1.0, g.abs().max().item<double>()))
+        << item.key();
+  }
 }
 
 }  // namespace

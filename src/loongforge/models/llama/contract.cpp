@@ -149,8 +149,7 @@ Batch CausalLMImpl::block_inputs(const Batch& b, at::ScalarType dtype) const {
     pos = at::arange(ids.size(1), ids.options().dtype(at::kLong)).unsqueeze(0).expand({ids.size(0), ids.size(1)});
   }
   if (config_.deepseek_v4) {
-    if (b.get("segment_ids").defined()) throw Error("deepseek_v4: packed documents (segment_ids) are not supported yet");
-    return v4_block_inputs(*v4_rotary_, b.at("input_ids"), pos, dtype);
+    return v4_block_inputs(*v4_rotary_, b.at("input_ids"), pos, dtype, b.get("segment_ids"));
   }
   auto [cos, sin] = rotary(pos, dtype);
   Batch in{{"cos", cos}, {"sin", sin}, {"segment_ids", b.get("segment_ids")}};

@@ -481,18 +481,46 @@ at::Tensor V4DecoderLayerImpl::forward(const at::Tensor& h_in, const Batch& in, 
   const at::Tensor& cos = compress_rope ? cos_c : in.at("cos");
   const at::Tensor& sin = compress_rope ? sin_c : in.at("sin");
   auto [post, comb, collapsed] = attn_hc->forward(h_in);
-  const at::Tensor a = self_attn->forward(input_layernorm->forward(collapsed), in.at("position_ids"), cos, sin, cos_c, sin_c, rot, cache);
+  const at::Tensor x = input_layernorm->forward(collapsed), &pos = in.at("position_ids"), seg = in.get("segment_ids");
+  at::Tensor a;
+  if (!seg.defined()) {
+    a = self_attn->forward(x, pos, cos, sin, cos_c, sin_c, rot, cache);
+  } else {
+    // packed documents: each document's attention on its own (its window, compressed entries and indexer start at
+    // the document's first token, whose position is 0), as if it were its own sequence
+    if (cache) throw Error("deepseek_v4: packed documents (segment_ids) are not supported with a cache (generation)");
+    const at::ScalarType rope_dtype = in.at("cos").scalar_type();
+    const at::Tensor ids = seg.to(at::kCPU, at::kLong).contiguous();
+    std::vector<at::Tensor> rows;
+    for (int64_t r = 0; r < x.size(0); ++r) {
+      const int64_t* p = ids[r].data_ptr<int64_t>();
+      std::vector<at::Tensor> docs;
+      for (int64_t lo = 0, len = ids.size(1); lo < len;) {
+        int64_t hi = lo;
+        while (hi < len && p[hi] == p[lo]) ++hi;
+        const at::Tensor dp = pos.narrow(0, r, 1).narrow(1, lo, hi - lo);
+        auto [dc, ds] = rot.main(dp, rope_dtype);
+        auto [dcc, dsc] = rot.compress(dp, rope_dtype);
+        docs.push_back(self_attn->forward(x.narrow(0, r, 1).narrow(1, lo, hi - lo), dp, compress_rope ? dcc : dc,
+                                          compress_rope ? dsc : ds, dcc, dsc, rot, nullptr));
+        lo = hi;
+      }
+      rows.push_back(docs.size() == 1 ? docs[0] : at::cat(docs, 1));
+    }
+    a = rows.size() == 1 ? rows[0] : at::cat(rows, 0);
+  }
   at::Tensor h = post.to(dtype).unsqueeze(-1) * a.unsqueeze(-2) + at::matmul(comb.to(dtype).transpose(-1, -2), h_in);
   std::tie(post, comb, collapsed) = ffn_hc->forward(h);
   const at::Tensor m = mlp->forward(post_attention_layernorm->forward(collapsed), in.get("input_ids"));
   return post.to(dtype).unsqueeze(-1) * m.unsqueeze(-2) + at::matmul(comb.to(dtype).transpose(-1, -2), h);
 }
 
-Batch v4_block_inputs(const V4Rotary& rot, const at::Tensor& input_ids, const at::Tensor& pos, at::ScalarType dtype) {
+Batch v4_block_inputs(const V4Rotary& rot, const at::Tensor& input_ids, const at::Tensor& pos, at::ScalarType dtype,
+                      const at::Tensor& segment_ids) {
   auto [cos, sin] = rot.main(pos, dtype);
   auto [cos_c, sin_c] = rot.compress(pos, dtype);
   return Batch{{"cos", cos}, {"sin", sin}, {"cos_compress", cos_c}, {"sin_compress", sin_c}, {"position_ids", pos},
-               {"input_ids", input_ids}};
+               {"input_ids", input_ids}, {"segment_ids", segment_ids}};
 }
 
 void v4_init_weights(torch::nn::Module& m) {

@@ -132,8 +132,10 @@ class V4DecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(V4DecoderLayer);
 
-// The block inputs: positions, input_ids (hash routing), the main and compress rotaries' cos / sin.
-Batch v4_block_inputs(const V4Rotary& rot, const at::Tensor& input_ids, const at::Tensor& pos, at::ScalarType dtype);
+// The block inputs: positions, input_ids (hash routing), the main and compress rotaries' cos / sin, segment_ids (packed
+// documents: each document's attention on its own).
+Batch v4_block_inputs(const V4Rotary& rot, const at::Tensor& input_ids, const at::Tensor& pos, at::ScalarType dtype,
+                      const at::Tensor& segment_ids = {});
 // transformers' init of the V4 parameters the generic init does not cover (sinks, hc bases / scales, position biases).
 void v4_init_weights(torch::nn::Module& m);
 // The checkpoint name of an in-memory name (transformers' save_pretrained names).

@@ -213,8 +213,7 @@ void CausalLMImpl::to(torch::Device device, bool non_blocking) {
 at::Tensor CausalLMImpl::hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids_in,
                                        nn::KVCache* cache, const at::Tensor& segment_ids) {
   if (config_.deepseek_v4) {
-    if (segment_ids.defined()) throw Error("deepseek_v4: packed documents (segment_ids) are not supported yet");
-    return v4_hidden_states(input_ids, position_ids_in, cache);
+    return v4_hidden_states(input_ids, position_ids_in, cache, segment_ids);
   }
   at::Tensor position_ids = position_ids_in;
   if (!position_ids.defined()) {
@@ -345,7 +344,8 @@ at::Tensor CausalLMImpl::final_norm(const at::Tensor& h) {
   return apply_norm(model->norm, h, config_.zero_centered_norm);
 }
 
-at::Tensor CausalLMImpl::v4_hidden_states(const at::Tensor& ids, const at::Tensor& position_ids, nn::KVCache* cache) {
+at::Tensor CausalLMImpl::v4_hidden_states(const at::Tensor& ids, const at::Tensor& position_ids, nn::KVCache* cache,
+                                          const at::Tensor& segment_ids) {
   at::Tensor pos = position_ids;
   if (cache) {  // generation: ids go on from the cached ones (positions too); each layer's state grows by them
     v4_cache_reserve(*cache, config_.num_hidden_layers);
@@ -357,7 +357,7 @@ at::Tensor CausalLMImpl::v4_hidden_states(const at::Tensor& ids, const at::Tenso
   if (!pos.defined()) pos = at::arange(ids.size(1), ids.options()).unsqueeze(0).expand({ids.size(0), ids.size(1)});
   at::Tensor h = embed(ids);
   h = h.unsqueeze(2).expand({h.size(0), h.size(1), config_.hc_mult, h.size(2)}).contiguous();
-  Batch in = v4_block_inputs(*v4_rotary_, ids, pos, h.scalar_type());
+  Batch in = v4_block_inputs(*v4_rotary_, ids, pos, h.scalar_type(), segment_ids);
   if (!cache) h = run_blocks(in, h, 0, config_.num_hidden_layers);
   else
     for (int64_t i = 0; i < config_.num_hidden_layers; ++i) h = block_forward(in, h, i, cache);

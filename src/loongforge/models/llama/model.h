@@ -200,7 +200,8 @@ class CausalLMImpl : public models::Model {
   std::shared_ptr<MtpImpl> mtp_;
   std::shared_ptr<V4Rotary> v4_rotary_;  // DeepSeek-V4's main and compress rotaries
   // DeepSeek-V4 hidden states (with a cache: incremental, deepseek_v4.h v4_cache_state)
-  at::Tensor v4_hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids, nn::KVCache* cache);
+  at::Tensor v4_hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids, nn::KVCache* cache,
+                              const at::Tensor& segment_ids = {});
   double mtp_loss_weight_ = 0, mtp_loss_sum_ = 0;
   double indexer_loss_coef_ = 0, indexer_loss_sum_ = 0;
   std::vector<IndexerImpl*> indexers() const;  // the DSA layers' indexers, in layer order
