@@ -289,11 +289,12 @@ V4CompressorState v4_cache_state(nn::KVCache& cache, int64_t layer, bool indexer
 
 at::Tensor V4CompressorImpl::compress(const at::Tensor& x, const V4Rotary& rot, const V4CompressorState* st) {
   const int64_t b = x.size(0);
-  if (!st) {  // the whole sequence from position 0
-    const int64_t n = x.size(1) / rate;
+  if (!st) {  // the whole sequence from position 0 (projected first: a sequence-parallel entry gathers it)
+    const at::Tensor kv_all = kv_proj->forward(x), gate_all = gate_proj->forward(x);
+    const int64_t n = kv_all.size(1) / rate;
     if (n == 0) return at::zeros({b, 0, dim}, x.options());
-    const at::Tensor kv = kv_proj->forward(x.narrow(1, 0, n * rate)).view({b, n, rate, -1});
-    const at::Tensor gate = gate_proj->forward(x.narrow(1, 0, n * rate)).view({b, n, rate, -1}) + position_bias;
+    const at::Tensor kv = kv_all.narrow(1, 0, n * rate).view({b, n, rate, -1});
+    const at::Tensor gate = gate_all.narrow(1, 0, n * rate).view({b, n, rate, -1}) + position_bias;
     const at::Tensor pk = overlap ? at::zeros({b, 1, rate, dim}, kv.options()) : at::Tensor();
     const at::Tensor pg = overlap ? at::full({b, 1, rate, dim}, -kInf, gate.options()) : at::Tensor();
     return pool_windows(*this, kv, gate, pk, pg, 0, rot);
@@ -330,7 +331,7 @@ at::Tensor V4CompressorImpl::select(const at::Tensor& x, const at::Tensor& q_res
                                     const at::Tensor& cos, const at::Tensor& sin, const V4Rotary& rot,
                                     const V4CompressorState* state) {
   at::NoGradGuard no_grad;
-  const int64_t b = x.size(0), t = x.size(1);
+  const int64_t b = q_resid.size(0), t = q_resid.size(1);  // (the whole sequence under sequence parallelism)
   const at::Tensor keys = compress(x, rot, state);  // [B,n,Di]
   const int64_t n = keys.size(1);
   at::Tensor q = q_b_proj->forward(q_resid).view({b, t, heads, dim}).transpose(1, 2);
@@ -367,10 +368,10 @@ at::Tensor V4AttentionImpl::forward(const at::Tensor& x, const at::Tensor& pos, 
                                     const at::Tensor& sin, const at::Tensor& cos_c, const at::Tensor& sin_c,
                                     const V4Rotary& rot, nn::KVCache* cache) {
   if (attention_fn) throw Error("deepseek_v4: context parallelism and packed-document attention are not supported yet");
-  const int64_t b = x.size(0), t = x.size(1);
+  // b, t from the query latent: under sequence parallelism x holds this rank's part of the sequence and the
+  // projections' entries gather the whole of it
   const at::Tensor q_resid = q_a_norm->forward(q_a_proj->forward(x));
-  if (q_resid.size(1) != t)  // a sequence-parallel entry gathered the sequence the compressors would cut
-    throw OptionError("sp", "deepseek_v4: sequence parallelism is not supported yet (tensor parallelism without sp is)");
+  const int64_t b = q_resid.size(0), t = q_resid.size(1);
   at::Tensor q = unweighted_rms(q_b_proj->forward(q_resid).view({b, t, heads, head_dim}).transpose(1, 2), eps);
   q = v4_rotate(q, cos, sin);
   at::Tensor kv = v4_rotate(kv_norm->forward(kv_proj->forward(x)).view({b, t, 1, head_dim}).transpose(1, 2), cos, sin);
@@ -489,6 +490,8 @@ at::Tensor V4DecoderLayerImpl::forward(const at::Tensor& h_in, const Batch& in, 
     // packed documents: each document's attention on its own (its window, compressed entries and indexer start at
     // the document's first token, whose position is 0), as if it were its own sequence
     if (cache) throw Error("deepseek_v4: packed documents (segment_ids) are not supported with a cache (generation)");
+    if (x.size(1) != pos.size(1))
+      throw OptionError("sp", "deepseek_v4: packed documents under sequence parallelism are not supported yet");
     const at::ScalarType rope_dtype = in.at("cos").scalar_type();
     const at::Tensor ids = seg.to(at::kCPU, at::kLong).contiguous();
     std::vector<at::Tensor> rows;
