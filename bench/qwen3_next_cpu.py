@@ -112,7 +112,8 @@ def main():
             rows.append((shape, statistics.median(lf), statistics.median(hf), statistics.median(ratios), ratios))
     load1 = os.getloadavg()[0]
     title = {"qwen3_next": "Qwen3-Next", "kimi_linear": "Kimi Linear"}[a.family]
-    lines = [f"{title} training step on the CPU ({a.threads} threads, fp32, forward + backward + clip + AdamW; "
+    from cpu_train import cpu_model
+    lines = [f"{title} training step on the CPU ({cpu_model()}, {a.threads} threads, fp32, forward + backward + clip + AdamW; "
              f"medians of {a.rounds} rounds x {a.steps} steps after {a.warmup} warm-up; load average {load0:.1f} -> "
              f"{load1:.1f})", "",
              "| shape | LoongForge tok/s | transformers tok/s | ratio | goal | per-round ratios |",
