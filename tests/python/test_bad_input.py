@@ -137,3 +137,23 @@ def test_unknown_family_is_one_line_naming_the_field_and_the_known_values(tmp_pa
     assert str(p) in lines[0] and f"'{field}'" in lines[0] and "known" in lines[0], lines[0]
     if known:
         assert known in lines[0], lines[0]
+
+
+def test_token_ids_past_the_vocabulary_name_the_shard(model_dir, tmp_path):
+    """Pretraining data tokenized for another model (ids at or past the model's vocab_size): one line naming the
+    shard, at the batch that holds one (it was an internal error from the embedding, with a stack trace)."""
+    import numpy as np
+    from test_dist_ep import write_shard
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    toks = np.random.default_rng(0).integers(0, vocab, 4000)
+    toks[1234] = vocab + 5
+    write_shard(tmp_path / "data", toks, docs=4)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"output_dir: {tmp_path / 'run'}\nmodel: {{path: {model_dir}}}\n"
+                      f"data: {{train: [{{path: {tmp_path / 'data'}}}], seq_len: 1000}}\n"
+                      "train: {steps: 4, micro_batch_size: 2, threads: 1}\ncheckpoint: {every: 0}\n"
+                      "log: {progress: off, tensorboard: false, plot: false}\n")
+    r = run_lf("train", recipe, check=False)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr[-2000:]
+    assert f"{tmp_path / 'data'}.bin" in lines[0] and f"token id {vocab + 5}" in lines[0] and str(vocab) in lines[0]

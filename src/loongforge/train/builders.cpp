@@ -391,7 +391,16 @@ std::unique_ptr<BatchSource> base_data(const json& r, data::Split split, const s
   o.seed = static_cast<uint64_t>(r["seed"].get<int64_t>());
   o.split = split;
   o.valid_fraction = d["valid_fraction"];
-  return std::make_unique<PretrainSource>(o, d["per_document_attention"].get<bool>());
+  int64_t vocab = 0;  // the model's vocabulary (its config.json, or a VLM's text_config), for the token id check
+  if (model) {
+    const nlohmann::json& cj = model->config_json();
+    const nlohmann::json* v = cj.contains("vocab_size") ? &cj["vocab_size"]
+                              : cj.contains("text_config") && cj["text_config"].is_object() && cj["text_config"].contains("vocab_size")
+                                  ? &cj["text_config"]["vocab_size"]
+                                  : nullptr;
+    if (v && v->is_number_integer()) vocab = v->get<int64_t>();
+  }
+  return std::make_unique<PretrainSource>(o, d["per_document_attention"].get<bool>(), vocab);
 }
 }  // namespace
 

@@ -8,8 +8,8 @@
 
 namespace lf::train {
 
-PretrainSource::PretrainSource(data::PretrainOptions opts, bool per_document)
-    : ds_(std::move(opts)), per_document_(per_document) {}
+PretrainSource::PretrainSource(data::PretrainOptions opts, bool per_document, int64_t vocab)
+    : ds_(std::move(opts)), per_document_(per_document), vocab_(vocab) {}
 
 namespace {
 void check_rows(int64_t global_rows, int64_t first, int64_t n) {
@@ -99,6 +99,13 @@ Batch PretrainSource::build(const std::vector<data::Sample>& samples) const {
   }
   for (int64_t i = 0; i < b; ++i) {
     const auto& s = samples[i].tokens;
+    if (vocab_ > 0)
+      for (int64_t id : s)
+        if (id < 0 || id >= vocab_) {
+          const auto& src = ds_.options().sources.at(samples[i].source);
+          throw Error(src.prefix + ".bin: token id " + std::to_string(id) + " is outside the model's vocabulary of " +
+                      std::to_string(vocab_) + " (data tokenized for another model?)");
+        }
     std::copy(s.begin(), s.begin() + t, ids[i].data_ptr<int64_t>());
     std::copy(s.begin() + 1, s.begin() + t + 1, tgt[i].data_ptr<int64_t>());
     if (per_document_) {

@@ -9,8 +9,9 @@ namespace lf::train {
 
 class PretrainSource : public BatchSource {
  public:
-  // per_document: restart position ids and attention at document starts inside a sample.
-  PretrainSource(data::PretrainOptions opts, bool per_document);
+  // per_document: restart position ids and attention at document starts inside a sample. vocab > 0: a token id at or
+  // past it (data tokenized for another model) is a one-line error naming the shard.
+  PretrainSource(data::PretrainOptions opts, bool per_document, int64_t vocab = 0);
   Batch next(int64_t micro_batch_size) override;
   Batch next_rows(int64_t global_rows, int64_t first, int64_t n) override;  // reads only rows [first, first + n)
   nlohmann::json state() const override;
@@ -20,6 +21,7 @@ class PretrainSource : public BatchSource {
   Batch build(const std::vector<data::Sample>& samples) const;
   data::PretrainDataset ds_;
   bool per_document_;
+  int64_t vocab_;
 };
 
 // The rows of one safetensors batch (input_ids int64 [B,T], optional labels with -100, as `loongforge dump` takes),
