@@ -535,6 +535,33 @@ log: {{progress: off, plot: false, tensorboard: false}}
     assert "evil.jinja:1:" in err and what in err, p.stderr
 
 
+def test_sft_tokenizer_past_the_model_vocabulary_is_one_line(tmp_path):
+    """A tokenizer whose ids go past the model's vocab_size (another model's): one line naming the tokenizer folder and
+    the id (it was an internal error from the embedding)."""
+    import shutil
+    from conftest import FIXTURES
+    tok = tmp_path / "tok"
+    shutil.copytree(FIXTURES / "tok_bytelevel_gpt2", tok)
+    (tok / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": "<|im_end|>", "bos_token": None,
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"}))
+    line = {"messages": [{"role": "user", "content": "What is two plus two?"}, {"role": "assistant", "content": "Four."}]}
+    (tmp_path / "chat.jsonl").write_text((json.dumps(line) + "\n") * 8)
+    (tmp_path / "model.json").write_text(json.dumps(dict(MODEL, vocab_size=100, hidden_size=32, intermediate_size=64)))
+    r = tmp_path / "sft.yaml"
+    r.write_text(f"""
+output_dir: {tmp_path / 'run'}
+model: {{config: {tmp_path / 'model.json'}, tokenizer: {tok}}}
+data: {{format: sft, train: [{{path: {tmp_path / 'chat.jsonl'}}}], seq_len: 64}}
+train: {{steps: 2, micro_batch_size: 2, threads: 1}}
+log: {{progress: off, plot: false, tensorboard: false}}
+""")
+    res = run_lf("train", r, check=False)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1, res.stderr[-2000:]
+    assert str(tok) in lines[0] and "token id" in lines[0] and "vocabulary of 100" in lines[0], lines[0]
+
+
 def test_sft_trains_on_chat_data(tmp_path):
     """SFT from alpaca / sharegpt / OpenAI-messages lines with a ChatML template, loss on assistant tokens only."""
     import shutil

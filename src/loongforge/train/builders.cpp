@@ -322,6 +322,18 @@ RobotSourceOptions robot_source_options(const json& r, data::Split split) {
 namespace {
 
 // data.format: robot (train/robot_source.h).
+// The model's vocabulary (its config.json's vocab_size, or a VLM's text_config's), for the token id checks of the
+// text sources; 0 when it has none.
+int64_t model_vocab(const models::Model* model) {
+  if (!model) return 0;
+  const json& cj = model->config_json();
+  const json* v = cj.contains("vocab_size") ? &cj["vocab_size"]
+                  : cj.contains("text_config") && cj["text_config"].is_object() && cj["text_config"].contains("vocab_size")
+                      ? &cj["text_config"]["vocab_size"]
+                      : nullptr;
+  return v && v->is_number_integer() ? v->get<int64_t>() : 0;
+}
+
 std::unique_ptr<BatchSource> robot_data(const json& r, data::Split split, const models::Model* model) {
   if (!model) throw Error("recipe: field 'data.format': robot data needs the policy it trains");
   return std::make_unique<RobotSource>(robot_source_options(r, split), *model);
@@ -382,7 +394,7 @@ std::unique_ptr<BatchSource> base_data(const json& r, data::Split split, const s
     return std::make_unique<SftSource>(files, tokenizer, d["chat_template"].get<std::string>(), d["seq_len"],
                                        d["assistant_only_loss"].get<bool>(), d["packing"].get<bool>(),
                                        static_cast<uint64_t>(r["seed"].get<int64_t>()), images,
-                                       d["skip_bad_samples"].get<bool>());
+                                       d["skip_bad_samples"].get<bool>(), model_vocab(model));
   }
   data::PretrainOptions o;
   for (const auto& s : d["train"]) o.sources.push_back({s["path"].get<std::string>(), s["weight"].get<double>()});
@@ -391,16 +403,7 @@ std::unique_ptr<BatchSource> base_data(const json& r, data::Split split, const s
   o.seed = static_cast<uint64_t>(r["seed"].get<int64_t>());
   o.split = split;
   o.valid_fraction = d["valid_fraction"];
-  int64_t vocab = 0;  // the model's vocabulary (its config.json, or a VLM's text_config), for the token id check
-  if (model) {
-    const nlohmann::json& cj = model->config_json();
-    const nlohmann::json* v = cj.contains("vocab_size") ? &cj["vocab_size"]
-                              : cj.contains("text_config") && cj["text_config"].is_object() && cj["text_config"].contains("vocab_size")
-                                  ? &cj["text_config"]["vocab_size"]
-                                  : nullptr;
-    if (v && v->is_number_integer()) vocab = v->get<int64_t>();
-  }
-  return std::make_unique<PretrainSource>(o, d["per_document_attention"].get<bool>(), vocab);
+  return std::make_unique<PretrainSource>(o, d["per_document_attention"].get<bool>(), model_vocab(model));
 }
 }  // namespace
 

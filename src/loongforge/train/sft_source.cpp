@@ -13,7 +13,8 @@ namespace lf::train {
 
 SftSource::SftSource(std::vector<std::string> files, const std::string& tokenizer_dir, const std::string& template_name,
                      int64_t seq_len, bool assistant_only_loss, bool packing, uint64_t seed,
-                     const SftImages& images, bool skip_bad_samples) {
+                     const SftImages& images, bool skip_bad_samples, int64_t vocab)
+    : tokenizer_dir_(tokenizer_dir), vocab_(vocab) {
   if (tokenizer_dir.empty()) throw Error("recipe: field 'model.tokenizer': SFT needs a tokenizer (or model.path)");
   tok_ = data::Tokenizer::load(tokenizer_dir);
   data::SftOptions o;
@@ -122,6 +123,11 @@ Batch SftSource::to_batch(const std::vector<const data::SftSample*>& samples) co
   std::vector<int64_t> image_row;
   for (int64_t i = 0; i < b; ++i) {
     const data::SftSample& s = *samples[static_cast<size_t>(i)];
+    if (vocab_ > 0)
+      for (int64_t id : s.input_ids)
+        if (id < 0 || id >= vocab_)
+          throw Error(tokenizer_dir_ + ": token id " + std::to_string(id) + " is outside the model's vocabulary of " +
+                      std::to_string(vocab_) + " (a tokenizer of another model?)");
     paths.insert(paths.end(), s.images.begin(), s.images.end());
     image_row.insert(image_row.end(), s.images.size(), i);
     std::copy(s.input_ids.begin(), s.input_ids.end(), ids[i].data_ptr<int64_t>());

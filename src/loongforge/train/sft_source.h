@@ -25,7 +25,7 @@ class SftSource : public BatchSource {
   // With images, batches carry pixel_values (and image_grid_thw for patch processors) as item fields of their rows.
   SftSource(std::vector<std::string> files, const std::string& tokenizer_dir, const std::string& template_name,
             int64_t seq_len, bool assistant_only_loss, bool packing, uint64_t seed, const SftImages& images = {},
-            bool skip_bad_samples = false);
+            bool skip_bad_samples = false, int64_t vocab = 0);
   Batch next(int64_t micro_batch_size) override;
   // Converts only rows [first, first + n) to tensors; the others are drawn (packing decides where each sample ends)
   // and dropped.
@@ -44,6 +44,8 @@ class SftSource : public BatchSource {
   std::unique_ptr<data::Tokenizer> tok_;
   std::unique_ptr<data::SftDataset> ds_;
   std::unique_ptr<data::image::ImageProcessor> proc_;  // with images
+  std::string tokenizer_dir_;
+  int64_t vocab_ = 0;  // > 0: token ids at or past it (a tokenizer of another model) are a one-line error
 };
 
 // Decodes and preprocesses `paths` (the images of a batch's rows, image_row[i] the row of image i) into item fields of
