@@ -17,7 +17,6 @@ const char kScaleSuffix[] = "_scale_inv";
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
-bool has(const SafetensorsCheckpoint& ckpt, const std::string& key) { return ckpt.contains(key); }
 bool fp4_packed(at::ScalarType t) { return t == at::kChar || t == at::kByte; }
 
 // Two e2m1 values per byte, low nibble first -> float32, the last dimension doubled.
@@ -79,22 +78,22 @@ bool quantized_dtype(const std::string& dt) { return dt.rfind("F8_", 0) == 0 || 
 // `M.scale` (DeepSeek-V4's files) or `M.qscale_weight`; "" when KEY is not quantized.
 std::string scale_of(const Quantization& q, const SafetensorsCheckpoint& ckpt, const std::string& key) {
   if (!q.fp8) return "";
-  if (has(ckpt, key + kScaleSuffix)) return key + kScaleSuffix;
+  if (ckpt.contains(key + kScaleSuffix)) return key + kScaleSuffix;
   if (!ends_with(key, ".weight") || !quantized_dtype(ckpt.dtype(key))) return "";
   const std::string base = key.substr(0, key.size() - 7);
   for (const char* tail : {".scale", ".qscale_weight"})
-    if (has(ckpt, base + tail)) return base + tail;
+    if (ckpt.contains(base + tail)) return base + tail;
   return "";
 }
 }  // namespace
 
 bool is_quantization_tensor(const Quantization& q, const SafetensorsCheckpoint& ckpt, const std::string& key) {
   if (!q.fp8) return false;
-  if (ends_with(key, kScaleSuffix)) return has(ckpt, key.substr(0, key.size() - sizeof(kScaleSuffix) + 1));
+  if (ends_with(key, kScaleSuffix)) return ckpt.contains(key.substr(0, key.size() - sizeof(kScaleSuffix) + 1));
   for (const std::string tail : {".scale", ".qscale_weight"}) {
     if (!ends_with(key, tail)) continue;
     const std::string weight = key.substr(0, key.size() - tail.size()) + ".weight";
-    if (has(ckpt, weight) && scale_of(q, ckpt, weight) == key) return true;
+    if (ckpt.contains(weight) && scale_of(q, ckpt, weight) == key) return true;
   }
   return ends_with(key, ".input_scale") || ends_with(key, ".activation_scale");
 }

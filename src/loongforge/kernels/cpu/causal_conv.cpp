@@ -116,15 +116,6 @@ inline __attribute__((always_inline)) void dw_rows_body(const T* xb, const T* dz
   }
 }
 
-template <typename T>
-void dx_rows_generic(const T* dzb, const T* wt, const Dims& d, int64_t s0, int64_t s1, T* dxb) {
-  dx_rows_body(dzb, wt, d, s0, s1, dxb);
-}
-template <typename T>
-void dw_rows_generic(const T* xb, const T* dzb, const Dims& d, int64_t t0, int64_t t1, T* part) {
-  dw_rows_body(xb, dzb, d, t0, t1, part);
-}
-
 // ---- float32 with AVX2 + FMA ----------------------------------------------------------------------------------------
 
 #if defined(__x86_64__)
@@ -221,7 +212,7 @@ void dx_rows(const T* dzb, const T* wt, const Dims& d, int64_t s0, int64_t s1, T
   if constexpr (std::is_same_v<T, float>)
     if (use_avx2()) return dx_rows_avx2(dzb, wt, d, s0, s1, dxb);
 #endif
-  dx_rows_generic(dzb, wt, d, s0, s1, dxb);
+  dx_rows_body(dzb, wt, d, s0, s1, dxb);
 }
 template <typename T>
 void dw_rows(const T* xb, const T* dzb, const Dims& d, int64_t t0, int64_t t1, T* part) {
@@ -229,7 +220,7 @@ void dw_rows(const T* xb, const T* dzb, const Dims& d, int64_t t0, int64_t t1, T
   if constexpr (std::is_same_v<T, float>)
     if (use_avx2()) return dw_rows_avx2(xb, dzb, d, t0, t1, part);
 #endif
-  dw_rows_generic(xb, dzb, d, t0, t1, part);
+  dw_rows_body(xb, dzb, d, t0, t1, part);
 }
 
 bool kernel_supported(const at::Tensor& x, const at::Tensor& w) {

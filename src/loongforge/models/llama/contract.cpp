@@ -205,14 +205,19 @@ TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
   // (asked for only when parallel.tp > 1)
   TensorParallelSpec t;
   const std::string L = R"(model\.layers\.\d+\.)";
+  // every family: vocabulary-parallel embedding and head; MoE shared experts inside the MoE block's region (its entry
+  // and exit: parallel/tensor_parallel.h)
+  const std::vector<TpRule> vocab = {{"model.embed_tokens", TpStyle::VocabEmbedding}, {"lm_head", TpStyle::VocabHead}};
+  const std::vector<TpRule> shared_experts = {
+      {L + R"(\w+\.shared_experts\.(gate_proj|up_proj))", TpStyle::ColwiseInside},
+      {L + R"(\w+\.shared_experts\.down_proj)", TpStyle::RowwiseInside}};
   if (c.deepseek_v4) {
     // DeepSeek-V4: query heads split, with their sinks and their groups of the grouped output projection; the query
     // latent, the one shared key/value head and the compressors' entries stay whole (their outputs feed every head:
     // partial gradients, summed); the lightning indexers whole on every rank, which all make the same selection (no
     // gradient reaches them); hyper-connections and norms outside the regions replicated; the MoE as every family's.
-    t.rules = {
-        {"model.embed_tokens", TpStyle::VocabEmbedding},
-        {"lm_head", TpStyle::VocabHead},
+    t.rules = vocab;
+    t.rules.insert(t.rules.end(), {
         {L + R"(self_attn\.(q_a_proj|kv_proj))", TpStyle::ReplicatedEntry},
         {L + R"(self_attn\.(q_a_norm|kv_norm))", TpStyle::ReplicatedInside},
         {L + R"(self_attn\.(q_b_proj|o_a_proj))", TpStyle::ColwiseInside},
@@ -222,16 +227,14 @@ TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
         {L + R"(self_attn\.compressor\.indexer)", TpStyle::ReplicatedWhole},
         {L + R"(self_attn\.compressor\.(kv_proj|gate_proj))", TpStyle::ReplicatedEntry},
         {L + R"(self_attn\.compressor(\.kv_norm)?)", TpStyle::ReplicatedInside},  // position_bias, kv_norm
-        {L + R"(\w+\.shared_experts\.(gate_proj|up_proj))", TpStyle::ColwiseInside},
-        {L + R"(\w+\.shared_experts\.down_proj)", TpStyle::RowwiseInside},
-    };
+    });
+    t.rules.insert(t.rules.end(), shared_experts.begin(), shared_experts.end());
     t.divisible = {{"num_attention_heads", c.num_attention_heads}, {"o_groups", c.o_groups},
                    {"moe_intermediate_size", c.moe_intermediate_size}};
     return t;
   }
-  t.rules = {
-      {"model.embed_tokens", TpStyle::VocabEmbedding},
-      {"lm_head", TpStyle::VocabHead},
+  t.rules = vocab;
+  t.rules.insert(t.rules.end(), {
       // attention (MHA/GQA): heads split
       {L + R"(self_attn\.[qkv]_proj)", TpStyle::Colwise},
       {L + R"(self_attn\.[qk]_norm)", TpStyle::ReplicatedInside},
@@ -249,10 +252,8 @@ TensorParallelSpec CausalLMImpl::tensor_parallel_spec() const {
       // dense MLP
       {L + R"(mlp\.(gate_proj|up_proj))", TpStyle::Colwise},
       {L + R"(mlp\.down_proj)", TpStyle::Rowwise},
-      // MoE shared experts: inside the MoE block's region (its entry and exit: parallel/tensor_parallel.h)
-      {L + R"(\w+\.shared_experts\.(gate_proj|up_proj))", TpStyle::ColwiseInside},
-      {L + R"(\w+\.shared_experts\.down_proj)", TpStyle::RowwiseInside},
-  };
+  });
+  t.rules.insert(t.rules.end(), shared_experts.begin(), shared_experts.end());
   // Gated DeltaNet (linear attention): heads split; the [q | k | v] channels of the fused projection and of the
   // depthwise convolution as three blocks (Qwen3-Next's in_proj_qkvz / in_proj_ba are packed per key head already).
   if (DecoderConfig::gated_deltanet_family(c.model_type) && std::count(c.layer_linear.begin(), c.layer_linear.end(), 1) > 0) {

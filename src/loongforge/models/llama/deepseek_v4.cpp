@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "loongforge/core/error.h"
+#include "loongforge/models/llama/gated_deltanet.h"
 #include "loongforge/models/llama/model.h"
 
 namespace lf::models::llama {
@@ -493,24 +494,13 @@ at::Tensor V4DecoderLayerImpl::forward(const at::Tensor& h_in, const Batch& in, 
     if (x.size(1) != pos.size(1))
       throw OptionError("sp", "deepseek_v4: packed documents under sequence parallelism are not supported yet");
     const at::ScalarType rope_dtype = in.at("cos").scalar_type();
-    const at::Tensor ids = seg.to(at::kCPU, at::kLong).contiguous();
-    std::vector<at::Tensor> rows;
-    for (int64_t r = 0; r < x.size(0); ++r) {
-      const int64_t* p = ids[r].data_ptr<int64_t>();
-      std::vector<at::Tensor> docs;
-      for (int64_t lo = 0, len = ids.size(1); lo < len;) {
-        int64_t hi = lo;
-        while (hi < len && p[hi] == p[lo]) ++hi;
-        const at::Tensor dp = pos.narrow(0, r, 1).narrow(1, lo, hi - lo);
-        auto [dc, ds] = rot.main(dp, rope_dtype);
-        auto [dcc, dsc] = rot.compress(dp, rope_dtype);
-        docs.push_back(self_attn->forward(x.narrow(0, r, 1).narrow(1, lo, hi - lo), dp, compress_rope ? dcc : dc,
-                                          compress_rope ? dsc : ds, dcc, dsc, rot, nullptr));
-        lo = hi;
-      }
-      rows.push_back(docs.size() == 1 ? docs[0] : at::cat(docs, 1));
-    }
-    a = rows.size() == 1 ? rows[0] : at::cat(rows, 0);
+    const auto docs = packed_documents(seg);
+    auto attend = [&](const std::vector<at::Tensor>& d) {  // d: the document's x [1, len, hidden], positions [1, len]
+      auto [dc, ds] = rot.main(d[1], rope_dtype);
+      auto [dcc, dsc] = rot.compress(d[1], rope_dtype);
+      return self_attn->forward(d[0], d[1], compress_rope ? dcc : dc, compress_rope ? dsc : ds, dcc, dsc, rot, nullptr);
+    };
+    a = docs.empty() ? self_attn->forward(x, pos, cos, sin, cos_c, sin_c, rot, nullptr) : per_document(docs, {x, pos}, attend);
   }
   at::Tensor h = post.to(dtype).unsqueeze(-1) * a.unsqueeze(-2) + at::matmul(comb.to(dtype).transpose(-1, -2), h_in);
   std::tie(post, comb, collapsed) = ffn_hc->forward(h);

@@ -31,11 +31,7 @@ void store_linear_cache_state(nn::KVCache& cache, int64_t layer, int64_t t, cons
   cache.values[li] = recurrent;
 }
 
-namespace {
-
-// The documents of packed rows as [start, end) ranges of the flattened [B*T] tokens (nn::document_ranges); empty
-// when every row is one document (nothing to separate).
-std::vector<std::pair<int64_t, int64_t>> documents(const at::Tensor& segment_ids) {
+std::vector<std::pair<int64_t, int64_t>> packed_documents(const at::Tensor& segment_ids) {
   if (!segment_ids.defined()) return {};
   at::Tensor cu = nn::document_ranges(segment_ids.cpu()).first.to(at::kLong).cpu();
   const int64_t n = cu.numel() - 1;
@@ -46,8 +42,6 @@ std::vector<std::pair<int64_t, int64_t>> documents(const at::Tensor& segment_ids
   return out;
 }
 
-// f applied to every document's tokens on its own ([1, len, ...] slices of the flattened tensors), the results put
-// back in place: [B, T, ...].
 at::Tensor per_document(const std::vector<std::pair<int64_t, int64_t>>& docs, const std::vector<at::Tensor>& xs,
                         const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f) {
   const int64_t b = xs[0].size(0), t = xs[0].size(1);
@@ -63,11 +57,9 @@ at::Tensor per_document(const std::vector<std::pair<int64_t, int64_t>>& docs, co
   return y.view(shape);
 }
 
-}  // namespace
-
 LinearLayout::LinearLayout(const nn::AttentionHook& hook, const at::Tensor& segment_ids,
                            const std::optional<nn::SequenceParts>& parts, nn::KVCache* cache, int64_t layer)
-    : docs_(parts ? std::vector<std::pair<int64_t, int64_t>>{} : documents(segment_ids)), parts_(parts ? &*parts : nullptr),
+    : docs_(parts ? std::vector<std::pair<int64_t, int64_t>>{} : packed_documents(segment_ids)), parts_(parts ? &*parts : nullptr),
       part_segments_(parts ? segment_ids : at::Tensor()), cache_(cache), layer_(layer),
       past_(linear_cache_state(cache, layer)) {
   if (hook.attention_fn)

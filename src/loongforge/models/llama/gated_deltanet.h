@@ -19,6 +19,7 @@
 #pragma once
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -47,6 +48,14 @@ struct LinearCacheState {
 LinearCacheState linear_cache_state(const nn::KVCache* cache, int64_t layer);
 // Stores them after a call over t more tokens.
 void store_linear_cache_state(nn::KVCache& cache, int64_t layer, int64_t t, const at::Tensor& conv, const at::Tensor& recurrent);
+
+// The documents of packed rows (segment_ids [B, T]) as [start, end) ranges of the flattened [B*T] tokens
+// (nn::document_ranges); empty when every row is one document (nothing to separate).
+std::vector<std::pair<int64_t, int64_t>> packed_documents(const at::Tensor& segment_ids);
+// f applied to every document's tokens on its own ([1, len, ...] slices of the flattened tensors xs [B, T, ...]), the
+// results put back in place: [B, T, ...].
+at::Tensor per_document(const std::vector<std::pair<int64_t, int64_t>>& docs, const std::vector<at::Tensor>& xs,
+                        const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f);
 
 // How a linear-attention layer (Gated DeltaNet, KDA) runs its short convolution and delta rule in one call: packed
 // documents (segment_ids [B, T]: each document alone, from a zero state and convolution past), this rank's parts of
