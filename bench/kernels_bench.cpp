@@ -1,6 +1,8 @@
 // Our fused CPU kernels against their composite ATen versions (Google Benchmark). Run with
 //   OMP_NUM_THREADS=2 build/loongforge_bench_kernels
 #include <ATen/ATen.h>
+#include <cmath>
+#include <limits>
 #include <benchmark/benchmark.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -11,7 +13,9 @@
 #include "loongforge/kernels/rope.h"
 #include "loongforge/kernels/swiglu.h"
 #include "loongforge/kernels/causal_conv.h"
+#include "loongforge/kernels/sparse_attention.h"
 #include "loongforge/models/llama/model.h"
+#include "loongforge/nn/gated_delta.h"
 #include "loongforge/parallel/thread_split.h"
 
 namespace {
@@ -58,6 +62,55 @@ static void BM_CausalConv(benchmark::State& state) {
 }
 BENCHMARK_TEMPLATE(BM_CausalConv, true)->Args({2, 512, 1024})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_CausalConv, false)->Args({2, 512, 1024})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// DeepSeek sparse attention, forward + backward: B = 1, 16 heads, queries = keys = T, head dims 192 / 128 (MLA's), each
+// query attending to K keys picked at random among those before it (fewer while it sees fewer). Fused top-k kernel vs
+// the dense scores with the unpicked keys masked (what transformers' eager path and the composite version compute).
+template <bool Fused>
+static void BM_SparseAttention(benchmark::State& state) {
+  const int64_t t = state.range(0), k = state.range(1), h = 16;
+  at::manual_seed(0);
+  at::Tensor q = at::randn({1, h, t, 192}).requires_grad_(), kk = at::randn({1, h, t, 192}).requires_grad_();
+  at::Tensor v = at::randn({1, h, t, 128}).requires_grad_(), dy = at::randn({1, h, t, 128});
+  at::Tensor r = at::rand({1, t, t}).masked_fill(at::ones({t, t}, at::kBool).triu(1), -1.0);
+  auto [val, idx] = r.topk(k, -1);
+  idx = at::where(val >= 0, idx, at::full_like(idx, -1));
+  const at::Tensor slot = at::where(idx >= 0, idx, at::full_like(idx, t));
+  const at::Tensor keep = at::zeros({1, t, t + 1}, at::kBool).scatter_(-1, slot, true).narrow(-1, 0, t);
+  const double scale = 1.0 / std::sqrt(192.0);
+  for (auto _ : state) {
+    at::Tensor y;
+    if (Fused) {
+      y = lf::kernels::sparse_attention(q, kk, v, lf::kernels::keep_to_index(keep), scale);
+    } else {
+      at::Tensor s = at::matmul(q, kk.transpose(-1, -2)) * scale;
+      s = s.masked_fill(keep.logical_not().unsqueeze(1), -std::numeric_limits<double>::infinity());
+      y = at::matmul(at::softmax(s, -1), v);
+    }
+    y.backward(dy);
+    benchmark::DoNotOptimize(q.grad().data_ptr());
+  }
+}
+BENCHMARK_TEMPLATE(BM_SparseAttention, true)->Args({1024, 64})->Args({2048, 128})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_SparseAttention, false)->Args({1024, 64})->Args({2048, 128})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The chunk-wise gated delta rule (Gated DeltaNet) forward + backward at the Qwen3-Next bench's dense shape: B = 2,
+// T = 512, 8 value heads (4 key heads), Dk = Dv = 64, chunks of 64.
+static void BM_GatedDelta(benchmark::State& state) {
+  at::manual_seed(0);
+  const int64_t b = 2, t = state.range(0), hv = 8, hk = 4, d = 64;
+  at::Tensor q = at::randn({b, t, hk, d}).requires_grad_(), k = at::randn({b, t, hk, d}).requires_grad_();
+  at::Tensor v = at::randn({b, t, hv, d}).requires_grad_();
+  at::Tensor g = (-at::rand({b, t, hv}) * 0.5).requires_grad_(), beta = at::rand({b, t, hv}).requires_grad_();
+  at::Tensor qn = lf::nn::l2_normalize(q.detach(), 1e-6).requires_grad_(), kn = lf::nn::l2_normalize(k.detach(), 1e-6).requires_grad_();
+  at::Tensor dy = at::randn({b, t, hv, d});
+  for (auto _ : state) {
+    at::Tensor y = lf::nn::chunk_gated_delta_rule(qn, kn, v, g, beta, {}, 64, false).first;
+    y.backward(dy);
+    benchmark::DoNotOptimize(v.grad().data_ptr());
+  }
+}
+BENCHMARK(BM_GatedDelta)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Linear + cross-entropy, forward + backward: N tokens, hidden H, vocabulary V; range(3) = chunk rows (0: default).
 // The composite version is what the trainer did before: logits = x W^T, cross_entropy_loss(sum).

@@ -2,8 +2,10 @@
 // single tokens) gives the full-sequence forward's hidden states, while what it holds per layer stays bounded: the
 // last sliding_window - 1 keys, the compressed entries of the complete windows and the rows of the incomplete one.
 // Parity with transformers (its cached greedy decoding): tests/python/test_deepseek_v4_parity.py. Packed documents
-// (segment_ids, positions restarting per document) give each document's own hidden states and gradients.
+// (segment_ids, positions restarting per document) give each document's own hidden states and gradients. The
+// hyper-connections stay float32 under bf16 autocast.
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -113,3 +115,36 @@ TEST(DeepseekV4Packed, DocumentsEqualSeparateSequences) {
 }
 
 }  // namespace
+
+// transformers keeps the hyper-connections (attn_hc, ffn_hc, hc_head) in float32 when the model runs in bf16: under
+// bf16 autocast (precision: bf16) their mixing weights come out as without it, where the autocast's bf16 linear would
+// round them (~1e-2 relative), and gradients reach their parameters in float32.
+TEST(DeepseekV4Precision, HyperConnectionsStayFloat32UnderAutocast) {
+  at::manual_seed(2);
+  auto cfg = DecoderConfig::from_json(tiny(), "config.json");
+  lf::models::llama::V4HyperConnection hc(cfg, false), head(cfg, true);
+  {
+    at::NoGradGuard ng;
+    for (auto* m : {&hc, &head})
+      for (auto& p : (*m)->parameters()) p.normal_(0.0, 0.5);
+  }
+  const at::Tensor h = at::randn({2, 5, 2, 32});
+  auto run = [&](bool autocast) {
+    at::autocast::set_autocast_enabled(at::kCPU, autocast);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    auto [post, comb, collapsed] = hc->forward(h);
+    const at::Tensor out = head->collapse(h);
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+    (post.sum() + comb.sum() * 0.5 + (collapsed * collapsed).sum() + (out * out).sum()).backward();
+    std::vector<at::Tensor> r{post, comb, collapsed, out, hc->fn.grad().clone(), head->fn.grad().clone()};
+    hc->fn.mutable_grad().zero_();
+    head->fn.mutable_grad().zero_();
+    return r;
+  };
+  const auto plain = run(false), mixed = run(true);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(mixed[i].scalar_type(), at::kFloat) << i;
+    EXPECT_TRUE(at::equal(mixed[i], plain[i])) << i << " max diff " << (mixed[i] - plain[i]).abs().max().item<double>();
+  }
+}

@@ -1,4 +1,4 @@
-// Fused SwiGLU, fused linear + cross-entropy, RoPE, the causal convolution + SiLU and the row-split linear (CPU) against float64 finite differences and against their composite
+// Fused SwiGLU, fused linear + cross-entropy, RoPE, the causal convolution + SiLU, top-k sparse attention and the row-split linear (CPU) against float64 finite differences and against their composite
 // ATen versions.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -6,11 +6,15 @@
 
 #include <ATen/Parallel.h>
 
+#include <cmath>
+#include <limits>
+
 #include "loongforge/kernels/causal_conv.h"
 #include "loongforge/kernels/cpu/blas.h"
 #include "loongforge/kernels/linear.h"
 #include "loongforge/kernels/linear_ce.h"
 #include "loongforge/kernels/rope.h"
+#include "loongforge/kernels/sparse_attention.h"
 #include "loongforge/kernels/swiglu.h"
 #include "loongforge/nn/rotary.h"
 #include "test_util.h"
@@ -471,6 +475,97 @@ TEST(CausalConvKernel, OtherDtypesAndLayouts) {
   at::Tensor xt = at::randn({2, 16, 12}).transpose(1, 2);
   EXPECT_LT(rel_err(lf::kernels::causal_conv1d_silu(xt, w, true), lf::kernels::causal_conv1d_silu_reference(xt, w, true)),
             1e-6);
+}
+
+// ---- top-k sparse attention ---------------------------------------------------------------------------------------
+
+// Picked key positions [B, Tq, K] of Tk keys: query i picks among keys <= i (causal), some rows fewer than K (-1), one
+// key picked twice in a row.
+at::Tensor picks(int64_t b, int64_t tq, int64_t tk, int64_t k, uint64_t seed) {
+  at::manual_seed(seed);
+  at::Tensor idx = at::full({b, tq, k}, -1, at::kLong);
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t i = 0; i < tq; ++i) {
+      const int64_t visible = std::min(tk, i + 1 + (tk - tq)), n = std::min(k, visible);
+      at::Tensor chosen = at::randperm(visible, at::kLong).narrow(0, 0, n);
+      idx[r][i].narrow(0, 0, n).copy_(chosen);
+    }
+  idx[0][tq - 1][k - 1] = idx[0][tq - 1][0];  // a duplicate: counted twice
+  return idx;
+}
+
+// float64: q, k, v gradients against finite differences of the composite version; grouped key/value heads.
+TEST(SparseAttentionKernel, GradientsMatchFiniteDifferencesFloat64) {
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  at::manual_seed(7);
+  at::Tensor q = at::randn({2, 4, 6, 5}, opts).requires_grad_(), k = at::randn({2, 2, 9, 5}, opts).requires_grad_();
+  at::Tensor v = at::randn({2, 2, 9, 3}, opts).requires_grad_();
+  const at::Tensor idx = picks(2, 6, 9, 4, 8);
+  const double scale = 0.7;
+  at::Tensor y = lf::kernels::sparse_attention(q, k, v, idx, scale);
+  at::Tensor qd = q.detach().clone(), kd = k.detach().clone(), vd = v.detach().clone();
+  auto f = [&] { return lf::kernels::sparse_attention_reference(qd, kd, vd, idx, scale); };
+  ASSERT_EQ(y.sizes(), f().sizes());
+  EXPECT_LT(max_abs(y - f()), 1e-12);
+  at::Tensor dy = at::randn(y.sizes(), opts);
+  auto g = torch::autograd::grad({y}, {q, k, v}, {dy});
+  EXPECT_LT(max_abs(g[0] - lf::test::numeric_grad(f, qd, dy)), 1e-7);
+  EXPECT_LT(max_abs(g[1] - lf::test::numeric_grad(f, kd, dy)), 1e-7);
+  EXPECT_LT(max_abs(g[2] - lf::test::numeric_grad(f, vd, dy)), 1e-7);
+}
+
+// float32 against the composite (head dims off the vector width and DeepSeek's 192 / 128), and against the dense
+// masked softmax of a keep mask through keep_to_index; gradients do not depend on the thread count.
+TEST(SparseAttentionKernel, MatchesCompositeFloat32AndThreadCount) {
+  struct Case { int64_t b, h, hk, tq, tk, d, dv, k; };
+  for (Case c : {Case{1, 4, 4, 40, 40, 192, 128, 8}, Case{2, 3, 1, 17, 25, 13, 7, 5}, Case{1, 2, 2, 64, 64, 16, 16, 64}}) {
+    at::manual_seed(9);
+    at::Tensor q = at::randn({c.b, c.h, c.tq, c.d}).requires_grad_(), k = at::randn({c.b, c.hk, c.tk, c.d}).requires_grad_();
+    at::Tensor v = at::randn({c.b, c.hk, c.tk, c.dv}).requires_grad_();
+    const at::Tensor idx = picks(c.b, c.tq, c.tk, c.k, 10);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+    at::Tensor y = lf::kernels::sparse_attention(q, k, v, idx, scale);
+    at::Tensor dy = at::randn(y.sizes());
+    auto g = torch::autograd::grad({y}, {q, k, v}, {dy});
+    at::Tensor q2 = q.detach().clone().requires_grad_(), k2 = k.detach().clone().requires_grad_();
+    at::Tensor v2 = v.detach().clone().requires_grad_();
+    at::Tensor y2 = lf::kernels::sparse_attention_reference(q2, k2, v2, idx, scale);
+    auto g2 = torch::autograd::grad({y2}, {q2, k2, v2}, {dy});
+    EXPECT_LT(rel_err(y, y2), 1e-5) << c.d;
+    for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(g[i], g2[i]), 1e-5) << c.d << " grad " << i;
+    // the same picks as a keep mask (duplicates dropped), through keep_to_index = dense masked attention
+    const at::Tensor slot = at::where(idx >= 0, idx, at::full_like(idx, c.tk));  // -1 -> a column cut off below
+    const at::Tensor keep = at::zeros({c.b, c.tq, c.tk + 1}, at::kBool).scatter_(-1, slot, true).narrow(-1, 0, c.tk);
+    const at::Tensor ki = lf::kernels::keep_to_index(keep);
+    EXPECT_EQ(ki.size(-1), keep.sum(-1).max().item<int64_t>());
+    at::Tensor kr = k.detach().repeat_interleave(c.h / c.hk, 1), vr = v.detach().repeat_interleave(c.h / c.hk, 1);
+    at::Tensor s = at::matmul(q.detach(), kr.transpose(-1, -2)) * scale;
+    s = s.masked_fill(keep.logical_not().unsqueeze(1), -std::numeric_limits<double>::infinity());
+    EXPECT_LT(rel_err(lf::kernels::sparse_attention(q.detach(), k.detach(), v.detach(), ki, scale),
+                      at::matmul(at::softmax(s, -1), vr)), 1e-5) << c.d;
+    auto [out, lse] = lf::kernels::sparse_attention_forward_cpu(q.detach(), k.detach(), v.detach(), idx, scale);
+    const int threads = at::get_num_threads();
+    at::set_num_threads(1);
+    auto one = lf::kernels::sparse_attention_backward_cpu(dy, q.detach(), k.detach(), v.detach(), idx, lse, scale);
+    at::set_num_threads(2);
+    auto two = lf::kernels::sparse_attention_backward_cpu(dy, q.detach(), k.detach(), v.detach(), idx, lse, scale);
+    at::set_num_threads(threads);
+    EXPECT_TRUE(at::equal(std::get<0>(one), std::get<0>(two)) && at::equal(std::get<1>(one), std::get<1>(two)) &&
+                at::equal(std::get<2>(one), std::get<2>(two))) << "thread count changed the gradients";
+  }
+}
+
+// bf16 takes the composite path; a position past the keys is an error.
+TEST(SparseAttentionKernel, OtherDtypesAndBadPositions) {
+  at::manual_seed(11);
+  at::Tensor q = at::randn({1, 2, 5, 8}), k = at::randn({1, 2, 7, 8}), v = at::randn({1, 2, 7, 8});
+  const at::Tensor idx = picks(1, 5, 7, 3, 12);
+  const at::Tensor qb = q.to(at::kBFloat16), kb = k.to(at::kBFloat16), vb = v.to(at::kBFloat16);
+  EXPECT_TRUE(at::equal(lf::kernels::sparse_attention(qb, kb, vb, idx, 0.3),
+                        lf::kernels::sparse_attention_reference(qb, kb, vb, idx, 0.3)));
+  at::Tensor bad = idx.clone();
+  bad[0][0][0] = 7;
+  EXPECT_THROW(lf::kernels::sparse_attention(q, k, v, bad, 0.3), std::exception);
 }
 
 }  // namespace

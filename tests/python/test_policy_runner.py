@@ -5,6 +5,9 @@ LeRobot's own preprocessor -> policy.predict_action_chunk -> postprocessor on th
     the camera as uint8 [H, W, C] or as LeRobot's float [C, H, W] frames gives LeRobot's chunk;
   - π0 trained one step by `loongforge train` (the checkpoint: weights, processors, tokenizer): the prompt through
     the tokenizer, the sampler's noise from the seed (torch's generator, as LeRobot's sample_noise draws it);
+  - Diffusion Policy (two observation steps): one frame = LeRobot's chunk for a window of copies of it (its queues at an
+    episode's start), two frames along a leading dimension = LeRobot's chunk for that history (the DDPM sampler's
+    draws from the seed);
   - keys the policy does not read are ignored; bad observations (a missing feature, a misshapen camera or state): one line naming the file and the feature."""
 import json
 
@@ -18,6 +21,8 @@ from test_pi0_train import POLICY as PI0_POLICY
 from test_pi0_train import SETUP as PI0_SETUP
 from test_pi0_train import TOKENIZER
 from test_pi0_train import recipe as pi0_recipe
+from test_diffusion_policy_parity import NARROW as DP_NARROW
+from test_diffusion_policy_train import POLICY as DP_POLICY
 from test_policy_train import DATASET, NARROW, POLICY
 
 # argv: dataset, policy folder: LeRobot's processors for the dataset's stats written into the policy folder.
@@ -64,6 +69,42 @@ pre, post = make_pre_post_processors(p.config, pretrained_path=folder)
 o = load_file(obs)
 batch = {"observation.state": o["observation.state"][None].float(),
          "observation.images.top": o["observation.images.top"].permute(2, 0, 1)[None].float() / 255, "task": [prompt]}
+torch.manual_seed(int(seed))
+with torch.no_grad():
+    chunk = post(p.predict_action_chunk(pre(batch)))[0]
+save_file({"action": chunk.contiguous()}, out)
+'''
+
+
+# argv: dataset, policy folder: LeRobot's processors for the dataset's stats, for the Diffusion Policy.
+DP_PROCESSORS = DP_NARROW + r'''
+import sys
+narrow_resnet18()
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+from lerobot.policies.factory import make_pre_post_processors
+root, pol = sys.argv[1:3]
+p = DiffusionPolicy.from_pretrained(pol)
+pre, post = make_pre_post_processors(p.config, dataset_stats=LeRobotDataset("test/robot", root=root).meta.stats)
+pre.save_pretrained(pol); post.save_pretrained(pol)
+'''
+
+# argv: policy folder, observation file (raw: one frame or a window of frames), seed, out: LeRobot's unnormalised chunk
+# for the observation window (one frame: its copies), the sampler's draws from the seeded global generator.
+DP_REF = DP_NARROW + r'''
+import sys, torch
+narrow_resnet18()
+from safetensors.torch import load_file, save_file
+from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+from lerobot.policies.factory import make_pre_post_processors
+pol, obs, seed, out = sys.argv[1:5]
+p = DiffusionPolicy.from_pretrained(pol); p.eval()
+pre, post = make_pre_post_processors(p.config, pretrained_path=pol)
+o = load_file(obs)
+state, img = o["observation.state"].float(), o["observation.images.top"]
+if state.dim() == 1:
+    state, img = torch.stack([state, state]), torch.stack([img, img])
+batch = {"observation.state": state[None], "observation.images.top": img.permute(0, 3, 1, 2)[None].float() / 255}
 torch.manual_seed(int(seed))
 with torch.no_grad():
     chunk = post(p.predict_action_chunk(pre(batch)))[0]
@@ -178,3 +219,36 @@ def test_pi0_chunk_with_its_prompt_equals_lerobots(tmp_path, pi0):
     assert np.abs(other - got).max() > 1e-3
     r = run_lf("predict", "--policy", ckpt, "--observation", tmp_path / "obs.safetensors", check=False)
     assert r.returncode != 0 and "prompt" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def diffusion(tmp_path_factory):
+    d = tmp_path_factory.mktemp("runner_dp")
+    run_lerobot("import sys\n" + "".join(f"sys.argv = {['-c', *map(str, a)]!r}\nexec({c!r}, {{}})\n" for c, a in
+                                         [(DATASET, [d / "dataset"]), (DP_POLICY, [d / "dp"]),
+                                          (DP_PROCESSORS, [d / "dataset", d / "dp"])]))
+    return d / "dp"
+
+
+def test_diffusion_policy_chunk_for_a_frame_and_for_a_history_equals_lerobots(tmp_path, diffusion):
+    rng = np.random.default_rng(5)
+    one = observation(tmp_path / "one.safetensors", 3)
+    hist = {"observation.state": rng.standard_normal((2, 4)).astype(np.float32),
+            "observation.images.top": rng.integers(0, 256, (2, 24, 32, 3), dtype=np.uint8)}
+    save_file(hist, str(tmp_path / "hist.safetensors"))
+    for name in ("one", "hist"):
+        ref = tmp_path / f"ref_{name}.safetensors"
+        run_lerobot(DP_REF, diffusion, tmp_path / f"{name}.safetensors", 7, ref)
+        want = load_file(str(ref))["action"]
+        got = predict(tmp_path, diffusion, tmp_path / f"{name}.safetensors", "--seed", "7")
+        assert got.shape == want.shape == (4, 4), name
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=name)
+    # the history matters: its last frame alone gives another chunk
+    last = {k: v[-1] for k, v in hist.items()}
+    save_file(last, str(tmp_path / "last.safetensors"))
+    assert np.abs(predict(tmp_path, diffusion, tmp_path / "last.safetensors", "--seed", "7") - got).max() > 1e-3
+    # three frames for a window of two: one line naming the feature and the window
+    save_file(dict(one, **{"observation.state": np.zeros((3, 4), np.float32)}), str(tmp_path / "bad.safetensors"))
+    r = run_lf("predict", "--policy", diffusion, "--observation", tmp_path / "bad.safetensors", check=False)
+    line = r.stderr.strip()
+    assert r.returncode != 0 and "\n" not in line and "observation.state" in line and "2 such frames" in line, line

@@ -287,11 +287,11 @@ void apply_context_parallel(models::Model& model, const Group& cp, const std::st
     if (inside && attn->causal)
       throw cp_error("the model cuts its token sequence itself (contiguous parts); its causal attention (layer " +
                      std::to_string(i) + ") needs the load-balanced layout");
+    // linear attention, DeepSeek sparse attention, DeepSeek-V4 (its windows within): their parts, whatever the mode
+    if (auto* p = dynamic_cast<nn::SequencePartsHook*>(attn); p && p->runs_in_parts()) continue;
     if (attn->window > 0)
       throw cp_error("sliding-window attention (layer " + std::to_string(i) + ", window " +
                   std::to_string(attn->window) + ") is not supported with context parallelism");
-    // linear attention, DeepSeek sparse attention: their parts, whatever the mode
-    if (auto* p = dynamic_cast<nn::SequencePartsHook*>(attn); p && p->runs_in_parts()) continue;
     if (!ring && attn->heads % n != 0)
       throw cp_error(std::to_string(n) + " does not divide num_attention_heads " +
                   std::to_string(attn->heads) + " (cp_mode a2a)");

@@ -22,7 +22,9 @@
 // (a latent attention with an indexer) the same: it gathers the whole sequence's latents and index keys with it.
 //
 // Packed documents: the segment ids of the local tokens (cp_shard of the full [B,T] ids) are passed as
-// attention_fn's segment_ids; attention stays within a document in both modes. Sliding windows are rejected.
+// attention_fn's segment_ids; attention stays within a document in both modes. Sliding windows are rejected (but in
+// DeepSeek-V4's attention, which runs on its parts: it gathers its shared key head and compressor projections and applies
+// its window at the global positions).
 //
 // Training conventions: feed the model cp_shard of the input ids, of the position ids (the global positions, so
 // rotary embeddings are right), of the segment ids and of next_token_targets(labels) (the shift must happen on

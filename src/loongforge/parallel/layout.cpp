@@ -63,8 +63,11 @@ void validate(const Layout& l, models::Model& m, int64_t seq_len, int64_t micro_
       if ((a->kv_heads / l.tp) % l.cp) bad("cp", s(l.cp) + " does not divide the " + s(a->kv_heads / l.tp) + " key/value heads per tensor-parallel rank (cp_mode a2a)");
     }
   if (l.cp > 1)
-    for (const nn::AttentionHook* a : attn)
+    for (const nn::AttentionHook* a : attn) {
+      // a module that runs on its parts (DeepSeek-V4: gathers its keys) applies its window itself
+      if (auto* p = dynamic_cast<const nn::SequencePartsHook*>(a); p && p->runs_in_parts()) continue;
       if (a->window > 0) bad("cp", "context parallel does not support sliding-window attention (layer window " + s(a->window) + ")");
+    }
   if (l.vpp > 1 && l.pp == 1) bad("vpp", "virtual pipeline stages need pp > 1");
   const int64_t stages = int64_t(l.pp) * l.vpp;
   if (!l.pp_layout.empty()) {

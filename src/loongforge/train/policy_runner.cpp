@@ -122,36 +122,45 @@ at::Tensor PolicyRunner::predict(const std::map<std::string, at::Tensor>& observ
     }
     at::Tensor x = it->second.to(at::kCPU);
     const std::string what = "observation '" + f.name + "'";
+    const int64_t S = static_cast<int64_t>(spec_.observation_offsets.size());
+    bool window = false;  // x holds the S frames of the policy's observation window
     if (f.type == "VISUAL") {
       if (f.shape.size() != 3) throw Error(what + ": the policy's camera shape is not [C, H, W]");
-      if (x.dim() == 4 && x.size(0) == 1) x = x.squeeze(0);
       const int64_t C = f.shape[0], H = f.shape[1], W = f.shape[2];
-      const bool chw = x.dim() == 3 && x.size(0) == C && x.size(1) == H && x.size(2) == W;
-      const bool hwc = x.dim() == 3 && x.size(0) == H && x.size(1) == W && x.size(2) == C;
+      const auto is = [&](int64_t a, int64_t b2, int64_t c) {
+        return x.size(-3) == a && x.size(-2) == b2 && x.size(-1) == c;
+      };
+      window = S > 1 && x.dim() == 4 && x.size(0) == S && (is(C, H, W) || is(H, W, C));
+      if (!window && x.dim() == 4 && x.size(0) == 1) x = x.squeeze(0);
+      const bool chw = x.dim() == 3 + window && is(C, H, W), hwc = x.dim() == 3 + window && is(H, W, C);
       if (!chw && !hwc)
         throw Error(what + ": shape " + shape_str(x.sizes()) + ", the policy reads a camera of " + shape_str(f.shape) +
-                    " ([C, H, W], or [H, W, C] as a robot sends it)");
+                    " ([C, H, W], or [H, W, C] as a robot sends it" +
+                    (S > 1 ? "; or " + std::to_string(S) + " such frames, oldest first" : std::string()) + ")");
       if (x.is_complex() || x.scalar_type() == at::kBool) throw Error(what + ": not an image's dtype");
       const bool unit = chw && x.is_floating_point();  // LeRobot's float frames, already in [0, 1]
-      if (!chw) x = x.permute({2, 0, 1});
+      if (!chw) x = window ? x.permute({0, 3, 1, 2}) : x.permute({2, 0, 1});
       x = x.to(at::kFloat);
       if (!unit) x = x.div(255.0);
     } else {
       if (x.is_complex() || x.scalar_type() == at::kBool) throw Error(what + ": not a numeric dtype");
       int64_t d = 1;
       for (int64_t s : f.shape) d *= s;
-      if (x.numel() != d)
-        throw Error(what + ": shape " + shape_str(x.sizes()) + ", the policy reads " + shape_str(f.shape));
-      x = x.to(at::kFloat).reshape(f.shape);
+      window = S > 1 && x.numel() == S * d && x.dim() >= 2 && x.size(0) == S;
+      if (x.numel() != d && !window)
+        throw Error(what + ": shape " + shape_str(x.sizes()) + ", the policy reads " + shape_str(f.shape) +
+                    (S > 1 ? " (or " + std::to_string(S) + " such frames, oldest first)" : std::string()));
+      std::vector<int64_t> shape = f.shape;
+      if (window) shape.insert(shape.begin(), S);
+      x = x.to(at::kFloat).reshape(shape);
     }
     if (!at::isfinite(x).all().item<bool>()) throw Error(what + ": not finite");
     auto m = modes_.find(f.name);
     if (m != modes_.end() && m->second != static_cast<int>(robot::NormMode::identity))
       x = robot::normalize(x, stats_.at(f.name), static_cast<robot::NormMode>(m->second), f.name, eps_);
-    // a policy with an observation window sees this observation at every offset (LeRobot's queues at an episode's
+    // a policy with an observation window given one frame sees it at every offset (LeRobot's queues at an episode's
     // start, filled with copies of the first observation)
-    if (!spec_.observation_offsets.empty())
-      x = at::stack(std::vector<at::Tensor>(spec_.observation_offsets.size(), x));
+    if (S > 0 && !window) x = at::stack(std::vector<at::Tensor>(static_cast<size_t>(S), x));
     b.set(f.name, x.unsqueeze(0).contiguous());
   }
   if (prompt_) {

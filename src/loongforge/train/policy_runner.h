@@ -12,6 +12,10 @@
 // - cameras ("observation.images.<camera>"): uint8 [H, W, C] or [C, H, W] (0..255), or float [C, H, W] in [0, 1]
 //   (LeRobot's dataset frames); a leading batch dimension of 1 is allowed;
 // - the task text (policies that read a prompt): passed as `prompt`.
+// Policies with an observation window (Diffusion Policy's n_obs_steps = S > 1) take either one frame, seen at every
+// offset of the window (LeRobot's queues at an episode's start, filled with copies), or the window itself: S frames
+// along a leading dimension, oldest first ([S, D] vectors, [S, H, W, C] / [S, C, H, W] cameras), as LeRobot's
+// select_action stacks its observation queue.
 // Missing and misshapen features are errors naming the feature (lf::Error, one line); other keys are ignored (as
 // LeRobot's policies ignore batch keys they do not read: a robot may send everything it has).
 #pragma once

@@ -1,11 +1,13 @@
 #include "loongforge/models/llama/deepseek_v4.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 
 #include <cmath>
 #include <limits>
 
 #include "loongforge/core/error.h"
+#include "loongforge/models/llama/dsa.h"
 #include "loongforge/models/llama/gated_deltanet.h"
 #include "loongforge/models/llama/model.h"
 
@@ -290,16 +292,8 @@ V4CompressorState v4_cache_state(nn::KVCache& cache, int64_t layer, bool indexer
 
 at::Tensor V4CompressorImpl::compress(const at::Tensor& x, const V4Rotary& rot, const V4CompressorState* st) {
   const int64_t b = x.size(0);
-  if (!st) {  // the whole sequence from position 0 (projected first: a sequence-parallel entry gathers it)
-    const at::Tensor kv_all = kv_proj->forward(x), gate_all = gate_proj->forward(x);
-    const int64_t n = kv_all.size(1) / rate;
-    if (n == 0) return at::zeros({b, 0, dim}, x.options());
-    const at::Tensor kv = kv_all.narrow(1, 0, n * rate).view({b, n, rate, -1});
-    const at::Tensor gate = gate_all.narrow(1, 0, n * rate).view({b, n, rate, -1}) + position_bias;
-    const at::Tensor pk = overlap ? at::zeros({b, 1, rate, dim}, kv.options()) : at::Tensor();
-    const at::Tensor pg = overlap ? at::full({b, 1, rate, dim}, -kInf, gate.options()) : at::Tensor();
-    return pool_windows(*this, kv, gate, pk, pg, 0, rot);
-  }
+  // the whole sequence from position 0 (projected first: a sequence-parallel entry gathers it)
+  if (!st) return pool(kv_proj->forward(x), gate_proj->forward(x), rot);
   // generation: the pending rows of the incomplete window, then x's
   at::Tensor kv = kv_proj->forward(x), gate = gate_proj->forward(x);  // [B,t,w]
   if (st->pending_kv->defined()) {
@@ -328,13 +322,28 @@ at::Tensor V4CompressorImpl::compress(const at::Tensor& x, const V4Rotary& rot, 
   return out;
 }
 
+at::Tensor V4CompressorImpl::pool(const at::Tensor& kv_all, const at::Tensor& gate_all, const V4Rotary& rot) {
+  const int64_t b = kv_all.size(0), n = kv_all.size(1) / rate;
+  if (n == 0) return at::zeros({b, 0, dim}, kv_all.options());
+  const at::Tensor kv = kv_all.narrow(1, 0, n * rate).view({b, n, rate, -1});
+  const at::Tensor gate = gate_all.narrow(1, 0, n * rate).view({b, n, rate, -1}) + position_bias;
+  const at::Tensor pk = overlap ? at::zeros({b, 1, rate, dim}, kv.options()) : at::Tensor();
+  const at::Tensor pg = overlap ? at::full({b, 1, rate, dim}, -kInf, gate.options()) : at::Tensor();
+  return pool_windows(*this, kv, gate, pk, pg, 0, rot);
+}
+
 at::Tensor V4CompressorImpl::select(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& pos,
                                     const at::Tensor& cos, const at::Tensor& sin, const V4Rotary& rot,
                                     const V4CompressorState* state) {
   at::NoGradGuard no_grad;
+  return select_from(compress(x, rot, state), x, q_resid, pos, cos, sin);
+}
+
+at::Tensor V4CompressorImpl::select_from(const at::Tensor& keys, const at::Tensor& x, const at::Tensor& q_resid,
+                                         const at::Tensor& pos, const at::Tensor& cos, const at::Tensor& sin) {
+  at::NoGradGuard no_grad;
   const int64_t b = q_resid.size(0), t = q_resid.size(1);  // (the whole sequence under sequence parallelism)
-  const at::Tensor keys = compress(x, rot, state);  // [B,n,Di]
-  const int64_t n = keys.size(1);
+  const int64_t n = keys.size(1);  // keys [B,n,Di]
   at::Tensor q = q_b_proj->forward(q_resid).view({b, t, heads, dim}).transpose(1, 2);
   q = v4_rotate(q, cos, sin).transpose(1, 2);  // [B,T,Hi,Di]
   at::Tensor scores = at::matmul(q.to(at::kFloat), keys.transpose(-1, -2).to(at::kFloat).unsqueeze(1));  // [B,T,Hi,n]
@@ -368,7 +377,8 @@ V4AttentionImpl::V4AttentionImpl(const DecoderConfig& c, int64_t layer_idx)
 at::Tensor V4AttentionImpl::forward(const at::Tensor& x, const at::Tensor& pos, const at::Tensor& cos,
                                     const at::Tensor& sin, const at::Tensor& cos_c, const at::Tensor& sin_c,
                                     const V4Rotary& rot, nn::KVCache* cache) {
-  if (attention_fn) throw Error("deepseek_v4: context parallelism and packed-document attention are not supported yet");
+  if (attention_fn) throw Error("deepseek_v4: its attention takes no attention_fn (internal)");
+  const bool in_parts = parts.has_value() && !cache;  // context parallelism
   // b, t from the query latent: under sequence parallelism x holds this rank's part of the sequence and the
   // projections' entries gather the whole of it
   const at::Tensor q_resid = q_a_norm->forward(q_a_proj->forward(x));
@@ -376,6 +386,28 @@ at::Tensor V4AttentionImpl::forward(const at::Tensor& x, const at::Tensor& pos, 
   at::Tensor q = unweighted_rms(q_b_proj->forward(q_resid).view({b, t, heads, head_dim}).transpose(1, 2), eps);
   q = v4_rotate(q, cos, sin);
   at::Tensor kv = v4_rotate(kv_norm->forward(kv_proj->forward(x)).view({b, t, 1, head_dim}).transpose(1, 2), cos, sin);
+  at::Tensor entries, top;  // context parallelism: the whole sequence's compressed entries, the indexer's picks
+  if (in_parts) {
+    // the whole sequence's key / value head and compressor projections, gathered at once
+    std::vector<at::Tensor> local{kv};
+    if (compressor) {
+      local.push_back(compressor->kv_proj->forward(x).unsqueeze(1));
+      local.push_back(compressor->gate_proj->forward(x).unsqueeze(1));
+    }
+    const at::Tensor all = gather_parts(at::cat(local, -1), *parts);  // [B,1,T,D (+2w)]
+    kv = all.narrow(-1, 0, head_dim);
+    if (compressor) {
+      const int64_t w = (all.size(-1) - head_dim) / 2;
+      entries = compressor->pool(all.narrow(-1, head_dim, w).squeeze(1), all.narrow(-1, head_dim + w, w).squeeze(1), rot);
+      if (const auto& ix = compressor->indexer) {
+        at::NoGradGuard no_grad;
+        const at::Tensor il = at::cat({ix->kv_proj->forward(x), ix->gate_proj->forward(x)}, -1).unsqueeze(1);
+        const at::Tensor ia = gather_parts(il, *parts).squeeze(1);
+        const int64_t iw = ia.size(-1) / 2;
+        top = ix->select_from(ix->pool(ia.narrow(-1, 0, iw), ia.narrow(-1, iw, iw), rot), x, q_resid, pos, cos_c, sin_c);
+      }
+    }
+  }
   int64_t kept = 0;  // generation: the cached keys before x's (the last window - 1 positions)
   if (cache) {
     at::Tensor& held = v4_cache_keys(*cache, layer_idx);
@@ -388,16 +420,18 @@ at::Tensor V4AttentionImpl::forward(const at::Tensor& x, const at::Tensor& pos, 
   }
   const int64_t tk = kv.size(2);
   // the sliding window: key j visible to query i when i - window < j <= i (query i is key kept + i)
-  const at::Tensor i = at::arange(t, pos.options()).unsqueeze(1) + kept, j = at::arange(tk, pos.options()).unsqueeze(0);
+  // (context parallelism: this rank's queries at their places in the whole sequence)
+  const at::Tensor i = (in_parts ? part_positions(*parts, t, pos.options()) : at::arange(t, pos.options()) + kept).unsqueeze(1);
+  const at::Tensor j = at::arange(tk, pos.options()).unsqueeze(0);
   at::Tensor mask = at::zeros({t, tk}, q.options()).masked_fill((j > i) | (j <= i - window), -kInf).expand({b, 1, t, tk});
   if (compressor) {
     V4CompressorState cs{}, is{};
     if (cache) cs = v4_cache_state(*cache, layer_idx, false), is = v4_cache_state(*cache, layer_idx, true);
-    const at::Tensor entries = compressor->compress(x, rot, cache ? &cs : nullptr);  // [B,n,D]
+    if (!in_parts) entries = compressor->compress(x, rot, cache ? &cs : nullptr);  // [B,n,D]
     const int64_t n = entries.size(1);
     at::Tensor bias;
     if (compressor->indexer) {  // only the indexer's picks
-      const at::Tensor top = compressor->indexer->select(x, q_resid, pos, cos_c, sin_c, rot, cache ? &is : nullptr);
+      if (!in_parts) top = compressor->indexer->select(x, q_resid, pos, cos_c, sin_c, rot, cache ? &is : nullptr);
       const at::Tensor safe = at::where(top >= 0, top, at::full_like(top, n));
       bias = at::full({b, 1, t, n + 1}, -kInf, q.options()).scatter(-1, safe.unsqueeze(1), 0.0).narrow(-1, 0, n);
     } else {  // every complete window before the query
@@ -446,6 +480,8 @@ V4HyperConnectionImpl::V4HyperConnectionImpl(const DecoderConfig& c, bool head)
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> V4HyperConnectionImpl::forward(const at::Tensor& h) {
+  // float32 also under bf16 autocast, as transformers keeps attn_hc / ffn_hc / hc_head in fp32
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const int64_t b = h.size(0), t = h.size(1);
   const at::Tensor mix = at::linear(unweighted_rms(h.reshape({b, t, -1}).to(at::kFloat), eps), fn.to(at::kFloat));
   const auto w = mix.split({n, n, n * n}, -1);
@@ -463,6 +499,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> V4HyperConnectionImpl::forward(co
 }
 
 at::Tensor V4HyperConnectionImpl::collapse(const at::Tensor& h) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::Tensor flat = unweighted_rms(h.flatten(2).to(at::kFloat), eps);
   const at::Tensor pre = at::sigmoid(at::linear(flat, fn.to(at::kFloat)) * scale.to(at::kFloat) + base.to(at::kFloat)) + hc_eps;
   return (pre.unsqueeze(-1) * h).sum(2).to(h.scalar_type());
@@ -493,6 +530,8 @@ at::Tensor V4DecoderLayerImpl::forward(const at::Tensor& h_in, const Batch& in, 
     if (cache) throw Error("deepseek_v4: packed documents (segment_ids) are not supported with a cache (generation)");
     if (x.size(1) != pos.size(1))
       throw OptionError("sp", "deepseek_v4: packed documents under sequence parallelism are not supported yet");
+    if (self_attn->parts)
+      throw OptionError("cp", "deepseek_v4: packed documents under context parallelism are not supported yet");
     const at::ScalarType rope_dtype = in.at("cos").scalar_type();
     const auto docs = packed_documents(seg);
     auto attend = [&](const std::vector<at::Tensor>& d) {  // d: the document's x [1, len, hidden], positions [1, len]

@@ -26,6 +26,7 @@
 #include "loongforge/nn/moe.h"
 #include "loongforge/nn/rms_norm.h"
 #include "loongforge/nn/rotary.h"
+#include "loongforge/nn/sequence_parts.h"
 
 namespace lf::models::llama {
 
@@ -71,10 +72,16 @@ class V4CompressorImpl : public torch::nn::Module {
   // With a state (generation): x holds the tokens after those the state has seen (positions go on from there);
   // returns every entry so far, the state updated.
   at::Tensor compress(const at::Tensor& x, const V4Rotary& rot, const V4CompressorState* state = nullptr);
+  // The same from the whole sequence's projections kv_proj(x), gate_proj(x) [B,T,w] (context parallelism gathers
+  // them from every rank).
+  at::Tensor pool(const at::Tensor& kv_all, const at::Tensor& gate_all, const V4Rotary& rot);
   // The indexer's top index_topk entries per query [B,T,k] (-1: none) over its entries, no autograd. pos [B,T];
   // cos / sin: the compress rotary at pos.
   at::Tensor select(const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& pos, const at::Tensor& cos,
                     const at::Tensor& sin, const V4Rotary& rot, const V4CompressorState* state = nullptr);
+  // The same over given entries keys [B,n,dim] (the queries x, q_resid, pos: any tokens of the sequence).
+  at::Tensor select_from(const at::Tensor& keys, const at::Tensor& x, const at::Tensor& q_resid, const at::Tensor& pos,
+                         const at::Tensor& cos, const at::Tensor& sin);
   nn::Linear kv_proj{nullptr}, gate_proj{nullptr};
   at::Tensor position_bias;
   nn::RMSNorm kv_norm{nullptr};
@@ -85,7 +92,11 @@ class V4CompressorImpl : public torch::nn::Module {
 };
 TORCH_MODULE(V4Compressor);
 
-class V4AttentionImpl : public torch::nn::Module, public nn::AttentionHook {
+// Context parallelism (nn::SequencePartsHook, parts set): x holds this rank's parts of the load-balanced layout; the
+// shared key / value head and the compressors' (and indexer's) projections are gathered over the whole sequence (one
+// all-gather, gradients reduce-scattered back), every rank pools the whole sequence's compressed entries, and its
+// queries attend to them and to the whole sequence's keys through the sliding window at their global positions.
+class V4AttentionImpl : public torch::nn::Module, public nn::AttentionHook, public nn::SequencePartsHook {
  public:
   V4AttentionImpl(const DecoderConfig& c, int64_t layer_idx);
   // x [B,T,hidden]; pos [B,T]; cos/sin of this layer's rotary at pos, cos_c/sin_c of the compress one. cache: the

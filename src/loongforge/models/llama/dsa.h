@@ -92,7 +92,9 @@ struct DsaSelection {
 };
 
 // softmax(q k^T * scale) v over the kept keys: q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,Dv], keep [B,Tq,Tk] bool
-// (every row keeps at least one key) -> [B,H,Tq,Dv]. Dense scores with the rest masked, as transformers' eager path.
+// (every row keeps at least one key) -> [B,H,Tq,Dv]. On the CPU (float32 / float64, no probs) the fused kernel
+// (kernels/sparse_attention.h: only the kept keys); otherwise dense scores with the rest masked, as transformers'
+// eager path.
 // probs: set to the attention probabilities [B,H,Tq,Tk] when given.
 at::Tensor sparse_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& keep,
                             double scale, at::Tensor* probs = nullptr);

@@ -1,0 +1,294 @@
+// CPU kernels of the fused top-k sparse attention (kernels/sparse_attention.h), and its autograd Function.
+//
+// Forward: one task per block of query rows; per row the K picked keys' scores, their softmax and the weighted sum of
+// the picked values, with the log-sum-exp kept. Backward: one task per (batch row, key/value head), which owns that
+// head's dk / dv and runs every query of its head group in order: the probabilities recomputed from the
+// log-sum-exp, dp_j = do . v_j, ds_j = p_j (dp_j - sum_j p_j dp_j), dq = scale sum_j ds_j k_j, dk_j += scale ds_j q,
+// dv_j += p_j do. float32 runs AVX2+FMA dot products and axpys (chosen at run time), float64 plain loops.
+#include "loongforge/kernels/sparse_attention.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "loongforge/core/error.h"
+#include "loongforge/kernels/cpu/vec_math.h"
+
+namespace lf::kernels {
+namespace {
+
+struct Dims {
+  int64_t b = 0, h = 0, hk = 0, tq = 0, tk = 0, d = 0, dv = 0, k = 0;
+};
+
+Dims check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& idx) {
+  auto fail = [](const std::string& why) { return Error("sparse_attention: " + why); };
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || idx.dim() != 3)
+    throw fail("q, k, v must be [B, heads, T, dim] and idx [B, Tq, K]");
+  Dims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3), idx.size(2)};
+  if (k.size(0) != d.b || v.size(0) != d.b || idx.size(0) != d.b) throw fail("batch sizes differ");
+  if (k.size(3) != d.d) throw fail("q and k head dims differ");
+  if (v.size(1) != d.hk || v.size(2) != d.tk) throw fail("k and v heads / lengths differ");
+  if (d.hk <= 0 || d.h % d.hk) throw fail("key/value heads must divide query heads");
+  if (idx.size(1) != d.tq) throw fail("idx [B, Tq, K] does not match q's queries");
+  if (idx.scalar_type() != at::kLong) throw fail("idx must be int64");
+  return d;
+}
+
+// ---- dot product and axpy: float32 with AVX2 + FMA, plain loops otherwise -------------------------------------------
+
+template <typename T>
+inline T dot_generic(const T* a, const T* b, int64_t n) {
+  T s = 0;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+template <typename T>
+inline void axpy_generic(T a, const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+#if defined(__x86_64__)
+LF_AVX2 inline float dot_avx2(const float* a, const float* b, int64_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  float s = cpu::hsum8(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+LF_AVX2 inline void axpy_avx2(float a, const float* x, float* y, int64_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+#endif
+
+template <typename T>
+struct Ops {
+  bool avx2 = false;
+  T dot(const T* a, const T* b, int64_t n) const {
+#if defined(__x86_64__)
+    if constexpr (std::is_same_v<T, float>)
+      if (avx2) return dot_avx2(a, b, n);
+#endif
+    return dot_generic(a, b, n);
+  }
+  void axpy(T a, const T* x, T* y, int64_t n) const {
+#if defined(__x86_64__)
+    if constexpr (std::is_same_v<T, float>)
+      if (avx2) return axpy_avx2(a, x, y, n);
+#endif
+    axpy_generic(a, x, y, n);
+  }
+};
+
+template <typename T>
+Ops<T> ops() {
+  Ops<T> o;
+#if defined(__x86_64__)
+  o.avx2 = std::is_same_v<T, float> && cpu::has_avx2_fma();
+#endif
+  return o;
+}
+
+// ---- forward ----------------------------------------------------------------------------------------------------
+
+template <typename T>
+void forward_impl(const Dims& d, const T* q, const T* k, const T* v, const int64_t* idx, T scale, T* out, T* lse) {
+  const Ops<T> op = ops<T>();
+  const int64_t rows = d.b * d.h * d.tq, group = d.h / d.hk;
+  const T ninf = -std::numeric_limits<T>::infinity();
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<T> s(static_cast<size_t>(d.k));
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t i = r % d.tq, bh = r / d.tq, h = bh % d.h, b = bh / d.h;
+      const int64_t kvh = b * d.hk + h / group;
+      const T* qr = q + r * d.d;
+      const T* kb = k + kvh * d.tk * d.d;
+      const T* vb = v + kvh * d.tk * d.dv;
+      const int64_t* ir = idx + (b * d.tq + i) * d.k;
+      T m = ninf;
+      for (int64_t j = 0; j < d.k; ++j) {
+        s[j] = ir[j] < 0 ? ninf : scale * op.dot(qr, kb + ir[j] * d.d, d.d);
+        if (s[j] > m) m = s[j];
+      }
+      T* o = out + r * d.dv;
+      std::fill(o, o + d.dv, T(0));
+      if (m == ninf) {  // no key picked
+        lse[r] = ninf;
+        continue;
+      }
+      T l = 0;
+      for (int64_t j = 0; j < d.k; ++j) {
+        s[j] = ir[j] < 0 ? T(0) : std::exp(s[j] - m);
+        l += s[j];
+      }
+      for (int64_t j = 0; j < d.k; ++j)
+        if (ir[j] >= 0) op.axpy(s[j] / l, vb + ir[j] * d.dv, o, d.dv);
+      lse[r] = m + std::log(l);
+    }
+  });
+}
+
+// ---- backward ---------------------------------------------------------------------------------------------------
+
+template <typename T>
+void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T* v, const int64_t* idx, const T* lse,
+                   T scale, T* dq, T* dk, T* dv) {
+  const Ops<T> op = ops<T>();
+  const int64_t group = d.h / d.hk;
+  at::parallel_for(0, d.b * d.hk, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> p(static_cast<size_t>(d.k)), dp(static_cast<size_t>(d.k));
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / d.hk;
+      const T* kb = k + task * d.tk * d.d;
+      const T* vb = v + task * d.tk * d.dv;
+      T* dkb = dk + task * d.tk * d.d;
+      T* dvb = dv + task * d.tk * d.dv;
+      for (int64_t h = (task % d.hk) * group; h < (task % d.hk + 1) * group; ++h) {
+        for (int64_t i = 0; i < d.tq; ++i) {
+          const int64_t r = (b * d.h + h) * d.tq + i;
+          if (std::isinf(lse[r])) continue;  // no key picked: no gradient
+          const T* qr = q + r * d.d;
+          const T* dor = dout + r * d.dv;
+          const int64_t* ir = idx + (b * d.tq + i) * d.k;
+          T delta = 0;
+          for (int64_t j = 0; j < d.k; ++j) {
+            if (ir[j] < 0) {
+              p[j] = dp[j] = 0;
+              continue;
+            }
+            p[j] = std::exp(scale * op.dot(qr, kb + ir[j] * d.d, d.d) - lse[r]);
+            dp[j] = op.dot(dor, vb + ir[j] * d.dv, d.dv);
+            delta += p[j] * dp[j];
+          }
+          T* dqr = dq + r * d.d;
+          for (int64_t j = 0; j < d.k; ++j) {
+            if (ir[j] < 0) continue;
+            const T ds = scale * p[j] * (dp[j] - delta);
+            op.axpy(ds, kb + ir[j] * d.d, dqr, d.d);
+            op.axpy(ds, qr, dkb + ir[j] * d.d, d.d);
+            op.axpy(p[j], dor, dvb + ir[j] * d.dv, d.dv);
+          }
+        }
+      }
+    }
+  });
+}
+
+bool kernel_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const auto st = q.scalar_type();
+  return q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu() && (st == at::kFloat || st == at::kDouble) &&
+         k.scalar_type() == st && v.scalar_type() == st;
+}
+
+void check_range(const at::Tensor& idx, int64_t tk) {
+  if (idx.numel() && idx.max().item<int64_t>() >= tk)
+    throw Error("sparse_attention: a picked key position is past the keys (" + std::to_string(tk) + ")");
+}
+
+class SparseAttentionFunction : public torch::autograd::Function<SparseAttentionFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& idx, double scale) {
+    auto [out, lse] = sparse_attention_forward_cpu(q, k, v, idx, scale);
+    ctx->save_for_backward({q, k, v, idx, lse});
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto s = ctx->get_saved_variables();
+    auto [dq, dk, dv] = sparse_attention_backward_cpu(grads[0], s[0], s[1], s[2], s[3], s[4],
+                                                      ctx->saved_data["scale"].toDouble());
+    return {dq, dk, dv, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> sparse_attention_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                                const at::Tensor& v_in, const at::Tensor& idx_in,
+                                                                double scale) {
+  const Dims d = check(q_in, k_in, v_in, idx_in);
+  check_range(idx_in, d.tk);
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous(), idx = idx_in.contiguous();
+  at::Tensor out = at::empty({d.b, d.h, d.tq, d.dv}, q.options());
+  at::Tensor lse = at::empty({d.b, d.h, d.tq}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sparse_attention_forward_cpu", [&] {
+    forward_impl<scalar_t>(d, q.const_data_ptr<scalar_t>(), k.const_data_ptr<scalar_t>(), v.const_data_ptr<scalar_t>(),
+                           idx.const_data_ptr<int64_t>(), static_cast<scalar_t>(scale), out.mutable_data_ptr<scalar_t>(),
+                           lse.mutable_data_ptr<scalar_t>());
+  });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_backward_cpu(const at::Tensor& dout_in,
+                                                                             const at::Tensor& q_in,
+                                                                             const at::Tensor& k_in,
+                                                                             const at::Tensor& v_in,
+                                                                             const at::Tensor& idx_in,
+                                                                             const at::Tensor& lse_in, double scale) {
+  const Dims d = check(q_in, k_in, v_in, idx_in);
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous(), idx = idx_in.contiguous();
+  const at::Tensor dout = dout_in.to(q.scalar_type()).contiguous(), lse = lse_in.contiguous();
+  at::Tensor dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sparse_attention_backward_cpu", [&] {
+    backward_impl<scalar_t>(d, dout.const_data_ptr<scalar_t>(), q.const_data_ptr<scalar_t>(),
+                            k.const_data_ptr<scalar_t>(), v.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(),
+                            lse.const_data_ptr<scalar_t>(), static_cast<scalar_t>(scale),
+                            dq.mutable_data_ptr<scalar_t>(), dk.mutable_data_ptr<scalar_t>(),
+                            dv.mutable_data_ptr<scalar_t>());
+  });
+  return {dq, dk, dv};
+}
+
+at::Tensor sparse_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& idx,
+                            double scale) {
+  if (!kernel_takes(q, k, v) || !idx.device().is_cpu()) return sparse_attention_reference(q, k, v, idx, scale);
+  return SparseAttentionFunction::apply(q, k, v, idx, scale);
+}
+
+at::Tensor sparse_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& idx, double scale) {
+  const Dims d = check(q, k, v, idx);
+  const at::Tensor safe = idx.clamp_min(0);
+  std::vector<at::Tensor> kg, vg;  // per batch row: the picked keys / values [Hk, Tq, K, dim]
+  for (int64_t b = 0; b < d.b; ++b) {
+    const at::Tensor flat = safe.select(0, b).reshape({-1});
+    kg.push_back(k.select(0, b).index_select(1, flat).view({d.hk, d.tq, d.k, d.d}));
+    vg.push_back(v.select(0, b).index_select(1, flat).view({d.hk, d.tq, d.k, d.dv}));
+  }
+  const int64_t group = d.h / d.hk;
+  at::Tensor ks = at::stack(kg), vs = at::stack(vg);  // [B, Hk, Tq, K, dim]
+  if (group > 1) {
+    ks = ks.repeat_interleave(group, 1);
+    vs = vs.repeat_interleave(group, 1);
+  }
+  at::Tensor s = at::matmul(q.unsqueeze(-2), ks.transpose(-1, -2)).squeeze(-2) * scale;  // [B, H, Tq, K]
+  s = s.masked_fill((idx < 0).unsqueeze(1), -std::numeric_limits<double>::infinity());
+  const at::Tensor p = at::softmax(s, -1, at::promote_types(q.scalar_type(), at::kFloat)).to(q.scalar_type());
+  return at::matmul(p.unsqueeze(-2), vs).squeeze(-2);
+}
+
+at::Tensor keep_to_index(const at::Tensor& keep) {
+  const int64_t kmax = keep.numel() ? keep.sum(-1).max().item<int64_t>() : 0;
+  // the kept keys first, in key order (a stable sort of the flags, descending)
+  auto [flags, order] = at::sort(keep.to(at::kInt), /*stable=*/true, /*dim=*/-1, /*descending=*/true);
+  const at::Tensor k = order.narrow(-1, 0, kmax);
+  return at::where(flags.narrow(-1, 0, kmax) > 0, k, at::full_like(k, -1));
+}
+
+}  // namespace lf::kernels
