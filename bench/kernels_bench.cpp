@@ -94,8 +94,9 @@ static void BM_SparseAttention(benchmark::State& state) {
 BENCHMARK_TEMPLATE(BM_SparseAttention, true)->Args({1024, 64})->Args({2048, 128})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_SparseAttention, false)->Args({1024, 64})->Args({2048, 128})->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// The chunk-wise gated delta rule (Gated DeltaNet) forward + backward at the Qwen3-Next bench's dense shape: B = 2,
-// T = 512, 8 value heads (4 key heads), Dk = Dv = 64, chunks of 64.
+// The gated delta rule (Gated DeltaNet) forward + backward at the Qwen3-Next bench's dense shape: B = 2, T = 512, 8
+// value heads (4 key heads), Dk = Dv = 64, chunks of 64: the fused CPU kernel vs the chunk-wise composite.
+template <bool Fused>
 static void BM_GatedDelta(benchmark::State& state) {
   at::manual_seed(0);
   const int64_t b = 2, t = state.range(0), hv = 8, hk = 4, d = 64;
@@ -105,12 +106,14 @@ static void BM_GatedDelta(benchmark::State& state) {
   at::Tensor qn = lf::nn::l2_normalize(q.detach(), 1e-6).requires_grad_(), kn = lf::nn::l2_normalize(k.detach(), 1e-6).requires_grad_();
   at::Tensor dy = at::randn({b, t, hv, d});
   for (auto _ : state) {
-    at::Tensor y = lf::nn::chunk_gated_delta_rule(qn, kn, v, g, beta, {}, 64, false).first;
+    at::Tensor y = Fused ? lf::nn::chunk_gated_delta_rule(qn, kn, v, g, beta, {}, 64, false).first
+                         : lf::nn::chunk_gated_delta_rule_reference(qn, kn, v, g, beta, {}, 64, false).first;
     y.backward(dy);
     benchmark::DoNotOptimize(v.grad().data_ptr());
   }
 }
-BENCHMARK(BM_GatedDelta)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_GatedDelta, true)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_GatedDelta, false)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Linear + cross-entropy, forward + backward: N tokens, hidden H, vocabulary V; range(3) = chunk rows (0: default).
 // The composite version is what the trainer did before: logits = x W^T, cross_entropy_loss(sum).

@@ -1,10 +1,11 @@
 // The gated delta rule (nn/gated_delta.h), with a per-head decay (Gated DeltaNet) and a per-key-channel one (Kimi
-// Delta Attention): the chunk-wise form against a float64 token-by-token reference written here (values, final state
+// Delta Attention): the fused CPU kernel and the chunk-wise composite against a float64 token-by-token reference written here (values, final state
 // and every input's gradient), for lengths below, at and above the chunk and not a multiple of it, grouped key heads,
 // an initial state; the recurrent form (generation) against the same reference; the causal depthwise convolution
 // against at::conv1d, also when continued from its state; and a float64 finite-difference check of the chunk-wise
 // gradients.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -13,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "loongforge/kernels/gated_delta.h"
 #include "loongforge/nn/gated_delta.h"
 
 namespace {
@@ -77,17 +79,22 @@ void check_chunk(int64_t t, int64_t chunk, int64_t hk, int64_t h, bool with_stat
                " h=" + std::to_string(h) + " state=" + std::to_string(with_state) + " channel=" + std::to_string(channel));
   Inputs in = make(2, t, hk, h, 5, 3, with_state, static_cast<int>(t * 7 + chunk), channel);
   auto [o_ref, s_ref] = reference(in.q, in.k, in.v, in.g, in.beta, in.s0);
-  auto [o, s] = lf::nn::chunk_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, in.s0, chunk, true);
-  ASSERT_EQ(o.sizes(), o_ref.sizes());
-  EXPECT_LT(rel(o, o_ref), 1e-12);
-  EXPECT_LT(rel(s, s_ref), 1e-12);
   Tensor wo = at::randn_like(o_ref), ws = at::randn_like(s_ref);
   std::vector<Tensor> inputs;
   for (const Tensor& x : in.all())
     if (x.defined()) inputs.push_back(x);
   auto g_ref = torch::autograd::grad({(o_ref * wo).sum() + (s_ref * ws).sum()}, inputs);
-  auto g = torch::autograd::grad({(o * wo).sum() + (s * ws).sum()}, inputs);
-  for (size_t i = 0; i < inputs.size(); ++i) EXPECT_LT(rel(g[i], g_ref[i]), 1e-10) << "input " << i;
+  // the fused CPU kernel (what chunk_gated_delta_rule runs here) and the chunk-wise composite
+  for (bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused kernel" : "chunk-wise composite");
+    auto [o, s] = fused ? lf::nn::chunk_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, in.s0, chunk, true)
+                        : lf::nn::chunk_gated_delta_rule_reference(in.q, in.k, in.v, in.g, in.beta, in.s0, chunk, true);
+    ASSERT_EQ(o.sizes(), o_ref.sizes());
+    EXPECT_LT(rel(o, o_ref), 1e-12);
+    EXPECT_LT(rel(s, s_ref), 1e-12);
+    auto g = torch::autograd::grad({(o * wo).sum() + (s * ws).sum()}, inputs);
+    for (size_t i = 0; i < inputs.size(); ++i) EXPECT_LT(rel(g[i], g_ref[i]), 1e-10) << "input " << i;
+  }
 }
 
 TEST(GatedDelta, ChunkMatchesSequentialReference) {
@@ -112,10 +119,51 @@ TEST(GatedDelta, Float32ChunkCloseToFloat64) {
   Inputs in = make(1, 150, 2, 4, 16, 8, false, 3);
   auto [o_ref, s_ref] = reference(in.q, in.k, in.v, in.g, in.beta, {});
   auto f = [](const Tensor& x) { return x.detach().to(at::kFloat); };
-  auto [o, s] = lf::nn::chunk_gated_delta_rule(f(in.q), f(in.k), f(in.v), f(in.g), f(in.beta), {}, 64, true);
-  EXPECT_EQ(o.scalar_type(), at::kFloat);
-  EXPECT_LT(rel(o.to(at::kDouble), o_ref), 1e-5);
-  EXPECT_LT(rel(s.to(at::kDouble), s_ref), 1e-5);
+  for (bool fused : {true, false}) {
+    auto [o, s] = fused ? lf::nn::chunk_gated_delta_rule(f(in.q), f(in.k), f(in.v), f(in.g), f(in.beta), {}, 64, true)
+                        : lf::nn::chunk_gated_delta_rule_reference(f(in.q), f(in.k), f(in.v), f(in.g), f(in.beta), {}, 64, true);
+    EXPECT_EQ(o.scalar_type(), at::kFloat);
+    EXPECT_LT(rel(o.to(at::kDouble), o_ref), 1e-5) << fused;
+    EXPECT_LT(rel(s.to(at::kDouble), s_ref), 1e-5) << fused;
+  }
+}
+
+// The fused kernel in float32 (AVX2 rows: head dims of 64 as Qwen3-Next's, and 13 / 5 off the vector width) against
+// the chunk-wise composite, values and gradients, per-head and per-channel decays; its gradients do not depend on the
+// thread count.
+TEST(GatedDelta, FusedFloat32MatchesCompositeAndThreadCount) {
+  struct Case { int64_t t, hk, h, dk, dv; bool channel; };
+  for (Case c : {Case{150, 2, 4, 64, 64, false}, Case{70, 1, 2, 13, 5, true}, Case{64, 2, 2, 64, 32, true}}) {
+    SCOPED_TRACE("dk " + std::to_string(c.dk) + " dv " + std::to_string(c.dv));
+    Inputs in = make(2, c.t, c.hk, c.h, c.dk, c.dv, true, 13, c.channel);
+    std::vector<Tensor> x32, x32b;
+    for (const Tensor& x : in.all()) {
+      x32.push_back(x.detach().to(at::kFloat).requires_grad_());
+      x32b.push_back(x.detach().to(at::kFloat).requires_grad_());
+    }
+    auto [o, s] = lf::nn::chunk_gated_delta_rule(x32[0], x32[1], x32[2], x32[3], x32[4], x32[5], 64, true);
+    auto [o2, s2] = lf::nn::chunk_gated_delta_rule_reference(x32b[0], x32b[1], x32b[2], x32b[3], x32b[4], x32b[5], 64, true);
+    EXPECT_LT(rel(o, o2), 1e-5);
+    EXPECT_LT(rel(s, s2), 1e-5);
+    Tensor wo = at::randn_like(o), ws = at::randn_like(s);
+    auto g = torch::autograd::grad({(o * wo).sum() + (s * ws).sum()}, x32);
+    auto g2 = torch::autograd::grad({(o2 * wo).sum() + (s2 * ws).sum()}, x32b);
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_LT(rel(g[i], g2[i]), 2e-4) << "input " << i;
+    // the raw kernels on the heads-first operands, one thread and two
+    auto hf = [](const Tensor& x) { return x.detach().transpose(1, 2).contiguous(); };
+    const Tensor q = hf(x32[0].repeat_interleave(c.h / c.hk, 2)), k = hf(x32[1].repeat_interleave(c.h / c.hk, 2));
+    const Tensor v = hf(x32[2]), gg = hf(x32[3]), b = hf(x32[4]), s0 = x32[5].detach();
+    auto [out, fin, ckpt] = lf::kernels::gated_delta_forward_cpu(q, k, v, gg, b, s0, 64);
+    const Tensor dout = at::randn_like(out), dfin = at::randn_like(fin);
+    const int threads = at::get_num_threads();
+    at::set_num_threads(1);
+    auto one = lf::kernels::gated_delta_backward_cpu(dout, dfin, q, k, v, gg, b, ckpt, 64);
+    at::set_num_threads(2);
+    auto two = lf::kernels::gated_delta_backward_cpu(dout, dfin, q, k, v, gg, b, ckpt, 64);
+    at::set_num_threads(threads);
+    EXPECT_TRUE(at::equal(std::get<0>(one), std::get<0>(two)) && at::equal(std::get<1>(one), std::get<1>(two)) &&
+                at::equal(std::get<3>(one), std::get<3>(two)) && at::equal(std::get<5>(one), std::get<5>(two)));
+  }
 }
 
 void check_recurrent(bool channel) {
@@ -153,7 +201,7 @@ void check_finite_differences(bool channel, int64_t t = 11, int64_t chunk = 4) {
   std::vector<Tensor> inputs;
   for (const Tensor& x : in.all()) inputs.push_back(x);
   Tensor wo = at::randn({1, t, 2, 2}, at::kDouble), ws = at::randn({1, 2, 3, 2}, at::kDouble);
-  auto loss = [&](const std::vector<Tensor>& x) {
+  auto loss = [&](const std::vector<Tensor>& x) {  // the fused kernel's gradients vs finite differences of it
     auto [o, s] = lf::nn::chunk_gated_delta_rule(x[0], x[1], x[2], x[3], x[4], x[5], chunk, true);
     return (o * wo).sum() + (s * ws).sum();
   };

@@ -7,6 +7,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/kernels/causal_conv.h"
+#include "loongforge/kernels/gated_delta.h"
 #include "loongforge/kernels/rms_norm.h"
 
 namespace lf::nn {
@@ -125,6 +126,21 @@ std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule(const at::Tensor& q_in,
                                                          const at::Tensor& v_in, const at::Tensor& g_in,
                                                          const at::Tensor& beta_in, const at::Tensor& initial_state,
                                                          int64_t chunk, bool final_state) {
+  if (chunk <= 0) throw Error("chunk_gated_delta_rule: chunk must be positive");
+  if (!q_in.device().is_cpu())
+    return chunk_gated_delta_rule_reference(q_in, k_in, v_in, g_in, beta_in, initial_state, chunk, final_state);
+  Operands o = prepare(q_in, k_in, v_in, g_in, beta_in, "chunk_gated_delta_rule");  // float32 / float64
+  // the fused CPU kernel (kernels/gated_delta.h): the state token by token, checkpointed every chunk
+  const at::Tensor start = initial_state.defined() ? start_state(o, initial_state) : at::Tensor();
+  auto [out, fin] = kernels::gated_delta_rule(o.q, o.k, o.v, o.g, o.beta, start, chunk);
+  return {out.transpose(1, 2).to(v_in.scalar_type()).contiguous(), final_state ? fin : at::Tensor()};
+}
+
+std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule_reference(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                                   const at::Tensor& v_in, const at::Tensor& g_in,
+                                                                   const at::Tensor& beta_in,
+                                                                   const at::Tensor& initial_state, int64_t chunk,
+                                                                   bool final_state) {
   if (chunk <= 0) throw Error("chunk_gated_delta_rule: chunk must be positive");
   Operands o = prepare(q_in, k_in, v_in, g_in, beta_in, "chunk_gated_delta_rule");
   const int64_t b = o.b, h = o.h, t = o.t, dk = o.dk, dv = o.dv, c = chunk;

@@ -13,16 +13,25 @@
 
 namespace lf::nn {
 
-// Chunk-wise form for whole sequences (training, prefill): within a chunk of `chunk` tokens the delta-rule updates
+// Whole sequences (training, prefill). On the CPU (computing in float32, or float64) the fused kernel (kernels/gated_delta.h): one
+// task per head carries the state through the tokens in L1 / L2, checkpointed at the start of every chunk of `chunk`
+// tokens, and backward recomputes each chunk from its checkpoint. Elsewhere (bf16, CUDA) the chunk-wise composite below.
+std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                         const at::Tensor& g, const at::Tensor& beta,
+                                                         const at::Tensor& initial_state = {}, int64_t chunk = 64,
+                                                         bool final_state = false);
+
+// The chunk-wise composite (ATen ops, any dtype and device): within a chunk of `chunk` tokens the delta-rule updates
 // are condensed by a unit-lower-triangular solve (the WY / UT transform) into batched GEMMs; only the state passes
 // sequentially from chunk to chunk. Per-channel decays weight each key channel of the in-chunk products q_i.k_j and
 // k_i.k_j by exp(gc_i - gc_j) (gc: the cumulative log decay): explicit [16, 16, Dk] products inside sub-chunks of 16
 // tokens, GEMMs between them (the decay factored through a reference point, every factor <= 1). Any T (the last chunk is padded). Autograd runs through ATen ops. Returns the
 // outputs and the final state (undefined unless final_state).
-std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                         const at::Tensor& g, const at::Tensor& beta,
-                                                         const at::Tensor& initial_state = {}, int64_t chunk = 64,
-                                                         bool final_state = false);
+std::pair<at::Tensor, at::Tensor> chunk_gated_delta_rule_reference(const at::Tensor& q, const at::Tensor& k,
+                                                                   const at::Tensor& v, const at::Tensor& g,
+                                                                   const at::Tensor& beta,
+                                                                   const at::Tensor& initial_state = {},
+                                                                   int64_t chunk = 64, bool final_state = false);
 
 // Token by token (generation steps with a cached state): the same math, one update per token. Returns the outputs
 // and the final state.

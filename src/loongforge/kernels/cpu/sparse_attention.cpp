@@ -14,11 +14,10 @@
 #include <cmath>
 #include <limits>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "loongforge/core/error.h"
-#include "loongforge/kernels/cpu/vec_math.h"
+#include "loongforge/kernels/cpu/row_ops.h"
 
 namespace lf::kernels {
 namespace {
@@ -41,73 +40,11 @@ Dims check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
   return d;
 }
 
-// ---- dot product and axpy: float32 with AVX2 + FMA, plain loops otherwise -------------------------------------------
-
-template <typename T>
-inline T dot_generic(const T* a, const T* b, int64_t n) {
-  T s = 0;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-template <typename T>
-inline void axpy_generic(T a, const T* x, T* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-#if defined(__x86_64__)
-LF_AVX2 inline float dot_avx2(const float* a, const float* b, int64_t n) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-  }
-  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-  float s = cpu::hsum8(_mm256_add_ps(acc0, acc1));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-LF_AVX2 inline void axpy_avx2(float a, const float* x, float* y, int64_t n) {
-  const __m256 va = _mm256_set1_ps(a);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += a * x[i];
-}
-#endif
-
-template <typename T>
-struct Ops {
-  bool avx2 = false;
-  T dot(const T* a, const T* b, int64_t n) const {
-#if defined(__x86_64__)
-    if constexpr (std::is_same_v<T, float>)
-      if (avx2) return dot_avx2(a, b, n);
-#endif
-    return dot_generic(a, b, n);
-  }
-  void axpy(T a, const T* x, T* y, int64_t n) const {
-#if defined(__x86_64__)
-    if constexpr (std::is_same_v<T, float>)
-      if (avx2) return axpy_avx2(a, x, y, n);
-#endif
-    axpy_generic(a, x, y, n);
-  }
-};
-
-template <typename T>
-Ops<T> ops() {
-  Ops<T> o;
-#if defined(__x86_64__)
-  o.avx2 = std::is_same_v<T, float> && cpu::has_avx2_fma();
-#endif
-  return o;
-}
-
 // ---- forward ----------------------------------------------------------------------------------------------------
 
 template <typename T>
 void forward_impl(const Dims& d, const T* q, const T* k, const T* v, const int64_t* idx, T scale, T* out, T* lse) {
-  const Ops<T> op = ops<T>();
+  const cpu::RowOps<T> op = cpu::row_ops<T>();
   const int64_t rows = d.b * d.h * d.tq, group = d.h / d.hk;
   const T ninf = -std::numeric_limits<T>::infinity();
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
@@ -147,7 +84,7 @@ void forward_impl(const Dims& d, const T* q, const T* k, const T* v, const int64
 template <typename T>
 void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T* v, const int64_t* idx, const T* lse,
                    T scale, T* dq, T* dk, T* dv) {
-  const Ops<T> op = ops<T>();
+  const cpu::RowOps<T> op = cpu::row_ops<T>();
   const int64_t group = d.h / d.hk;
   at::parallel_for(0, d.b * d.hk, 1, [&](int64_t t0, int64_t t1) {
     std::vector<T> p(static_cast<size_t>(d.k)), dp(static_cast<size_t>(d.k));

@@ -1,9 +1,11 @@
-// AVX2 helpers shared by the CPU kernels (kernels/cpu/*.cpp): a vectorised exp for 8 floats, horizontal max/sum,
-// and the run-time check for the AVX2+FMA paths. Compiled per function with the target attribute, so the library
+// AVX2 helpers shared by the CPU kernels (kernels/cpu/*.cpp): a vectorised exp for 8 floats, horizontal max/sum, dot
+// products and axpys, and the run-time check for the AVX2+FMA paths. Compiled per function with the target attribute, so the library
 // still runs (through the scalar paths) on CPUs without AVX2.
 #pragma once
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include <cstdint>
 #define LF_AVX2 __attribute__((target("avx2,fma")))
 
 namespace lf::kernels::cpu {
@@ -38,6 +40,26 @@ LF_AVX2 inline float hsum8(__m256 v) {
   a = _mm_add_ps(a, _mm_movehl_ps(a, a));
   a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
   return _mm_cvtss_f32(a);
+}
+
+// sum_i a[i] b[i] over n floats (two accumulators), and y += alpha x.
+LF_AVX2 inline float dot_avx2(const float* a, const float* b, int64_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  float s = hsum8(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+LF_AVX2 inline void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
+  const __m256 va = _mm256_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
 // Whether this CPU runs the AVX2+FMA paths (checked once).
