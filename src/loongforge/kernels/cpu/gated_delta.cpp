@@ -58,8 +58,8 @@ inline void decays(const Dims& d, const T* gb, int64_t t, T* a) {
   }
 }
 
-// Row operations: plain loops (float64, CPUs without AVX2) or the AVX2 helpers, inlined into the tasks below (the
-// float32 tasks are compiled for AVX2 + FMA as a whole, so the helpers and the plain loops around them vectorise).
+// Row operations, each one loop over a state row: plain loops (float64, CPUs without AVX2, rows whose length is no
+// multiple of 8) or AVX2 + FMA intrinsics, inlined into the tasks below (whose float32 versions are compiled for AVX2).
 template <typename T>
 struct PlainOps {
   static inline T dot(const T* a, const T* b, int64_t n) {
@@ -67,14 +67,94 @@ struct PlainOps {
     for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
     return s;
   }
-  static inline void axpy(T alpha, const T* x, T* y, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+  // forward pass 1: row *= a; r += k row
+  static inline void decay_read(T* row, T a, T k, T* r, int64_t n) {
+    for (int64_t x = 0; x < n; ++x) {
+      row[x] *= a;
+      r[x] += k * row[x];
+    }
+  }
+  // forward pass 2: row += k w; o += q row (o may be null)
+  static inline void write_read(T* row, T k, const T* w, T q, T* o, int64_t n) {
+    for (int64_t x = 0; x < n; ++x) {
+      row[x] += k * w[x];
+      if (o) o[x] += q * row[x];
+    }
+  }
+  // backward pass A: row += q do; dd += k row; returns row . wr
+  static inline T pass_a(T* row, T q, const T* dov, T k, T* dd, const T* wr, int64_t n) {
+    T acc = 0;
+    for (int64_t x = 0; x < n; ++x) {
+      row[x] += q * dov[x];
+      dd[x] += k * row[x];
+      acc += row[x] * wr[x];
+    }
+    return acc;
+  }
+  // backward pass B: dq = st . do, dkr = st . dr; row += k dr; da = row . sp; row *= a
+  static inline void pass_b(const T* st, const T* sp, T* row, const T* dov, const T* dr, T k, T a, int64_t n, T& dq,
+                            T& dkr, T& da) {
+    T q = 0, kr = 0, aa = 0;
+    for (int64_t x = 0; x < n; ++x) {
+      q += st[x] * dov[x];
+      kr += st[x] * dr[x];
+      row[x] += k * dr[x];
+      aa += row[x] * sp[x];
+      row[x] *= a;
+    }
+    dq = q, dkr = kr, da = aa;
   }
 };
 #if defined(__x86_64__)
 struct AvxOps {
+  using P = PlainOps<float>;
   LF_AVX2 static inline float dot(const float* a, const float* b, int64_t n) { return cpu::dot_avx2(a, b, n); }
-  LF_AVX2 static inline void axpy(float alpha, const float* x, float* y, int64_t n) { cpu::axpy_avx2(alpha, x, y, n); }
+  LF_AVX2 static inline void decay_read(float* row, float a, float k, float* r, int64_t n) {
+    if (n % 8) return P::decay_read(row, a, k, r, n);
+    const __m256 va = _mm256_set1_ps(a), vk = _mm256_set1_ps(k);
+    for (int64_t x = 0; x < n; x += 8) {
+      const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(row + x), va);
+      _mm256_storeu_ps(row + x, s);
+      _mm256_storeu_ps(r + x, _mm256_fmadd_ps(vk, s, _mm256_loadu_ps(r + x)));
+    }
+  }
+  LF_AVX2 static inline void write_read(float* row, float k, const float* w, float q, float* o, int64_t n) {
+    if (n % 8) return P::write_read(row, k, w, q, o, n);
+    const __m256 vk = _mm256_set1_ps(k), vq = _mm256_set1_ps(q);
+    for (int64_t x = 0; x < n; x += 8) {
+      const __m256 s = _mm256_fmadd_ps(vk, _mm256_loadu_ps(w + x), _mm256_loadu_ps(row + x));
+      _mm256_storeu_ps(row + x, s);
+      if (o) _mm256_storeu_ps(o + x, _mm256_fmadd_ps(vq, s, _mm256_loadu_ps(o + x)));
+    }
+  }
+  LF_AVX2 static inline float pass_a(float* row, float q, const float* dov, float k, float* dd, const float* wr,
+                                     int64_t n) {
+    if (n % 8) return P::pass_a(row, q, dov, k, dd, wr, n);
+    const __m256 vq = _mm256_set1_ps(q), vk = _mm256_set1_ps(k);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t x = 0; x < n; x += 8) {
+      const __m256 s = _mm256_fmadd_ps(vq, _mm256_loadu_ps(dov + x), _mm256_loadu_ps(row + x));
+      _mm256_storeu_ps(row + x, s);
+      _mm256_storeu_ps(dd + x, _mm256_fmadd_ps(vk, s, _mm256_loadu_ps(dd + x)));
+      acc = _mm256_fmadd_ps(s, _mm256_loadu_ps(wr + x), acc);
+    }
+    return cpu::hsum8(acc);
+  }
+  LF_AVX2 static inline void pass_b(const float* st, const float* sp, float* row, const float* dov, const float* dr,
+                                    float k, float a, int64_t n, float& dq, float& dkr, float& da) {
+    if (n % 8) return P::pass_b(st, sp, row, dov, dr, k, a, n, dq, dkr, da);
+    const __m256 vk = _mm256_set1_ps(k), va = _mm256_set1_ps(a);
+    __m256 aq = _mm256_setzero_ps(), ak = _mm256_setzero_ps(), aa = _mm256_setzero_ps();
+    for (int64_t x = 0; x < n; x += 8) {
+      const __m256 sv = _mm256_loadu_ps(st + x), vdr = _mm256_loadu_ps(dr + x);
+      aq = _mm256_fmadd_ps(sv, _mm256_loadu_ps(dov + x), aq);
+      ak = _mm256_fmadd_ps(sv, vdr, ak);
+      const __m256 s = _mm256_fmadd_ps(vk, vdr, _mm256_loadu_ps(row + x));
+      aa = _mm256_fmadd_ps(s, _mm256_loadu_ps(sp + x), aa);
+      _mm256_storeu_ps(row + x, _mm256_mul_ps(s, va));
+    }
+    dq = cpu::hsum8(aq), dkr = cpu::hsum8(ak), da = cpu::hsum8(aa);
+  }
 };
 #endif
 
@@ -94,21 +174,12 @@ template <typename T, class Op>
 inline __attribute__((always_inline)) void step(const Dims& d, T* S, const T* a, const T* qt, const T* kt,
                                                 const T* vt, T beta, T* r, T* u, T* o) {
   std::fill(r, r + d.dv, T(0));
-  for (int64_t i = 0; i < d.dk; ++i) {
-    T* row = S + i * d.dv;
-    const T ai = a[i];
-    for (int64_t j = 0; j < d.dv; ++j) row[j] *= ai;
-    Op::axpy(kt[i], row, r, d.dv);
-  }
+  for (int64_t i = 0; i < d.dk; ++i) Op::decay_read(S + i * d.dv, a[i], kt[i], r, d.dv);
   for (int64_t j = 0; j < d.dv; ++j) r[j] = vt[j] - r[j];  // u
   if (u) std::copy(r, r + d.dv, u);
   for (int64_t j = 0; j < d.dv; ++j) r[j] *= beta;  // the write beta u
   if (o) std::fill(o, o + d.dv, T(0));
-  for (int64_t i = 0; i < d.dk; ++i) {
-    T* row = S + i * d.dv;
-    Op::axpy(kt[i], r, row, d.dv);
-    if (o) Op::axpy(qt[i], row, o, d.dv);
-  }
+  for (int64_t i = 0; i < d.dk; ++i) Op::write_read(S + i * d.dv, kt[i], r, o ? qt[i] : T(0), o, d.dv);
 }
 
 struct Ptrs {  // the operands and results of one call (raw pointers, contiguous)
@@ -174,12 +245,7 @@ inline __attribute__((always_inline)) void backward_task(const Dims& d, const Pt
       for (int64_t x = 0; x < d.dv; ++x) wr[x] = bt * u[x];  // the write d = beta u
       // pass A
       std::fill(dd, dd + d.dv, T(0));
-      for (int64_t i = 0; i < d.dk; ++i) {
-        T* row = dS + i * d.dv;
-        Op::axpy(qt[i], dot, row, d.dv);
-        Op::axpy(kt[i], row, dd, d.dv);
-        dkt[i] = Op::dot(row, wr, d.dv);
-      }
+      for (int64_t i = 0; i < d.dk; ++i) dkt[i] = Op::pass_a(dS + i * d.dv, qt[i], dot, kt[i], dd, wr, d.dv);
       for (int64_t x = 0; x < d.dv; ++x) {
         dvt[x] = bt * dd[x];
         dr[x] = -bt * dd[x];
@@ -188,14 +254,9 @@ inline __attribute__((always_inline)) void backward_task(const Dims& d, const Pt
       const T wdr = Op::dot(wr, dr, d.dv);
       // pass B
       for (int64_t i = 0; i < d.dk; ++i) {
-        const T* srow = St + i * d.dv;
-        T* row = dS + i * d.dv;
-        dqt[i] = Op::dot(srow, dot, d.dv);
-        dkt[i] += Op::dot(srow, dr, d.dv) - kt[i] * wdr;
-        Op::axpy(kt[i], dr, row, d.dv);
-        da[i] = Op::dot(row, Sp + i * d.dv, d.dv);
-        const T ai = a[i];
-        for (int64_t x = 0; x < d.dv; ++x) row[x] *= ai;
+        T dkr;
+        Op::pass_b(St + i * d.dv, Sp + i * d.dv, dS + i * d.dv, dot, dr, kt[i], a[i], d.dv, dqt[i], dkr, da[i]);
+        dkt[i] += dkr - kt[i] * wdr;
       }
       if (d.channel) {
         for (int64_t i = 0; i < d.dk; ++i) dgb[t * d.dk + i] = a[i] * da[i];
