@@ -19,7 +19,9 @@ LoongForge through data.robot.tokenizer.
     with the sampler drawing from the recipe's seed), and the checkpoint folder (weights, config, GR00T's
     processor files, the processor folder's files) loads in LeRobot (GrootPolicy.from_pretrained,
     make_pre_post_processors(pretrained_path=...)), whose chunk for a processed raw observation = LoongForge's on
-    the same processed batch with the same sampler start.
+    the same processed batch with the same sampler start; `loongforge predict` on a raw observation and its task (the
+    policy runner: GR00T's processor side through the contract) = LeRobot's preprocessor -> predict_action_chunk ->
+    postprocessor with the sampler seeded alike.
 
 NOTES (what is left):
   - open-loop evaluation compares with the batch's packed actions unpacked (= the recorded ones within the
@@ -167,6 +169,28 @@ res.update(action=torch.zeros(2, 4, 5), action_mask=torch.ones(2, 4, 5), noise=n
 save_file(res, out)
 '''
 
+# The checkpoint (argv[2]) at deployment, as LeRobot runs it: one raw observation (argv[3]: state [4], the camera as
+# uint8 [H, W, C]) and its task (argv[4]) through the preprocessor, predict_action_chunk with the sampler drawing from
+# torch's generator seeded with argv[5] (as `loongforge predict --seed` seeds its own), the postprocessor; the chunk to
+# argv[6].
+RUNNER = SETUP + r'''
+from safetensors.torch import load_file, save_file
+from lerobot.policies.factory import make_pre_post_processors
+ckpt, raw, task, seed, out = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]
+p = GrootPolicy.from_pretrained(ckpt)
+p.eval()
+pre, post = make_pre_post_processors(p.config, pretrained_path=ckpt)
+o = load_file(raw)
+obs = {"observation.state": o["observation.state"][None].float(),
+       "observation.images.top": o["observation.images.top"].permute(2, 0, 1)[None].float() / 255, "task": [task]}
+b = pre(obs)
+keys = ["state", "embodiment_id", "input_ids", "attention_mask", "pixel_values", "image_grid_thw"]
+torch.manual_seed(seed)
+with torch.no_grad():
+    chunk = post(p.predict_action_chunk({k: b[k] for k in keys}))
+save_file({"action": chunk[0].contiguous()}, out)
+'''
+
 # LeRobot's own open-loop numbers for the checkpoint (argv[2]) on the held-out episode (argv[4]) of the dataset
 # (argv[3]): one batch of the frames every n_action_steps through its preprocessor, predict_action_chunk with the
 # sampler drawing from torch's generator seeded with argv[5] (as LoongForge's evaluation seeds its own), the
@@ -304,6 +328,18 @@ def test_groot_trains_and_its_checkpoint_loads_in_lerobot(tmp_path, made):
     run_lf("dump", "--model", ckpt, "--batch", tmp_path / "obs_batch.safetensors", "--out", tmp_path / "d.safetensors")
     got = load_file(tmp_path / "d.safetensors")
     assert np.abs(got["action_chunk"] - obs["chunk"]).max() <= 1e-5, np.abs(got["action_chunk"] - obs["chunk"]).max()
+    # at deployment (train/policy_runner.h through `loongforge predict`): a raw observation and its task give LeRobot's
+    # chunk (its processors and sampler seeded alike)
+    rng = np.random.default_rng(4)
+    save_file({"observation.state": rng.standard_normal(4).astype(np.float32),
+               "observation.images.top": rng.integers(0, 256, (24, 32, 3), dtype=np.uint8)}, str(tmp_path / "raw.safetensors"))
+    run_lerobot(RUNNER, made, ckpt, tmp_path / "raw.safetensors", "follow", 5, tmp_path / "ref.safetensors")
+    want = load_file(tmp_path / "ref.safetensors")["action"]
+    run_lf("predict", "--policy", ckpt, "--observation", tmp_path / "raw.safetensors", "--prompt", "follow", "--seed",
+           "5", "--out", tmp_path / "ours.safetensors")
+    mine = load_file(tmp_path / "ours.safetensors")["action"]
+    assert mine.shape == want.shape == (4, 4), (mine.shape, want.shape)
+    assert np.abs(mine - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), np.abs(mine - want).max()
     # `eval --open-loop` on the held-out episode: 18 frames, a chunk every 4 (n_action_steps)
     proc = run_lf("eval", rec, "--model", ckpt, "--set", "data.robot.valid_episodes=1", "--open-loop", tmp_path / "ol")
     report = json.loads(proc.stdout.strip().splitlines()[-1])

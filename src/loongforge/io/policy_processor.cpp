@@ -37,7 +37,7 @@ NamedTensors state_tensors(const PolicyNormalization& n, const nlohmann::json& f
 }
 }  // namespace
 
-std::optional<PolicyNormalization> read_policy_normalization(const std::string& dir) {
+std::optional<PolicyNormalization> read_policy_normalization(const std::string& dir, bool own_steps) {
   const fs::path file = fs::path(dir) / kPre;
   if (!fs::exists(file)) return std::nullopt;
   const std::string f = file.string();
@@ -82,6 +82,7 @@ std::optional<PolicyNormalization> read_policy_normalization(const std::string& 
         step.fail("state_file", "no statistics for feature '" + name + "' (its mode is " + data::robot::norm_mode_name(mode) + ")");
     return n;
   }
+  if (own_steps) return std::nullopt;
   r.fail("steps", "no normalizer_processor step");
 }
 

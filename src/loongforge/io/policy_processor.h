@@ -22,8 +22,10 @@ struct PolicyNormalization {
   double eps = 1e-8;
 };
 
-// The normaliser of DIR's policy_preprocessor.json (nullopt when DIR has none). Errors name the file and field.
-std::optional<PolicyNormalization> read_policy_normalization(const std::string& dir);
+// The normaliser of DIR's policy_preprocessor.json (nullopt when DIR has none). Errors name the file and field;
+// a file without a normalizer_processor step is one unless `own_steps` (a policy whose own processor steps normalise:
+// nullopt then).
+std::optional<PolicyNormalization> read_policy_normalization(const std::string& dir, bool own_steps = false);
 
 // Writes DIR/policy_preprocessor.json and policy_postprocessor.json with their state files, as LeRobot's
 // make_pre_post_processors(config, dataset_stats) followed by save_pretrained writes them (rename, to-batch, device,

@@ -65,7 +65,10 @@ PolicyRunner::PolicyRunner(const std::string& dir, const std::string& device) : 
   model_->eval();
   spec_ = policy_->policy_spec();
 
-  const std::optional<io::PolicyNormalization> n = io::read_policy_normalization(dir);
+  // a policy with its own processor steps (GR00T: its pack step normalises with the statistics read below) may have
+  // no normaliser step
+  const std::optional<io::PolicyNormalization> n =
+      io::read_policy_normalization(dir, !spec_.preprocessor_steps.is_null() && !spec_.stats_features.empty());
   if (n) {
     for (const auto& [name, mode] : n->modes) modes_[name] = static_cast<int>(mode);
     stats_ = n->stats;

@@ -734,14 +734,22 @@ Batch GrootPolicyImpl::pack_batch(const Batch& in, const Stats& stats) const {
   Batch out;
   for (const auto& [k, t] : in.tensors())
     if (!starts(k, "observation.") && k != "action") out.set(k, t);
-  const at::Tensor action = in.at("action").to(at::kFloat);  // [B, H, A]
-  const int64_t B = action.size(0), H = action.size(1), A = action.size(2);
+  // the batch's rows: from the action (training) or, at deployment (no action), the state or the prompt's ids
+  const bool train = in.has("action");
+  const at::Tensor rows_of = train ? in.at("action") : in.has("observation.state") ? in.at("observation.state")
+                                                                                   : in.at("input_ids");
+  const int64_t B = rows_of.size(0);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(rows_of.device());
   if (in.has("observation.state")) {
     const at::Tensor st = groot_normalize(in.at("observation.state").to(at::kFloat).reshape({B, -1}), stats, "observation.state");
     out.set("state", at::constant_pad_nd(st, {0, c.max_state_dim - st.size(1)}).unsqueeze(1).contiguous());
   } else {
-    out.set("state", at::zeros({B, 1, c.max_state_dim}, action.options()));
+    out.set("state", at::zeros({B, 1, c.max_state_dim}, f32));
   }
+  out.set("embodiment_id", at::full({B}, embodiment_id_of(c.raw.value("embodiment_tag", std::string("new_embodiment"))), at::kLong));
+  if (!train) return out;
+  const at::Tensor action = in.at("action").to(at::kFloat);  // [B, H, A]
+  const int64_t H = action.size(1), A = action.size(2);
   at::Tensor valid = at::ones({B, H}, action.options().dtype(at::kBool));
   if (in.has("action_is_pad")) valid = in.at("action_is_pad").to(at::kBool).logical_not();
   at::Tensor a = groot_normalize(action.reshape({B * H, A}), stats, "action").view({B, H, A});
@@ -750,7 +758,6 @@ Batch GrootPolicyImpl::pack_batch(const Batch& in, const Stats& stats) const {
   at::Tensor mask = at::zeros({B, H, c.max_action_dim}, action.options());
   mask.narrow(2, 0, A).copy_(valid.unsqueeze(-1).to(at::kFloat).expand({B, H, A}));
   out.set("action_mask", mask);
-  out.set("embodiment_id", at::full({B}, embodiment_id_of(c.raw.value("embodiment_tag", std::string("new_embodiment"))), at::kLong));
   return out;
 }
 
