@@ -9,6 +9,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
 #include "loongforge/kernels/dropout.h"
+#include "loongforge/kernels/linear.h"
 #include "loongforge/models/policy/spec.h"
 
 namespace lf::models::policy {
@@ -45,10 +46,14 @@ at::Tensor sinusoid_2d(int64_t h, int64_t w, int64_t half) {
 // training-mode dropout (p 0: none) through kernels/dropout.h (a hashed mask: LeRobot's draws are not reproduced)
 at::Tensor dropout(const at::Tensor& x, double p) { return p > 0 ? kernels::dropout(x, p) : x; }
 
+// A torch::nn::Linear (LeRobot's parameter names) through kernels::linear: the row-split GEMMs of the CPU kernels, on
+// the faster float32 BLAS of the host (OpenBLAS's AVX-512 kernels on AMD, where ATen's MKL takes its AVX2 path).
+at::Tensor lin(torch::nn::Linear& l, const at::Tensor& x) { return kernels::linear(x, l->weight, l->bias); }
+
 // linear2(dropout(activation(linear1(x)))).
 at::Tensor feed_forward(torch::nn::Linear& l1, torch::nn::Linear& l2, const at::Tensor& x, const std::string& activation, double p) {
-  const at::Tensor h = l1(x);
-  return l2(dropout(activation == "gelu" ? at::gelu(h) : at::relu(h), p));
+  const at::Tensor h = lin(l1, x);
+  return lin(l2, dropout(activation == "gelu" ? at::gelu(h) : at::relu(h), p));
 }
 
 // One residual sub-layer of LeRobot's transformer layers: pre-norm x + dropout(f(norm(x))), post-norm
@@ -137,21 +142,21 @@ at::Tensor MultiheadAttentionImpl::forward(const at::Tensor& q, const at::Tensor
   // torch.nn.functional.multi_head_attention_forward: q scaled before the product, a -inf mask added, softmax
   at::Tensor Q, K;
   if (q.is_same(k)) {  // self-attention (q = k = x + pos): the query and key projections as one product
-    auto qk = at::linear(q, in_proj_weight.narrow(0, 0, 2 * D), in_proj_bias.narrow(0, 0, 2 * D)).chunk(2, -1);
+    auto qk = kernels::linear(q, in_proj_weight.narrow(0, 0, 2 * D), in_proj_bias.narrow(0, 0, 2 * D)).chunk(2, -1);
     Q = qk[0], K = qk[1];
   } else {
-    Q = at::linear(q, w[0], b[0]), K = at::linear(k, w[1], b[1]);
+    Q = kernels::linear(q, w[0], b[0]), K = kernels::linear(k, w[1], b[1]);
   }
   Q = heads(Q) * std::sqrt(1.0 / static_cast<double>(hd));
   K = heads(K);
-  at::Tensor V = heads(at::linear(v, w[2], b[2]));
+  at::Tensor V = heads(kernels::linear(v, w[2], b[2]));
   at::Tensor s = at::matmul(Q, K.transpose(-2, -1));
   if (key_padding_mask.defined())
     s = s.masked_fill(key_padding_mask.view({B, 1, 1, -1}), -std::numeric_limits<double>::infinity());
   at::Tensor p = at::softmax(s, -1);
   if (dropout_ > 0 && is_training()) p = kernels::dropout(p, dropout_);
   at::Tensor o = at::matmul(p, V).transpose(1, 2).reshape({B, -1, D});
-  return out_proj(o);
+  return lin(out_proj, o);
 }
 
 ACTEncoderLayerImpl::ACTEncoderLayerImpl(const ACTConfig& c)
@@ -245,21 +250,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ACTImpl::forward(const Batch& b, 
   at::Tensor mu, logvar, latent;
   if (vae) {
     std::vector<at::Tensor> in{vae_encoder_cls_embed->weight.unsqueeze(0).expand({B, 1, D})};
-    if (c_.state_dim) in.push_back(vae_encoder_robot_state_input_proj(state).unsqueeze(1));
-    in.push_back(vae_encoder_action_input_proj(b.at("action")));
+    if (c_.state_dim) in.push_back(lin(vae_encoder_robot_state_input_proj, state).unsqueeze(1));
+    in.push_back(lin(vae_encoder_action_input_proj, b.at("action")));
     const at::Tensor pad = at::cat({at::zeros({B, c_.state_dim ? 2 : 1}, b.at("action_is_pad").options()), b.at("action_is_pad")}, 1);
     const at::Tensor cls = run(vae_encoder, at::cat(in, 1), vae_encoder_pos_enc.to(dtype), pad, 1).select(1, 0);
-    const at::Tensor params = vae_encoder_latent_output_proj(cls);
+    const at::Tensor params = lin(vae_encoder_latent_output_proj, cls);
     mu = params.narrow(1, 0, c_.latent_dim);
     logvar = params.narrow(1, c_.latent_dim, c_.latent_dim);
     latent = mu + (logvar / 2).exp() * (eps.defined() ? eps.to(dtype) : at::randn_like(mu));
   } else {
     latent = at::zeros({B, c_.latent_dim}, action_head->bias.options());
   }
-  std::vector<at::Tensor> tokens{encoder_latent_input_proj(latent).unsqueeze(1)};
+  std::vector<at::Tensor> tokens{lin(encoder_latent_input_proj, latent).unsqueeze(1)};
   std::vector<at::Tensor> pos{encoder_1d_feature_pos_embed->weight.unsqueeze(0)};
-  if (c_.state_dim) tokens.push_back(encoder_robot_state_input_proj(state).unsqueeze(1));
-  if (c_.env_dim) tokens.push_back(encoder_env_state_input_proj(b.at("observation.environment_state")).unsqueeze(1));
+  if (c_.state_dim) tokens.push_back(lin(encoder_robot_state_input_proj, state).unsqueeze(1));
+  if (c_.env_dim) tokens.push_back(lin(encoder_env_state_input_proj, b.at("observation.environment_state")).unsqueeze(1));
   for (const std::string& cam : c_.cameras) {
     const at::Tensor f = backbone(b.at(cam));  // [B, C, h, w]
     const int64_t h = f.size(2), w = f.size(3);
@@ -271,7 +276,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ACTImpl::forward(const Batch& b, 
   at::Tensor y = at::zeros({B, c_.chunk_size, D}, x.options());
   const at::Tensor qpos = decoder_pos_embed->weight.unsqueeze(0);
   for (auto& l : *decoder->layers) y = l->as<ACTDecoderLayerImpl>()->forward(y, memory, qpos, p);
-  return {action_head(decoder->norm(y)), mu, logvar};
+  return {lin(action_head, decoder->norm(y)), mu, logvar};
 }
 
 // ---- the policy ----
