@@ -21,6 +21,9 @@ namespace lf::kernels {
 at::Tensor sparse_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& idx,
                             double scale);
 
+// Whether sparse_attention runs the kernel on these operands (CPU, float32 / float64, one dtype).
+bool sparse_attention_kernel_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
 // The composite ATen version of the same math (the picked keys gathered: [B, H, Tq, K, D]).
 at::Tensor sparse_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& idx, double scale);

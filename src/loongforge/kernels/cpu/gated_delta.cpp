@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "loongforge/core/error.h"
-#include "loongforge/kernels/cpu/vec_math.h"
+#include "loongforge/kernels/cpu/row_ops.h"
 
 namespace lf::kernels {
 namespace {
@@ -61,12 +61,7 @@ inline void decays(const Dims& d, const T* gb, int64_t t, T* a) {
 // Row operations, each one loop over a state row: plain loops (float64, CPUs without AVX2, rows whose length is no
 // multiple of 8) or AVX2 + FMA intrinsics, inlined into the tasks below (whose float32 versions are compiled for AVX2).
 template <typename T>
-struct PlainOps {
-  static inline T dot(const T* a, const T* b, int64_t n) {
-    T s = 0;
-    for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-    return s;
-  }
+struct PlainOps : cpu::PlainRowOps<T> {
   // forward pass 1: row *= a; r += k row
   static inline void decay_read(T* row, T a, T k, T* r, int64_t n) {
     for (int64_t x = 0; x < n; ++x) {
@@ -106,9 +101,8 @@ struct PlainOps {
   }
 };
 #if defined(__x86_64__)
-struct AvxOps {
+struct AvxOps : cpu::AvxRowOps {
   using P = PlainOps<float>;
-  LF_AVX2 static inline float dot(const float* a, const float* b, int64_t n) { return cpu::dot_avx2(a, b, n); }
   LF_AVX2 static inline void decay_read(float* row, float a, float k, float* r, int64_t n) {
     if (n % 8) return P::decay_read(row, a, k, r, n);
     const __m256 va = _mm256_set1_ps(a), vk = _mm256_set1_ps(k);

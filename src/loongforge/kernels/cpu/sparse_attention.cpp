@@ -14,6 +14,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "loongforge/core/error.h"
@@ -40,96 +41,130 @@ Dims check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
   return d;
 }
 
-// ---- forward ----------------------------------------------------------------------------------------------------
+struct Ptrs {  // the operands and results of one call (contiguous)
+  const void *q, *k, *v, *dout, *lse_in;
+  const int64_t* idx;
+  double scale;
+  void *out, *lse, *dq, *dk, *dv;
+};
 
-template <typename T>
-void forward_impl(const Dims& d, const T* q, const T* k, const T* v, const int64_t* idx, T scale, T* out, T* lse) {
-  const cpu::RowOps<T> op = cpu::row_ops<T>();
-  const int64_t rows = d.b * d.h * d.tq, group = d.h / d.hk;
-  const T ninf = -std::numeric_limits<T>::infinity();
-  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
-    std::vector<T> s(static_cast<size_t>(d.k));
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t i = r % d.tq, bh = r / d.tq, h = bh % d.h, b = bh / d.h;
-      const int64_t kvh = b * d.hk + h / group;
-      const T* qr = q + r * d.d;
-      const T* kb = k + kvh * d.tk * d.d;
-      const T* vb = v + kvh * d.tk * d.dv;
-      const int64_t* ir = idx + (b * d.tq + i) * d.k;
-      T m = ninf;
-      for (int64_t j = 0; j < d.k; ++j) {
-        s[j] = ir[j] < 0 ? ninf : scale * op.dot(qr, kb + ir[j] * d.d, d.d);
-        if (s[j] > m) m = s[j];
-      }
-      T* o = out + r * d.dv;
-      std::fill(o, o + d.dv, T(0));
-      if (m == ninf) {  // no key picked
-        lse[r] = ninf;
-        continue;
-      }
-      T l = 0;
-      for (int64_t j = 0; j < d.k; ++j) {
-        s[j] = ir[j] < 0 ? T(0) : std::exp(s[j] - m);
-        l += s[j];
-      }
-      for (int64_t j = 0; j < d.k; ++j)
-        if (ir[j] >= 0) op.axpy(s[j] / l, vb + ir[j] * d.dv, o, d.dv);
-      lse[r] = m + std::log(l);
-    }
-  });
-}
+// ---- forward: rows r0 .. r1 of [B, H, Tq] -------------------------------------------------------------------------
 
-// ---- backward ---------------------------------------------------------------------------------------------------
-
-template <typename T>
-void backward_impl(const Dims& d, const T* dout, const T* q, const T* k, const T* v, const int64_t* idx, const T* lse,
-                   T scale, T* dq, T* dk, T* dv) {
-  const cpu::RowOps<T> op = cpu::row_ops<T>();
+template <typename T, class Op>
+inline __attribute__((always_inline)) void forward_rows(const Dims& d, const Ptrs& p, int64_t r0, int64_t r1, T* s) {
+  const T *q = static_cast<const T*>(p.q), *k = static_cast<const T*>(p.k), *v = static_cast<const T*>(p.v);
+  T *out = static_cast<T*>(p.out), *lse = static_cast<T*>(p.lse);
+  const T scale = static_cast<T>(p.scale), ninf = -std::numeric_limits<T>::infinity();
   const int64_t group = d.h / d.hk;
-  at::parallel_for(0, d.b * d.hk, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<T> p(static_cast<size_t>(d.k)), dp(static_cast<size_t>(d.k));
-    for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / d.hk;
-      const T* kb = k + task * d.tk * d.d;
-      const T* vb = v + task * d.tk * d.dv;
-      T* dkb = dk + task * d.tk * d.d;
-      T* dvb = dv + task * d.tk * d.dv;
-      for (int64_t h = (task % d.hk) * group; h < (task % d.hk + 1) * group; ++h) {
-        for (int64_t i = 0; i < d.tq; ++i) {
-          const int64_t r = (b * d.h + h) * d.tq + i;
-          if (std::isinf(lse[r])) continue;  // no key picked: no gradient
-          const T* qr = q + r * d.d;
-          const T* dor = dout + r * d.dv;
-          const int64_t* ir = idx + (b * d.tq + i) * d.k;
-          T delta = 0;
-          for (int64_t j = 0; j < d.k; ++j) {
-            if (ir[j] < 0) {
-              p[j] = dp[j] = 0;
-              continue;
-            }
-            p[j] = std::exp(scale * op.dot(qr, kb + ir[j] * d.d, d.d) - lse[r]);
-            dp[j] = op.dot(dor, vb + ir[j] * d.dv, d.dv);
-            delta += p[j] * dp[j];
-          }
-          T* dqr = dq + r * d.d;
-          for (int64_t j = 0; j < d.k; ++j) {
-            if (ir[j] < 0) continue;
-            const T ds = scale * p[j] * (dp[j] - delta);
-            op.axpy(ds, kb + ir[j] * d.d, dqr, d.d);
-            op.axpy(ds, qr, dkb + ir[j] * d.d, d.d);
-            op.axpy(p[j], dor, dvb + ir[j] * d.dv, d.dv);
-          }
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t i = r % d.tq, bh = r / d.tq, h = bh % d.h, b = bh / d.h;
+    const int64_t kvh = b * d.hk + h / group;
+    const T* qr = q + r * d.d;
+    const T* kb = k + kvh * d.tk * d.d;
+    const T* vb = v + kvh * d.tk * d.dv;
+    const int64_t* ir = p.idx + (b * d.tq + i) * d.k;
+    T m = ninf;
+    for (int64_t j = 0; j < d.k; ++j) {
+      s[j] = ir[j] < 0 ? ninf : scale * Op::dot(qr, kb + ir[j] * d.d, d.d);
+      if (s[j] > m) m = s[j];
+    }
+    T* o = out + r * d.dv;
+    std::fill(o, o + d.dv, T(0));
+    if (m == ninf) {  // no key picked
+      lse[r] = ninf;
+      continue;
+    }
+    T l = 0;
+    for (int64_t j = 0; j < d.k; ++j) {
+      s[j] = ir[j] < 0 ? T(0) : std::exp(s[j] - m);
+      l += s[j];
+    }
+    for (int64_t j = 0; j < d.k; ++j)
+      if (ir[j] >= 0) Op::axpy(s[j] / l, vb + ir[j] * d.dv, o, d.dv);
+    lse[r] = m + std::log(l);
+  }
+}
+
+// ---- backward: one (batch row, key/value head) task ---------------------------------------------------------------
+
+template <typename T, class Op>
+inline __attribute__((always_inline)) void backward_task(const Dims& d, const Ptrs& p, int64_t task, T* pr, T* dp) {
+  const T *q = static_cast<const T*>(p.q), *k = static_cast<const T*>(p.k), *v = static_cast<const T*>(p.v);
+  const T *dout = static_cast<const T*>(p.dout), *lse = static_cast<const T*>(p.lse_in);
+  const T scale = static_cast<T>(p.scale);
+  const int64_t group = d.h / d.hk, b = task / d.hk;
+  const T* kb = k + task * d.tk * d.d;
+  const T* vb = v + task * d.tk * d.dv;
+  T* dkb = static_cast<T*>(p.dk) + task * d.tk * d.d;
+  T* dvb = static_cast<T*>(p.dv) + task * d.tk * d.dv;
+  for (int64_t h = (task % d.hk) * group; h < (task % d.hk + 1) * group; ++h) {
+    for (int64_t i = 0; i < d.tq; ++i) {
+      const int64_t r = (b * d.h + h) * d.tq + i;
+      if (std::isinf(lse[r])) continue;  // no key picked: no gradient
+      const T* qr = q + r * d.d;
+      const T* dor = dout + r * d.dv;
+      const int64_t* ir = p.idx + (b * d.tq + i) * d.k;
+      T delta = 0;
+      for (int64_t j = 0; j < d.k; ++j) {
+        if (ir[j] < 0) {
+          pr[j] = dp[j] = 0;
+          continue;
         }
+        pr[j] = std::exp(scale * Op::dot(qr, kb + ir[j] * d.d, d.d) - lse[r]);
+        dp[j] = Op::dot(dor, vb + ir[j] * d.dv, d.dv);
+        delta += pr[j] * dp[j];
+      }
+      T* dqr = static_cast<T*>(p.dq) + r * d.d;
+      for (int64_t j = 0; j < d.k; ++j) {
+        if (ir[j] < 0) continue;
+        const T ds = scale * pr[j] * (dp[j] - delta);
+        Op::axpy(ds, kb + ir[j] * d.d, dqr, d.d);
+        Op::axpy(ds, qr, dkb + ir[j] * d.d, d.d);
+        Op::axpy(pr[j], dor, dvb + ir[j] * d.dv, d.dv);
       }
     }
+  }
+}
+
+#if defined(__x86_64__)
+LF_AVX2 void forward_rows_avx2(const Dims& d, const Ptrs& p, int64_t r0, int64_t r1, float* s) {
+  forward_rows<float, cpu::AvxRowOps>(d, p, r0, r1, s);
+}
+LF_AVX2 void backward_task_avx2(const Dims& d, const Ptrs& p, int64_t task, float* pr, float* dp) {
+  backward_task<float, cpu::AvxRowOps>(d, p, task, pr, dp);
+}
+#endif
+
+// Forward over blocks of query rows, backward one task per (batch row, key/value head); float32 on AVX2 CPUs through
+// the AVX2 functions.
+template <typename T>
+void run(const Dims& d, const Ptrs& p, bool backward) {
+  [[maybe_unused]] const bool avx2 = std::is_same_v<T, float> && cpu::has_avx2_fma();
+  at::parallel_for(0, backward ? d.b * d.hk : d.b * d.h * d.tq, backward ? 1 : 16, [&](int64_t t0, int64_t t1) {
+    std::vector<T> a(static_cast<size_t>(d.k)), c(static_cast<size_t>(d.k));
+#if defined(__x86_64__)
+    if constexpr (std::is_same_v<T, float>) {
+      if (avx2) {
+        if (!backward) return forward_rows_avx2(d, p, t0, t1, a.data());
+        for (int64_t task = t0; task < t1; ++task) backward_task_avx2(d, p, task, a.data(), c.data());
+        return;
+      }
+    }
+#endif
+    if (!backward) return forward_rows<T, cpu::PlainRowOps<T>>(d, p, t0, t1, a.data());
+    for (int64_t task = t0; task < t1; ++task) backward_task<T, cpu::PlainRowOps<T>>(d, p, task, a.data(), c.data());
   });
 }
 
-bool kernel_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+}  // namespace
+
+bool sparse_attention_kernel_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const auto st = q.scalar_type();
   return q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu() && (st == at::kFloat || st == at::kDouble) &&
          k.scalar_type() == st && v.scalar_type() == st;
 }
+
+namespace {
 
 void check_range(const at::Tensor& idx, int64_t tk) {
   if (idx.numel() && idx.max().item<int64_t>() >= tk)
@@ -164,11 +199,10 @@ std::tuple<at::Tensor, at::Tensor> sparse_attention_forward_cpu(const at::Tensor
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous(), idx = idx_in.contiguous();
   at::Tensor out = at::empty({d.b, d.h, d.tq, d.dv}, q.options());
   at::Tensor lse = at::empty({d.b, d.h, d.tq}, q.options());
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sparse_attention_forward_cpu", [&] {
-    forward_impl<scalar_t>(d, q.const_data_ptr<scalar_t>(), k.const_data_ptr<scalar_t>(), v.const_data_ptr<scalar_t>(),
-                           idx.const_data_ptr<int64_t>(), static_cast<scalar_t>(scale), out.mutable_data_ptr<scalar_t>(),
-                           lse.mutable_data_ptr<scalar_t>());
-  });
+  Ptrs p{};
+  p.q = q.const_data_ptr(), p.k = k.const_data_ptr(), p.v = v.const_data_ptr(), p.idx = idx.const_data_ptr<int64_t>();
+  p.scale = scale, p.out = out.mutable_data_ptr(), p.lse = lse.mutable_data_ptr();
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sparse_attention_forward_cpu", [&] { run<scalar_t>(d, p, false); });
   return {out, lse};
 }
 
@@ -182,19 +216,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_backward_cpu(con
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous(), idx = idx_in.contiguous();
   const at::Tensor dout = dout_in.to(q.scalar_type()).contiguous(), lse = lse_in.contiguous();
   at::Tensor dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sparse_attention_backward_cpu", [&] {
-    backward_impl<scalar_t>(d, dout.const_data_ptr<scalar_t>(), q.const_data_ptr<scalar_t>(),
-                            k.const_data_ptr<scalar_t>(), v.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(),
-                            lse.const_data_ptr<scalar_t>(), static_cast<scalar_t>(scale),
-                            dq.mutable_data_ptr<scalar_t>(), dk.mutable_data_ptr<scalar_t>(),
-                            dv.mutable_data_ptr<scalar_t>());
-  });
+  Ptrs p{};
+  p.q = q.const_data_ptr(), p.k = k.const_data_ptr(), p.v = v.const_data_ptr(), p.idx = idx.const_data_ptr<int64_t>();
+  p.dout = dout.const_data_ptr(), p.lse_in = lse.const_data_ptr(), p.scale = scale;
+  p.dq = dq.mutable_data_ptr(), p.dk = dk.mutable_data_ptr(), p.dv = dv.mutable_data_ptr();
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sparse_attention_backward_cpu", [&] { run<scalar_t>(d, p, true); });
   return {dq, dk, dv};
 }
 
 at::Tensor sparse_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& idx,
                             double scale) {
-  if (!kernel_takes(q, k, v) || !idx.device().is_cpu()) return sparse_attention_reference(q, k, v, idx, scale);
+  if (!sparse_attention_kernel_takes(q, k, v) || !idx.device().is_cpu()) return sparse_attention_reference(q, k, v, idx, scale);
   return SparseAttentionFunction::apply(q, k, v, idx, scale);
 }
 

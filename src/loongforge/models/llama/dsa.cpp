@@ -251,9 +251,7 @@ at::Tensor part_positions(const nn::SequenceParts& parts, int64_t local_len, con
 at::Tensor sparse_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& keep,
                             double scale, at::Tensor* probs) {
   // the fused kernel on the CPU: only the kept keys of each query (kernels/sparse_attention.h)
-  const auto st = q.scalar_type();
-  if (!probs && q.device().is_cpu() && (st == at::kFloat || st == at::kDouble) && k.scalar_type() == st &&
-      v.scalar_type() == st)
+  if (!probs && kernels::sparse_attention_kernel_takes(q, k, v))
     return kernels::sparse_attention(q, k, v, kernels::keep_to_index(keep), scale);
   at::Tensor s = at::matmul(q, k.transpose(-1, -2)) * scale;  // [B,H,Tq,Tk]
   s = s.masked_fill(keep.logical_not().unsqueeze(1), -std::numeric_limits<double>::infinity());
