@@ -47,6 +47,54 @@ void BM_SwiGLU(benchmark::State& st) {
 BENCHMARK_TEMPLATE(BM_SwiGLU, true)->Args({2048, 688})->Args({2048, 1376})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_SwiGLU, false)->Args({2048, 688})->Args({2048, 1376})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// GeGLU with the tanh GELU (Gemma's MLP in π0) on [rows, ffn]: π0 small's PaliGemma MLP (640 prefix tokens x 2048).
+template <bool Fused>
+void BM_GeGLU(benchmark::State& st) {
+  at::Tensor g = at::randn({st.range(0), st.range(1)}).requires_grad_(), u = at::randn({st.range(0), st.range(1)}).requires_grad_();
+  at::Tensor dy = at::randn({st.range(0), st.range(1)});
+  for (auto _ : st) {
+    at::Tensor y = Fused ? lf::kernels::geglu_tanh(g, u) : lf::kernels::geglu_tanh_reference(g, u);
+    auto gr = torch::autograd::grad({y}, {g, u}, {dy});
+    benchmark::DoNotOptimize(gr[0].data_ptr());
+  }
+}
+BENCHMARK_TEMPLATE(BM_GeGLU, true)->Args({640, 2048})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_GeGLU, false)->Args({640, 2048})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// π0's joint attention, forward + backward at π0 small's training shape: 8 rows, 8 heads over 1 key/value head, D 64,
+// an 80-token prefix (its last 4 + row tokens padded), a state token and a 50-step action chunk (the block mask):
+// the masked kernel vs LeRobot's eager attention (keys repeated to the heads, an additive mask, softmax, two matmuls).
+template <bool Fused>
+static void BM_MaskedAttention(benchmark::State& state) {
+  const int64_t B = 8, H = 8, D = 64, P = 80, C = 50, T = P + 1 + C;
+  at::manual_seed(0);
+  at::Tensor q = at::randn({B, T, H, D}).transpose(1, 2).requires_grad_(), k = at::randn({B, T, 1, D}).transpose(1, 2).requires_grad_();
+  at::Tensor v = at::randn({B, T, 1, D}).transpose(1, 2).requires_grad_(), dy = at::randn({B, H, T, D});
+  at::Tensor valid = at::ones({B, T}, at::kBool);
+  for (int64_t b = 0; b < B; ++b) valid[b].narrow(0, P - 4 - b % 4, 4 + b % 4).fill_(false);
+  at::Tensor starts = at::zeros({T}, at::kLong);
+  starts[P] = 1;
+  starts[P + 1] = 1;
+  at::Tensor cum = starts.cumsum(0);
+  at::Tensor allowed = (cum.unsqueeze(0) <= cum.unsqueeze(1)).unsqueeze(0).logical_and(valid.unsqueeze(1)).logical_and(valid.unsqueeze(2));
+  at::Tensor additive = at::zeros({B, 1, T, T}).masked_fill(allowed.logical_not().unsqueeze(1), -2.3819763e38);
+  const double scale = 0.125;
+  for (auto _ : state) {
+    at::Tensor y;
+    if (Fused) {
+      y = lf::kernels::masked_attention(q, k, v, scale, allowed);
+    } else {
+      at::Tensor kk = k.expand({B, H, T, D}), vv = v.expand({B, H, T, D});
+      at::Tensor w = at::matmul(q, kk.transpose(2, 3)) * scale + additive;
+      y = at::matmul(at::softmax(w, -1, at::kFloat), vv);
+    }
+    y.backward(dy);
+    benchmark::DoNotOptimize(q.grad().data_ptr());
+  }
+}
+BENCHMARK_TEMPLATE(BM_MaskedAttention, true)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_MaskedAttention, false)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // Gated DeltaNet's short convolution: x [B, T, C], kernel K = 4, forward + backward (fused vs K shifted
 // multiply-adds + at::silu).
 template <bool Fused>

@@ -225,6 +225,113 @@ TEST(FullAttentionKernel, ModelEntryMatchesAtenFloat32) {
       at::equal(lf::nn::full_attention(qb, kb, vb, 0.3), lf::kernels::full_attention_reference(qb, kb, vb, 0.3)));
 }
 
+// ---- masked attention (an explicit [B,T,S] mask; π0's block mask) ------------------------------------------------
+
+// π0's training mask: a prefix of P tokens (the last `pad` of row b padded) seeing the prefix's valid tokens, then
+// blocks that see every earlier block (a state token, then the action chunk), [B, P + 1 + C, P + 1 + C].
+at::Tensor pi0_mask(int64_t B, int64_t P, int64_t C) {
+  const int64_t T = P + 1 + C;
+  at::Tensor valid = at::ones({B, T}, at::kBool);
+  for (int64_t b = 0; b < B; ++b) valid[b].narrow(0, P - 1 - b, 1 + b).fill_(false);  // b + 1 pads at the prefix's end
+  at::Tensor starts = at::zeros({T}, at::kLong);
+  starts[P] = 1;
+  starts[P + 1] = 1;
+  at::Tensor cum = starts.cumsum(0);
+  at::Tensor block = cum.unsqueeze(0) <= cum.unsqueeze(1);  // [T, T]
+  return block.unsqueeze(0).logical_and(valid.unsqueeze(1)).logical_and(valid.unsqueeze(2));
+}
+
+std::vector<at::Tensor> masked_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         const at::Tensor& dy, double scale, const at::Tensor& allowed) {
+  at::Tensor q2 = q.detach().clone().requires_grad_(), k2 = k.detach().clone().requires_grad_();
+  at::Tensor v2 = v.detach().clone().requires_grad_();
+  at::Tensor o = lf::kernels::masked_attention_reference(q2, k2, v2, scale, allowed);
+  auto g = torch::autograd::grad({o}, {q2, k2, v2}, {dy});
+  return {o.detach(), g[0], g[1], g[2]};
+}
+
+// float64: the Function's gradients against central differences of its own forward and against the composite
+// (transformers' eager attention with the mask); masks: π0's block mask (padded prefix rows see no key), a random
+// mask with holes and rows that see nothing, and queries fewer than keys (a suffix over a cached prefix); GQA.
+TEST(MaskedAttentionKernel, GradientsMatchFiniteDifferencesFloat64) {
+  at::manual_seed(7);
+  const int64_t B = 2, H = 4, Hkv = 2, D = 3;
+  at::Tensor random = at::rand({B, 5, 7}) < 0.5;
+  random[0][2].fill_(false);
+  at::Tensor suffix = pi0_mask(B, 4, 2).narrow(1, 4, 3);  // the state and action rows over all 7 keys
+  for (const at::Tensor& m : {pi0_mask(B, 4, 2), random, suffix}) {
+    const int64_t T = m.size(1), S = m.size(2);
+    auto opts = at::TensorOptions().dtype(at::kDouble);
+    at::Tensor q = at::randn({B, H, T, D}, opts).requires_grad_(), k = at::randn({B, Hkv, S, D}, opts).requires_grad_();
+    at::Tensor v = at::randn({B, Hkv, S, D}, opts).requires_grad_();
+    at::Tensor dy = at::randn({B, H, T, D}, opts);
+    const double scale = 0.7;
+    at::Tensor o = lf::kernels::masked_attention(q, k, v, scale, m);
+    EXPECT_NE(o.grad_fn()->name().find("MaskedAttentionFunction"), std::string::npos) << o.grad_fn()->name();
+    auto ref = masked_reference(q, k, v, dy, scale, m);
+    EXPECT_LT(max_abs(o - ref[0]), 1e-12);
+    auto g = torch::autograd::grad({o}, {q, k, v}, {dy});
+    for (int i = 0; i < 3; ++i) EXPECT_LT(max_abs(g[i] - ref[i + 1]), 1e-12) << "input " << i << " T " << T;
+    at::Tensor qd = q.detach().clone(), kd = k.detach().clone(), vd = v.detach().clone();
+    auto f = [&] { return lf::kernels::masked_attention(qd, kd, vd, scale, m); };
+    EXPECT_LT(max_abs(g[0] - lf::test::numeric_grad(f, qd, dy)), 1e-7);
+    EXPECT_LT(max_abs(g[1] - lf::test::numeric_grad(f, kd, dy)), 1e-7);
+    EXPECT_LT(max_abs(g[2] - lf::test::numeric_grad(f, vd, dy)), 1e-7);
+  }
+}
+
+// Row blocks of every size (one row, sizes that straddle the prefix / suffix boundary, one block for all) give the
+// composite's values, float64, strided as the model passes q/k/v, with a [B,1,T,S] mask too.
+TEST(MaskedAttentionKernel, RowBlocksMatchCompositeFloat64) {
+  at::manual_seed(8);
+  const int64_t B = 3, P = 21, C = 9, D = 8, H = 6, Hkv = 2, T = P + 1 + C;
+  at::Tensor m = pi0_mask(B, P, C);
+  at::Tensor q = bthd(B, T, H, D, at::kDouble), k = bthd(B, T, Hkv, D, at::kDouble);
+  at::Tensor v = bthd(B, T, Hkv, D, at::kDouble), dy = bthd(B, T, H, D, at::kDouble);
+  auto ref = masked_reference(q, k, v, dy, 0.35, m);
+  for (int64_t rows : {1, 5, 16, 0}) {
+    const at::Tensor mask = rows == 5 ? m.unsqueeze(1) : m;
+    auto [o, lse] = lf::kernels::masked_attention_forward_cpu(q, k, v, 0.35, mask, rows);
+    auto [dq, dk, dv] = lf::kernels::masked_attention_backward_cpu(dy, q, k, v, o, lse, 0.35, mask, rows);
+    const std::string what = "rows " + std::to_string(rows);
+    EXPECT_LT(max_abs(o - ref[0]), 1e-12) << what;
+    EXPECT_LT(max_abs(dq - ref[1]), 1e-12) << what;
+    EXPECT_LT(max_abs(dk - ref[2]), 1e-12) << what;
+    EXPECT_LT(max_abs(dv - ref[3]), 1e-12) << what;
+    EXPECT_EQ(dk.sizes(), k.sizes());
+  }
+}
+
+// float32 at π0's bench head shapes (8 heads over 1 key/value head, D 64, an 80-token padded prefix, a 51-token
+// suffix) against ATen's SDPA with the same boolean mask on the rows that see keys; bfloat16 goes to the composite.
+TEST(MaskedAttentionKernel, MatchesAtenFloat32AndFallsBack) {
+  at::manual_seed(9);
+  const int64_t B = 4, P = 80, C = 50, H = 8, D = 64, T = P + 1 + C;
+  at::Tensor m = pi0_mask(B, P, C);
+  at::Tensor q = bthd(B, T, H, D, at::kFloat).requires_grad_(), k = bthd(B, T, 1, D, at::kFloat).requires_grad_();
+  at::Tensor v = bthd(B, T, 1, D, at::kFloat).requires_grad_(), dy = bthd(B, T, H, D, at::kFloat);
+  const at::Tensor seen = m.any(-1).unsqueeze(1).unsqueeze(-1);  // [B,1,T,1]
+  dy = dy * seen;
+  const double scale = 0.125;
+  at::Tensor q2 = q.detach().clone().requires_grad_(), k2 = k.detach().clone().requires_grad_();
+  at::Tensor v2 = v.detach().clone().requires_grad_();
+  // SDPA gives NaN rows where a query sees nothing: those rows get a key of their own there (dy is zero on them)
+  at::Tensor m2 = m.logical_or(seen.squeeze(1).logical_not().logical_and(at::eye(T, at::kBool)));
+  at::Tensor ref = at::scaled_dot_product_attention(q2, k2, v2, m2.unsqueeze(1), 0.0, false, scale, true) * seen;
+  auto gr = torch::autograd::grad({ref}, {q2, k2, v2}, {dy});
+  at::Tensor o = lf::kernels::masked_attention(q, k, v, scale, m);
+  auto g = torch::autograd::grad({o}, {q, k, v}, {dy});
+  EXPECT_LT(rel_err(o, ref), 1e-5);
+  EXPECT_EQ(max_abs(o * seen.logical_not()), 0.0);
+  for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(g[i], gr[i]), 1e-5) << "input " << i;
+  at::Tensor qb = bthd(2, 9, 2, 8, at::kBFloat16), kb = bthd(2, 9, 2, 8, at::kBFloat16);
+  at::Tensor vb = bthd(2, 9, 2, 8, at::kBFloat16);
+  at::Tensor mb = at::rand({2, 9, 9}) < 0.6;
+  EXPECT_FALSE(lf::kernels::masked_attention_kernel_supported(qb, kb, vb, mb));
+  EXPECT_TRUE(at::equal(lf::kernels::masked_attention(qb, kb, vb, 0.3, mb),
+                        lf::kernels::masked_attention_reference(qb, kb, vb, 0.3, mb)));
+}
+
 }  // namespace
 
 // nn::document_ranges: the token ranges of the packed documents of a [B,T] batch, against a direct scan; and

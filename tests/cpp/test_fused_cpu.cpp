@@ -65,6 +65,55 @@ TEST(SwiGLUKernel, MatchesCompositeFloat32) {
   }
 }
 
+// ---- GeGLU (tanh GELU; Gemma's MLP in π0) -----------------------------------------------------------------------
+
+// float64: the fused Function against central differences of transformers' composite (gelu tanh * up), and its
+// values to the composite's.
+TEST(GeGLUKernel, GradientsMatchFiniteDifferencesFloat64) {
+  at::manual_seed(10);
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor g = (at::randn({3, 5, 7}, opts) * 3).requires_grad_(), u = at::randn({3, 5, 7}, opts).requires_grad_();
+  at::Tensor dy = at::randn({3, 5, 7}, opts);
+  at::Tensor y = lf::kernels::geglu_tanh(g, u);
+  EXPECT_NE(y.grad_fn()->name().find("GatedFunction"), std::string::npos) << y.grad_fn()->name();
+  at::Tensor gd = g.detach().clone(), ud = u.detach().clone();
+  auto f = [&] { return lf::kernels::geglu_tanh_reference(gd, ud); };
+  EXPECT_LT(max_abs(y - f()), 1e-12);
+  auto grads = torch::autograd::grad({y}, {g, u}, {dy});
+  EXPECT_LT(max_abs(grads[0] - lf::test::numeric_grad(f, gd, dy)), 1e-7);
+  EXPECT_LT(max_abs(grads[1] - lf::test::numeric_grad(f, ud, dy)), 1e-7);
+}
+
+// float32 (the AVX2 path where the CPU has it) and bfloat16 against the composite: sizes off the vector width and the
+// parallel grain, gates far out on both sides, a NaN that propagates.
+TEST(GeGLUKernel, MatchesCompositeFloat32AndBFloat16) {
+  at::manual_seed(11);
+  for (auto shape : {std::vector<int64_t>{3, 37, 129}, std::vector<int64_t>{5}, std::vector<int64_t>{70001}}) {
+    at::Tensor g = (at::randn(shape) * 4).requires_grad_(), u = at::randn(shape).requires_grad_();
+    at::Tensor dy = at::randn(shape);
+    {
+      at::NoGradGuard ng;
+      g.view({-1})[0] = 40.f;
+      if (g.numel() > 1) g.view({-1})[1] = -40.f;
+    }
+    at::Tensor y = lf::kernels::geglu_tanh(g, u);
+    auto gr = torch::autograd::grad({y}, {g, u}, {dy});
+    // against the float64 composite (the float32 composite itself is ~1e-6 off in dg)
+    at::Tensor g2 = g.detach().to(at::kDouble).requires_grad_(), u2 = u.detach().to(at::kDouble).requires_grad_();
+    at::Tensor y2 = lf::kernels::geglu_tanh_reference(g2, u2);
+    auto gr2 = torch::autograd::grad({y2}, {g2, u2}, {dy.to(at::kDouble)});
+    EXPECT_LT(rel_err(y, y2), 1e-6);
+    EXPECT_LT(rel_err(gr[0], gr2[0]), 1e-6);
+    EXPECT_LT(rel_err(gr[1], gr2[1]), 1e-6);
+    EXPECT_EQ(y.scalar_type(), at::kFloat);
+    at::Tensor gb = g.detach().to(at::kBFloat16), ub = u.detach().to(at::kBFloat16);
+    EXPECT_LT(rel_err(lf::kernels::geglu_tanh(gb, ub), lf::kernels::geglu_tanh_reference(gb, ub)), 1e-2);
+  }
+  at::Tensor gn = at::randn({9});
+  gn[3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(lf::kernels::geglu_tanh(gn, at::ones({9}))[3].item<float>()));
+}
+
 TEST(SwiGLUKernel, NonContiguousAndNaN) {
   at::manual_seed(2);
   at::Tensor g = at::randn({16, 24}).t(), u = at::randn({24, 16});

@@ -38,6 +38,21 @@ at::Tensor full_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 at::Tensor full_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                     const at::Tensor& segment_ids = {});
 
+// Attention under an explicit mask: query t of q [B,H,T,D] sees key j of k/v [B,Hkv,S,D] (H a multiple of Hkv;
+// S may differ from T) where allowed[b,t,j] (bool [B,T,S] or [B,1,T,S]); a query that sees no key gets a zero output
+// (and passes no gradient). For block masks such as π0's (a bidirectional prefix, blocks that see every earlier
+// block, padded keys): the same row-block kernel, each block of queries against the key range its rows see, holes
+// in a range masked key by key. Returns [B,H,T,D] (a view of [B,T,H,D] memory). Autograd-aware (first order).
+// CPU float32/float64 run the kernel; anything else goes to masked_attention_reference.
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                            const at::Tensor& allowed);
+bool masked_attention_kernel_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& allowed);
+// The composite version (transformers' eager attention: keys repeated to H, masked scores, softmax in float32,
+// rows that see no key zeroed).
+at::Tensor masked_attention_reference(const at::Tensor& q, at::Tensor k, at::Tensor v, double scale,
+                                      const at::Tensor& allowed);
+
 // Raw CPU kernels (no autograd), for tests and benchmarks; block_rows 0 picks the default; causal false: the
 // bidirectional form (window ignored). Forward returns
 // {out [B,H,T,D] as above, lse [B,H,T] in q's dtype (log-sum-exp of each query's scaled scores)}; backward returns
@@ -50,5 +65,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_attention_backward_cpu(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, double scale, int64_t window, const at::Tensor& segment_ids, int64_t block_rows = 0,
     bool causal = true);
+
+// Raw masked kernels (no autograd): as the causal ones above, keys [B,Hkv,S,D]; dk/dv in k's shape.
+std::tuple<at::Tensor, at::Tensor> masked_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k,
+                                                                const at::Tensor& v, double scale,
+                                                                const at::Tensor& allowed, int64_t block_rows = 0);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_attention_backward_cpu(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, double scale, const at::Tensor& allowed, int64_t block_rows = 0);
 
 }  // namespace lf::kernels

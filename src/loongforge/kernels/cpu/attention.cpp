@@ -167,14 +167,18 @@ T row_dot(const T* x, const T* y, int64_t n) {
 // ---- visibility ----------------------------------------------------------------------------------------------
 // Per batch row: query t sees keys of [first[t], end[t]) (end = t + 1 when causal, else the end of its segment or
 // T); seg = the row's segment ids where a segment's positions are not one contiguous run (then visibility inside
-// that range is checked key by key), else null.
+// that range is checked key by key), else null. With an explicit mask (masked_attention) [first, end) spans the
+// query's first to last allowed key, mask[b] points at the row's [T, S] mask where some range has holes, and a
+// query that sees no key has first = S, end = 0 (empty: zero output, no gradient).
 struct Visibility {
   std::vector<int64_t> first, end;
   std::vector<const int64_t*> seg;  // per batch row
-  int64_t T = 0;
+  std::vector<const bool*> mask;    // per batch row ([T, S] row-major), explicit masks only
+  at::Tensor held;                  // the explicit mask the pointers point into
+  int64_t T = 0, S = 0;
 
   Visibility(const at::Tensor& segment_ids, int64_t B, int64_t T_, int64_t window, bool causal)
-      : first(B * T_), end(B * T_), seg(B), T(T_) {
+      : first(B * T_), end(B * T_), seg(B), mask(B), T(T_), S(T_) {
     const int64_t* sp = segment_ids.defined() ? segment_ids.const_data_ptr<int64_t>() : nullptr;
     for (int64_t b = 0; b < B; ++b) {
       int64_t* f = first.data() + b * T;
@@ -202,6 +206,26 @@ struct Visibility {
         for (int64_t t = 0; t < T; ++t) f[t] = std::max(f[t], t - window + 1);
     }
   }
+
+  // allowed: bool [B, T_, S_], contiguous.
+  Visibility(const at::Tensor& allowed, int64_t B, int64_t T_, int64_t S_)
+      : first(B * T_), end(B * T_), seg(B), mask(B), held(allowed), T(T_), S(S_) {
+    const bool* ap = held.const_data_ptr<bool>();
+    for (int64_t b = 0; b < B; ++b) {
+      bool holes = false;
+      for (int64_t t = 0; t < T; ++t) {
+        const bool* row = ap + (b * T + t) * S;
+        int64_t f = 0, e = S;
+        while (f < S && !row[f]) ++f;
+        while (e > f && !row[e - 1]) --e;
+        if (f == e) f = S, e = 0;
+        for (int64_t j = f; j < e && !holes; ++j) holes = !row[j];
+        first[b * T + t] = f;
+        end[b * T + t] = e;
+      }
+      if (holes) mask[b] = ap + b * T * S;
+    }
+  }
   // The first key any row of [r0, r1) needs.
   int64_t block_lo(int64_t b, int64_t r0, int64_t r1) const {
     const int64_t* f = first.data() + b * T;
@@ -219,11 +243,18 @@ struct Visibility {
 };
 
 // Keys of [lo, lo + n) that query t may not see inside its range [first, end) are set to -inf (segments that are not
-// contiguous runs only).
+// contiguous runs, and explicit masks with holes, only).
 template <typename T>
-void mask_foreign(T* s, const int64_t* seg, int64_t lo, int64_t a, int64_t b, int64_t t) {
-  for (int64_t j = a; j < b; ++j)
-    if (seg[lo + j] != seg[t]) s[j] = -std::numeric_limits<T>::infinity();
+void mask_foreign(T* s, const Visibility& vis, int64_t b, int64_t lo, int64_t a, int64_t e, int64_t t) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  if (const int64_t* seg = vis.seg[b]) {
+    for (int64_t j = a; j < e; ++j)
+      if (seg[lo + j] != seg[t]) s[j] = ninf;
+  } else if (const bool* m = vis.mask[b]) {
+    const bool* row = m + t * vis.S + lo;
+    for (int64_t j = a; j < e; ++j)
+      if (!row[j]) s[j] = ninf;
+  }
 }
 
 struct Shape {
@@ -237,6 +268,7 @@ template <typename T>
 void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale_d,
                   const Visibility& vis, int64_t R, at::Tensor& out, at::Tensor& lse) {
   const Shape sh = shape_of(q, k);
+  const int64_t S = vis.S;
   const T scale = static_cast<T>(scale_d);
   const T* qp = q.const_data_ptr<T>();
   const T* kp = k.const_data_ptr<T>();
@@ -245,7 +277,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   T* lp = lse.mutable_data_ptr<T>();  // [B,H,T]
   const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2), ldo = sh.H * sh.D;
   at::parallel_for(0, sh.B * sh.H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> sbuf(static_cast<size_t>(std::min(R, sh.T) * sh.T));
+    std::vector<T> sbuf(static_cast<size_t>(std::min(R, sh.T) * S));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / sh.H, h = task % sh.H, kh = h / sh.G;
       const T* Q = qp + b * q.stride(0) + h * q.stride(1);
@@ -258,15 +290,27 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       for (int64_t r0 = 0; r0 < sh.T; r0 += R) {
         const int64_t r1 = std::min(sh.T, r0 + R), rows = r1 - r0;
         const int64_t lo = vis.block_lo(b, r0, r1), n = vis.block_hi(b, r0, r1) - lo;
-        T* S = sbuf.data();
-        gemm<T>(false, true, rows, n, sh.D, scale, Q + r0 * ldq, ldq, K + lo * ldk, ldk, T(0), S, n);
+        if (n <= 0) {  // no row of the block sees a key
+          for (int64_t t = r0; t < r1; ++t) {
+            std::fill(O + t * ldo, O + t * ldo + sh.D, T(0));
+            L[t] = std::numeric_limits<T>::infinity();
+          }
+          continue;
+        }
+        T* Sc = sbuf.data();
+        gemm<T>(false, true, rows, n, sh.D, scale, Q + r0 * ldq, ldq, K + lo * ldk, ldk, T(0), Sc, n);
         for (int64_t i = 0; i < rows; ++i) {
           const int64_t t = r0 + i;
-          T* s = S + i * n;
-          if (vis.seg[b]) mask_foreign(s, vis.seg[b], lo, f[t] - lo, e[t] - lo, t);
+          T* s = Sc + i * n;
+          if (e[t] <= f[t]) {  // sees no key: a zero row of P, lse +inf (no gradient)
+            std::fill(s, s + n, T(0));
+            L[t] = std::numeric_limits<T>::infinity();
+            continue;
+          }
+          mask_foreign(s, vis, b, lo, f[t] - lo, e[t] - lo, t);
           L[t] = softmax_row(s, n, f[t] - lo, e[t] - lo);
         }
-        gemm<T>(false, false, rows, sh.D, n, T(1), S, n, V + lo * ldv, ldv, T(0), O + r0 * ldo, ldo);
+        gemm<T>(false, false, rows, sh.D, n, T(1), Sc, n, V + lo * ldv, ldv, T(0), O + r0 * ldo, ldo);
       }
     }
   });
@@ -277,6 +321,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
                    const at::Tensor& out, const at::Tensor& lse, double scale_d, const Visibility& vis, int64_t R,
                    at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
   const Shape sh = shape_of(q, k);
+  const int64_t S = vis.S;
   const T scale = static_cast<T>(scale_d);
   const T* qp = q.const_data_ptr<T>();
   const T* kp = k.const_data_ptr<T>();
@@ -285,19 +330,19 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   const T* gp = dout.const_data_ptr<T>();
   const T* lp = lse.const_data_ptr<T>();
   T* dqp = dq.mutable_data_ptr<T>();  // [B,T,H,D]
-  T* dkp = dk.mutable_data_ptr<T>();  // [B,T,Hkv,D], zeroed
+  T* dkp = dk.mutable_data_ptr<T>();  // [B,S,Hkv,D], zeroed
   T* dvp = dv.mutable_data_ptr<T>();
   const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2), ldo = out.stride(2), ldg = dout.stride(2);
   const int64_t lddq = sh.H * sh.D, lddk = sh.Hkv * sh.D;
   at::parallel_for(0, sh.B * sh.Hkv, 1, [&](int64_t begin, int64_t end) {
-    const size_t cap = static_cast<size_t>(std::min(R, sh.T) * sh.T);
+    const size_t cap = static_cast<size_t>(std::min(R, sh.T) * S);
     std::vector<T> sbuf(cap), pbuf(cap);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / sh.Hkv, kh = task % sh.Hkv;
       const T* K = kp + b * k.stride(0) + kh * k.stride(1);
       const T* V = vp + b * v.stride(0) + kh * v.stride(1);
-      T* dK = dkp + b * sh.T * lddk + kh * sh.D;
-      T* dV = dvp + b * sh.T * lddk + kh * sh.D;
+      T* dK = dkp + b * S * lddk + kh * sh.D;
+      T* dV = dvp + b * S * lddk + kh * sh.D;
       const int64_t* f = vis.first.data() + b * sh.T;
       const int64_t* e = vis.end.data() + b * sh.T;
       for (int64_t h = kh * sh.G; h < (kh + 1) * sh.G; ++h) {
@@ -309,18 +354,27 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
         for (int64_t r0 = 0; r0 < sh.T; r0 += R) {
           const int64_t r1 = std::min(sh.T, r0 + R), rows = r1 - r0;
           const int64_t lo = vis.block_lo(b, r0, r1), n = vis.block_hi(b, r0, r1) - lo;
-          T* S = sbuf.data();
+          if (n <= 0) {
+            for (int64_t t = r0; t < r1; ++t) std::fill(dQ + t * lddq, dQ + t * lddq + sh.D, T(0));
+            continue;
+          }
+          T* Sc = sbuf.data();
           T* P = pbuf.data();
-          gemm<T>(false, true, rows, n, sh.D, scale, Q + r0 * ldq, ldq, K + lo * ldk, ldk, T(0), S, n);
+          gemm<T>(false, true, rows, n, sh.D, scale, Q + r0 * ldq, ldq, K + lo * ldk, ldk, T(0), Sc, n);
           gemm<T>(false, true, rows, n, sh.D, T(1), dO + r0 * ldg, ldg, V + lo * ldv, ldv, T(0), P, n);
           for (int64_t i = 0; i < rows; ++i) {
             const int64_t t = r0 + i;
-            T* s = S + i * n;
-            if (vis.seg[b]) mask_foreign(s, vis.seg[b], lo, f[t] - lo, e[t] - lo, t);
+            T* s = Sc + i * n;
+            if (e[t] <= f[t]) {
+              std::fill(s, s + n, T(0));
+              std::fill(P + i * n, P + i * n + n, T(0));
+              continue;
+            }
+            mask_foreign(s, vis, b, lo, f[t] - lo, e[t] - lo, t);
             const T di = row_dot(dO + t * ldg, O + t * ldo, sh.D);
             grad_row(s, P + i * n, n, f[t] - lo, e[t] - lo, L[t], di);
           }
-          gemm<T>(true, false, n, sh.D, rows, T(1), S, n, dO + r0 * ldg, ldg, T(1), dV + lo * lddk, lddk);
+          gemm<T>(true, false, n, sh.D, rows, T(1), Sc, n, dO + r0 * ldg, ldg, T(1), dV + lo * lddk, lddk);
           gemm<T>(false, false, rows, sh.D, n, scale, P, n, K + lo * ldk, ldk, T(0), dQ + r0 * lddq, lddq);
           gemm<T>(true, false, n, sh.D, rows, scale, P, n, Q + r0 * ldq, ldq, T(1), dK + lo * lddk, lddk);
         }
@@ -341,6 +395,22 @@ bool kernel_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                         at::isFloatingType(seg.scalar_type()) || !seg.device().is_cpu()))
     return false;
   return true;
+}
+
+// masked_attention's inputs: q [B,H,T,D], k/v [B,Hkv,S,D], allowed bool [B,T,S] (or [B,1,T,S]), one float dtype, CPU.
+bool masked_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed) {
+  const auto dt = q.scalar_type();
+  if (!(dt == at::kFloat || dt == at::kDouble) || k.scalar_type() != dt || v.scalar_type() != dt) return false;
+  if (!q.device().is_cpu() || !k.device().is_cpu() || !v.device().is_cpu() || !allowed.device().is_cpu()) return false;
+  if (q.dim() != 4 || k.dim() != 4 || k.sizes() != v.sizes()) return false;
+  if (q.size(0) != k.size(0) || q.size(3) != k.size(3) || k.size(1) == 0 || q.size(1) % k.size(1) != 0) return false;
+  if (allowed.scalar_type() != at::kBool) return false;
+  const at::Tensor m = allowed.dim() == 4 && allowed.size(1) == 1 ? allowed.squeeze(1) : allowed;
+  return m.dim() == 3 && m.size(0) == q.size(0) && m.size(1) == q.size(2) && m.size(2) == k.size(2);
+}
+
+at::Tensor mask3(const at::Tensor& allowed) {
+  return (allowed.dim() == 4 ? allowed.squeeze(1) : allowed).contiguous();
 }
 
 at::Tensor last_dim_dense(const at::Tensor& x) { return x.stride(-1) == 1 || x.size(-1) == 1 ? x : x.contiguous(); }
@@ -372,6 +442,55 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   }
 };
 
+class MaskedAttentionFunction : public torch::autograd::Function<MaskedAttentionFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, double scale, const at::Tensor& allowed) {
+    auto [out, lse] = masked_attention_forward_cpu(q, k, v, scale, allowed);
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["allowed"] = allowed;
+    return out;
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto sv = ctx->get_saved_variables();
+    auto [dq, dk, dv] = masked_attention_backward_cpu(grads[0], sv[0], sv[1], sv[2], sv[3], sv[4],
+                                                      ctx->saved_data["scale"].toDouble(),
+                                                      ctx->saved_data["allowed"].toTensor());
+    return {dq, dk, dv, at::Tensor(), at::Tensor()};
+  }
+};
+
+// The forward / backward passes over a visibility (both entry points below).
+std::tuple<at::Tensor, at::Tensor> run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               double scale, const Visibility& vis, int64_t block_rows) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  at::Tensor out = at::empty({B, T, H, D}, q.options());
+  at::Tensor lse = at::empty({B, H, T}, q.options());
+  if (q.numel() > 0) {
+    const int64_t R = block_rows > 0 ? block_rows : kDefaultBlockRows;
+    if (q.scalar_type() == at::kFloat) forward_impl<float>(q, k, v, scale, vis, R, out, lse);
+    else forward_impl<double>(q, k, v, scale, vis, R, out, lse);
+  }
+  return {out.transpose(1, 2), lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(const at::Tensor& dout, const at::Tensor& q,
+                                                            const at::Tensor& k, const at::Tensor& v,
+                                                            const at::Tensor& out, const at::Tensor& lse, double scale,
+                                                            const Visibility& vis, int64_t block_rows) {
+  const int64_t B = q.size(0), H = q.size(1), Hkv = k.size(1), T = q.size(2), S = k.size(2), D = q.size(3);
+  at::Tensor dq = at::empty({B, T, H, D}, q.options());
+  at::Tensor dk = at::zeros({B, S, Hkv, D}, q.options()), dv = at::zeros({B, S, Hkv, D}, q.options());
+  if (q.numel() > 0) {
+    const int64_t R = block_rows > 0 ? block_rows : kDefaultBlockRows;
+    if (q.scalar_type() == at::kFloat) backward_impl<float>(dout, q, k, v, out, lse, scale, vis, R, dq, dk, dv);
+    else backward_impl<double>(dout, q, k, v, out, lse, scale, vis, R, dq, dk, dv);
+  }
+  return {dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)};
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> causal_attention_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in,
@@ -383,17 +502,9 @@ std::tuple<at::Tensor, at::Tensor> causal_attention_forward_cpu(const at::Tensor
               "(float32/float64) on the CPU, segment_ids integer [B,T]");
   at::NoGradGuard ng;
   at::Tensor q = last_dim_dense(q_in), k = last_dim_dense(k_in), v = last_dim_dense(v_in);
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
-  at::Tensor out = at::empty({B, T, H, D}, q.options());
-  at::Tensor lse = at::empty({B, H, T}, q.options());
-  if (q.numel() > 0) {
-    at::Tensor seg = segment_ids.defined() ? segment_ids.to(at::kLong).contiguous() : at::Tensor();
-    const Visibility vis(seg, B, T, causal ? window : 0, causal);
-    const int64_t R = block_rows > 0 ? block_rows : kDefaultBlockRows;
-    if (q.scalar_type() == at::kFloat) forward_impl<float>(q, k, v, scale, vis, R, out, lse);
-    else forward_impl<double>(q, k, v, scale, vis, R, out, lse);
-  }
-  return {out.transpose(1, 2), lse};
+  at::Tensor seg = segment_ids.defined() ? segment_ids.to(at::kLong).contiguous() : at::Tensor();
+  const Visibility vis(seg, q.size(0), q.size(2), causal ? window : 0, causal);
+  return run_forward(q, k, v, scale, vis, block_rows);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_attention_backward_cpu(
@@ -406,17 +517,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_attention_backward_cpu(
   at::NoGradGuard ng;
   at::Tensor q = last_dim_dense(q_in), k = last_dim_dense(k_in), v = last_dim_dense(v_in);
   at::Tensor out = last_dim_dense(out_in), dout = last_dim_dense(dout_in);
-  const int64_t B = q.size(0), H = q.size(1), Hkv = k.size(1), T = q.size(2), D = q.size(3);
-  at::Tensor dq = at::empty({B, T, H, D}, q.options());
-  at::Tensor dk = at::zeros({B, T, Hkv, D}, q.options()), dv = at::zeros({B, T, Hkv, D}, q.options());
-  if (q.numel() > 0) {
-    at::Tensor seg = segment_ids.defined() ? segment_ids.to(at::kLong).contiguous() : at::Tensor();
-    const Visibility vis(seg, B, T, causal ? window : 0, causal);
-    const int64_t R = block_rows > 0 ? block_rows : kDefaultBlockRows;
-    if (q.scalar_type() == at::kFloat) backward_impl<float>(dout, q, k, v, out, lse, scale, vis, R, dq, dk, dv);
-    else backward_impl<double>(dout, q, k, v, out, lse, scale, vis, R, dq, dk, dv);
-  }
-  return {dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)};
+  at::Tensor seg = segment_ids.defined() ? segment_ids.to(at::kLong).contiguous() : at::Tensor();
+  const Visibility vis(seg, q.size(0), q.size(2), causal ? window : 0, causal);
+  return run_backward(dout, q, k, v, out, lse, scale, vis, block_rows);
+}
+
+std::tuple<at::Tensor, at::Tensor> masked_attention_forward_cpu(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                                const at::Tensor& v_in, double scale,
+                                                                const at::Tensor& allowed, int64_t block_rows) {
+  TORCH_CHECK(masked_supported(q_in, k_in, v_in, allowed),
+              "masked_attention_forward_cpu: q [B,H,T,D], k/v [B,Hkv,S,D] (H a multiple of Hkv), one dtype "
+              "(float32/float64) on the CPU, allowed bool [B,T,S]");
+  at::NoGradGuard ng;
+  at::Tensor q = last_dim_dense(q_in), k = last_dim_dense(k_in), v = last_dim_dense(v_in);
+  const Visibility vis(mask3(allowed), q.size(0), q.size(2), k.size(2));
+  return run_forward(q, k, v, scale, vis, block_rows);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> masked_attention_backward_cpu(
+    const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const at::Tensor& out_in, const at::Tensor& lse, double scale, const at::Tensor& allowed, int64_t block_rows) {
+  TORCH_CHECK(masked_supported(q_in, k_in, v_in, allowed) && dout_in.sizes() == q_in.sizes() &&
+                  out_in.sizes() == q_in.sizes() && lse.is_contiguous() && lse.scalar_type() == q_in.scalar_type(),
+              "masked_attention_backward_cpu: dout/out shaped as q, lse [B,H,T] contiguous, as the forward gives");
+  at::NoGradGuard ng;
+  at::Tensor q = last_dim_dense(q_in), k = last_dim_dense(k_in), v = last_dim_dense(v_in);
+  at::Tensor out = last_dim_dense(out_in), dout = last_dim_dense(dout_in);
+  const Visibility vis(mask3(allowed), q.size(0), q.size(2), k.size(2));
+  return run_backward(dout, q, k, v, out, lse, scale, vis, block_rows);
 }
 
 at::Tensor causal_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
@@ -457,6 +585,35 @@ at::Tensor full_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   std::optional<at::Tensor> seg;
   if (segment_ids.defined()) seg = segment_ids;
   return AttentionFunction::apply(q, k, v, scale, int64_t{0}, seg, false);
+}
+
+
+bool masked_attention_kernel_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& allowed) {
+  return masked_supported(q, k, v, allowed);
+}
+
+at::Tensor masked_attention_reference(const at::Tensor& q, at::Tensor k, at::Tensor v, double scale,
+                                      const at::Tensor& allowed) {
+  const int64_t B = q.size(0), H = q.size(1), Hkv = k.size(1), S = k.size(2), D = q.size(3);
+  if (H != Hkv) {
+    k = k.unsqueeze(2).expand({B, Hkv, H / Hkv, S, D}).reshape({B, H, S, D});
+    v = v.unsqueeze(2).expand({B, Hkv, H / Hkv, S, D}).reshape({B, H, S, D});
+  }
+  const at::Tensor m = allowed.dim() == 4 ? allowed : allowed.unsqueeze(1);  // [B,1,T,S]
+  at::Tensor w = at::matmul(q, k.transpose(2, 3)) * scale;
+  w = w.masked_fill(m.logical_not(), -std::numeric_limits<double>::infinity());
+  // rows that see no key: softmax over -inf gives NaN; those rows are zero (as the kernel gives)
+  const at::Tensor none = m.logical_not().all(-1, true);
+  const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // float32 or better, as transformers
+  w = at::softmax(w.masked_fill(none, 0.0), -1, acc).to(q.scalar_type()).masked_fill(none, 0.0);
+  return at::matmul(w, v);
+}
+
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                            const at::Tensor& allowed) {
+  if (!masked_supported(q, k, v, allowed)) return masked_attention_reference(q, k, v, scale, allowed);
+  return MaskedAttentionFunction::apply(q, k, v, scale, allowed);
 }
 
 }  // namespace lf::kernels

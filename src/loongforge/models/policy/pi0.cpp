@@ -8,14 +8,14 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/kernels/attention.h"
+#include "loongforge/kernels/swiglu.h"
 #include "loongforge/models/policy/spec.h"
 
 namespace lf::models::policy {
 
 namespace {
 
-// openpi's / LeRobot's additive mask value for a blocked key.
-constexpr double kMaskValue = -2.3819763e38;
 
 std::string shape_str(at::IntArrayRef s) {
   std::string out;
@@ -64,24 +64,6 @@ at::Tensor block_mask(const at::Tensor& pad, const at::Tensor& starts) {
   return (cum.unsqueeze(1) <= cum.unsqueeze(2)).logical_and(pad.unsqueeze(1).logical_and(pad.unsqueeze(2)));
 }
 
-// The additive [B, 1, T, S] form of a boolean [B, T, S] mask.
-at::Tensor additive(const at::Tensor& allowed, at::ScalarType dtype) {
-  return at::zeros(allowed.sizes(), allowed.options().dtype(dtype)).masked_fill(allowed.logical_not(), kMaskValue).unsqueeze(1);
-}
-
-// transformers' eager attention: q [B, H, T, D], k/v [B, Hkv, S, D] (repeated to H), mask additive [B, 1, T, S] ->
-// [B, T, H * D].
-at::Tensor eager_attention(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& mask, double scaling) {
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), hkv = k.size(1), S = k.size(2);
-  if (H != hkv) {
-    k = k.unsqueeze(2).expand({B, hkv, H / hkv, S, D}).reshape({B, H, S, D});
-    v = v.unsqueeze(2).expand({B, hkv, H / hkv, S, D}).reshape({B, H, S, D});
-  }
-  at::Tensor w = at::matmul(q, k.transpose(2, 3)) * scaling + mask;
-  w = at::softmax(w, -1, at::kFloat).to(q.scalar_type());
-  return at::matmul(w, v).transpose(1, 2).contiguous().reshape({B, T, H * D});
-}
-
 // x + y, or x + y * gate.
 at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate) {
   return gate.defined() ? x + y * gate : x + y;
@@ -96,39 +78,52 @@ struct Stream {
 
 // One decoder layer over the streams (their tokens one after another) sharing attention, as LeRobot's
 // compute_layer_complete: each stream's q/k/v, rotary over the joint positions (cos/sin [B, T, D]), attention of
-// every query over [past keys, the streams' keys] (past undefined: none) under `mask`, then each stream's o_proj and
-// MLP with (gated) residuals. `kv` (when given) receives the streams' keys and values after rotary.
-void joint_layer(std::vector<Stream>& s, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
+// every query over [past keys, the streams' keys] (past undefined: none) where `allowed` [B, T, S] holds, then each
+// stream's o_proj and MLP with (gated) residuals. A stream that is not needed gives only its keys and values (no
+// queries: its rows of `allowed` are skipped). `kv` (when given) receives the streams' keys and values after rotary.
+// LeRobot's eager attention adds a large negative number for blocked keys: the same softmax for every query that
+// sees a key; kernels::masked_attention runs each block of queries against only the keys it sees (the padded
+// prompt rows, which see none, get zeros where eager attention averages every key: nothing reads them).
+void joint_layer(std::vector<Stream>& s, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& allowed,
                  const at::Tensor& past_k, const at::Tensor& past_v, double scaling, std::pair<at::Tensor, at::Tensor>* kv) {
-  std::vector<at::Tensor> qs, ks, vs, gates;
+  std::vector<at::Tensor> qs, ks, vs, gates, qcos, qsin, qmask;
+  int64_t start = 0;
   for (Stream& st : s) {
     auto [x, gate] = st.layer->input_layernorm(st.h, st.cond);
     gates.push_back(gate);
     const int64_t B = x.size(0), T = x.size(1), D = st.layer->self_attn->head_dim();
     auto heads = [&](nn::Linear& p) { return p(x).view({B, T, -1, D}).transpose(1, 2); };
-    qs.push_back(heads(st.layer->self_attn->q_proj));
+    if (st.needed) {
+      qs.push_back(heads(st.layer->self_attn->q_proj));
+      qcos.push_back(cos.narrow(1, start, T));
+      qsin.push_back(sin.narrow(1, start, T));
+      qmask.push_back(allowed.narrow(1, start, T));
+    }
     ks.push_back(heads(st.layer->self_attn->k_proj));
     vs.push_back(heads(st.layer->self_attn->v_proj));
+    start += T;
   }
-  const at::Tensor q = nn::apply_rotary(qs.size() == 1 ? qs[0] : at::cat(qs, 2), cos, sin);
-  at::Tensor k = nn::apply_rotary(ks.size() == 1 ? ks[0] : at::cat(ks, 2), cos, sin);
-  at::Tensor v = vs.size() == 1 ? vs[0] : at::cat(vs, 2);
+  auto joined = [](const std::vector<at::Tensor>& v, int64_t dim) { return v.size() == 1 ? v[0] : at::cat(v, dim); };
+  at::Tensor k = nn::apply_rotary(joined(ks, 2), cos, sin);
+  at::Tensor v = joined(vs, 2);
   if (kv) *kv = {k, v};
+  if (qs.empty()) return;
   if (past_k.defined()) {
     k = at::cat({past_k, k}, 2);
     v = at::cat({past_v, v}, 2);
   }
-  const at::Tensor att = eager_attention(q, k, v, mask, scaling);
-  int64_t start = 0;
+  const at::Tensor q = nn::apply_rotary(joined(qs, 2), joined(qcos, 1), joined(qsin, 1));
+  const int64_t B = q.size(0), Tq = q.size(2);
+  const at::Tensor att = kernels::masked_attention(q, k, v, scaling, joined(qmask, 1)).transpose(1, 2).reshape({B, Tq, -1});
+  int64_t row = 0;
   for (size_t i = 0; i < s.size(); ++i) {
     Stream& st = s[i];
+    if (!st.needed) continue;
     const int64_t T = st.h.size(1);
-    if (st.needed) {
-      at::Tensor h = gated_residual(st.h, st.layer->self_attn->o_proj(att.narrow(1, start, T)), gates[i]);
-      auto [x, gate] = st.layer->post_attention_layernorm(h, st.cond);
-      st.h = gated_residual(h, st.layer->mlp(x), gate);
-    }
-    start += T;
+    at::Tensor h = gated_residual(st.h, st.layer->self_attn->o_proj(att.narrow(1, row, T)), gates[i]);
+    auto [x, gate] = st.layer->post_attention_layernorm(h, st.cond);
+    st.h = gated_residual(h, st.layer->mlp(x), gate);
+    row += T;
   }
 }
 
@@ -296,7 +291,8 @@ GemmaMLPImpl::GemmaMLPImpl(int64_t width, int64_t inner) {
   down_proj = register_module("down_proj", nn::Linear(inner, width, false));
 }
 
-at::Tensor GemmaMLPImpl::forward(const at::Tensor& x) { return down_proj(at::gelu(gate_proj(x), "tanh") * up_proj(x)); }
+// gelu_pytorch_tanh(gate) * up, fused on the CPU (kernels/swiglu.h)
+at::Tensor GemmaMLPImpl::forward(const at::Tensor& x) { return down_proj(kernels::geglu_tanh(gate_proj(x), up_proj(x))); }
 
 GemmaLayerImpl::GemmaLayerImpl(const GemmaSize& s, int64_t cond_dim) {
   self_attn = register_module("self_attn", GemmaAttention(s.width, s));
@@ -389,7 +385,7 @@ at::Tensor PI0ModelImpl::velocity(const std::vector<at::Tensor>& images, const s
   const int64_t B = prefix.size(0), P = prefix.size(1), S = suffix.size(1);
   const at::Tensor pad = at::cat({prefix_pad, at::ones({B, S}, prefix_pad.options())}, 1);
   const at::Tensor starts = at::cat({at::zeros({P}, at::kLong), suffix_starts}).to(pad.device()).unsqueeze(0).expand({B, P + S});
-  const at::Tensor mask = additive(block_mask(pad, starts), suffix.scalar_type());
+  const at::Tensor mask = block_mask(pad, starts);
   auto [cos, sin] = rotary_.cos_sin(pad.to(at::kLong).cumsum(1) - 1);
   const double scaling = 1.0 / std::sqrt(static_cast<double>(c_.vlm.head_dim));
   std::vector<Stream> s{{nullptr, prefix, at::Tensor()}, {nullptr, suffix, cond}};
@@ -407,7 +403,7 @@ PrefixCache PI0ModelImpl::encode_prefix(const std::vector<at::Tensor>& images, c
                                         const at::Tensor& tokens, const at::Tensor& token_mask) {
   auto [prefix, pad] = embed_prefix(images, image_masks, tokens, token_mask);
   const int64_t B = prefix.size(0), P = prefix.size(1);
-  const at::Tensor mask = additive(block_mask(pad, at::zeros({B, P}, at::kLong).to(pad.device())), prefix.scalar_type());
+  const at::Tensor mask = block_mask(pad, at::zeros({B, P}, at::kLong).to(pad.device()));
   auto [cos, sin] = rotary_.cos_sin(pad.to(at::kLong).cumsum(1) - 1);
   const double scaling = 1.0 / std::sqrt(static_cast<double>(c_.vlm.head_dim));
   PrefixCache cache;
@@ -431,14 +427,13 @@ at::Tensor PI0ModelImpl::denoise_step(const PrefixCache& cache, const at::Tensor
   const at::Tensor suffix_pad = at::ones({B, S}, cache.pad.options());
   const at::Tensor allowed = at::cat({cache.pad.unsqueeze(1).expand({B, S, P}),
                                       block_mask(suffix_pad, starts.to(suffix_pad.device()).unsqueeze(0).expand({B, S}))}, 2);
-  const at::Tensor mask = additive(allowed, suffix.scalar_type());
   const at::Tensor positions = cache.pad.to(at::kLong).sum(-1, true) + suffix_pad.to(at::kLong).cumsum(1) - 1;
   auto [cos, sin] = rotary_.cos_sin(positions);
   const double scaling = 1.0 / std::sqrt(static_cast<double>(c_.expert.head_dim));
   std::vector<Stream> s{{nullptr, suffix, cond}};
   for (int64_t i = 0; i < c_.expert.depth; ++i) {
     s[0].layer = &expert->layer(i);
-    joint_layer(s, cos, sin, mask, cache.keys[i], cache.values[i], scaling, nullptr);
+    joint_layer(s, cos, sin, allowed, cache.keys[i], cache.values[i], scaling, nullptr);
   }
   const at::Tensor out = expert->norm(s[0].h, cond).first;
   return action_out_proj(out.narrow(1, S - c_.chunk_size, c_.chunk_size).to(at::kFloat));
