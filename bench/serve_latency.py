@@ -28,7 +28,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 from test_pi0_parity import SMALL_PI0  # noqa: E402  (LeRobot's π0 built small)
-from test_pi0_train import TOKENIZER  # noqa: E402  (a small Gemma-like tokenizer)
+from test_pi0_train import TOKENIZER, TOKENIZER_ARGS  # noqa: E402  (a small Gemma-like tokenizer)
 from policy_cpu import PI0_SIZES, PI0_VISION  # noqa: E402
 
 LF = pathlib.Path(os.environ.get("LOONGFORGE_BIN", ROOT / "build" / "loongforge"))
@@ -46,7 +46,8 @@ SHAPES = {
 # In the lerobot environment: the policy of spec argv[2] saved to argv[1]/policy with its processor files (and for
 # π0 the tokenizer, made by TOKENIZER in argv[1]/tokenizer, and the size fields LoongForge reads), a raw observation
 # to argv[1]/obs.npz (+ prompt in obs.json), then LeRobot's own latency on it: WARMUP + REQUESTS calls, each timed.
-LEROBOT = "SMALL_PI0 = " + repr(SMALL_PI0) + "\nTOKENIZER = " + repr(TOKENIZER) + r"""
+LEROBOT = ("SMALL_PI0 = " + repr(SMALL_PI0) + "\nTOKENIZER = " + repr(TOKENIZER) + "\nTOKENIZER_ARGS = "
+           + repr(TOKENIZER_ARGS) + r"""
 import importlib, json, os, sys, time
 import numpy as np, torch
 from lerobot.configs.types import FeatureType, PolicyFeature
@@ -68,8 +69,8 @@ if S["kind"] == "act":
 else:
     os.makedirs(out + "/tokenizer", exist_ok=True)
     argv = sys.argv
-    sys.argv = [argv[0], out + "/tokenizer"]
-    exec(TOKENIZER)
+    sys.argv = [argv[0], out + "/tokenizer", *TOKENIZER_ARGS]
+    exec(TOKENIZER, {})
     sys.argv = argv
     exec(SMALL_PI0)
     M, Config, Policy = small_pi0("pi0", S["sizes"], S["vocab"], S["vision"])
@@ -112,7 +113,7 @@ for i in range(S["warmup"] + S["requests"]):
     if i >= S["warmup"]:
         times.append(time.perf_counter() - t0)
 print(json.dumps({"times": times, "shape": list(actions.shape)}))
-"""
+""")
 
 # In the openpi-client environment: WARMUP + REQUESTS infer calls on one connection, each timed on the client, with
 # the server's own timings.

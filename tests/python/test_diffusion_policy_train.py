@@ -18,7 +18,7 @@ from safetensors.numpy import load_file, save_file
 
 from conftest import run_gtest_hook, run_lerobot, run_lf
 from test_diffusion_policy_parity import NARROW
-from test_policy_train import CHECK_LOADED, PROCESSED, made_with, recipe
+from test_policy_train import CHECK_LOADED, PROCESSED, check_layout, made_with, recipe
 
 # A small Diffusion Policy for that dataset (4-d state, one 24 x 32 camera, 4-d action), saved to argv[1]: two
 # observation steps, a horizon of 8, 4 actions executed, LeRobot's drop_n_last_frames rule (horizon - n_action_steps
@@ -185,3 +185,12 @@ def test_diffusion_training_checkpoint_and_open_loop_match_lerobot(tmp_path, mad
     assert abs(ours["mse"] - ref["mse"]) <= 1e-4 * max(ref["mse"], 1e-3), (ours["mse"], ref["mse"])
     assert abs(m[-1]["open_loop_mse"] - ours["mse"]) <= 1e-6 * max(ours["mse"], 1e-3)  # the same during training
     assert len(ours["mse_per_dim"]) == 4 and len(ours["mse_per_step"]) == 4
+
+
+@pytest.mark.parametrize("layout", ["dp2", pytest.param("fsdp2", marks=pytest.mark.slow)])
+def test_diffusion_layout_matches_one_process(tmp_path, made, layout):
+    """Diffusion Policy (the DDPM draws `noise` / `timesteps` of each row from its own seeded stream, the observation
+    history, the first ResNet stage frozen) under DDP / FSDP = one process."""
+    ds, pol = made
+    check_layout(tmp_path, lambda d, steps: recipe(d, ds, pol, steps=steps), layout, pol / "model.safetensors",
+                 ["model.freeze=[diffusion.rgb_encoder.0.backbone.4]"], frozen=".backbone.4.")

@@ -18,36 +18,19 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from conftest import run_gtest_hook, run_lerobot, run_lf
+from conftest import ROOT, run_gtest_hook, run_lerobot, run_lf
 from test_pi0_parity import EXPERT, SMALL_PI0, VISION, VLM
-from test_policy_train import DATASET, PROCESSED
+from test_policy_train import DATASET, PROCESSED, check_layout
 from test_policy_train import recipe as policy_recipe
 
 # The episodes' tasks: underscores, newlines and outer (Unicode) spaces (π0.5 cleans them), one long enough for π0's
 # tokenizer_max_length here (16) to cut.
 TASKS = ["follow_the ring", "\u3000 pick up the cube\nthen stop \u00a0", "put the block in the box, then pick up the ring, then follow the cube to the box"]
 
-# A Gemma-like tokenizer (BPE with byte fallback, spaces as '▁', "<bos> $A", pad 0 / eos 1 / bos 2 / unk 3), trained
-# on a few prompts, saved to argv[1] as a GemmaTokenizer folder.
-TOKENIZER = r'''
-import json, sys
-from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
-tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-tok.normalizer = normalizers.Replace(" ", "\u2581")
-tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
-special = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{i:02X}>" for i in range(256)]
-trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special, show_progress=False,
-                              initial_alphabet=list("abcdefghijklmnopqrstuvwxyz0123456789:;,.-\u2581\n"))
-tok.train_from_iterator(["Task: pick up the cube, State: 12 130 255 0;\nAction: ", "follow the ring\n",
-                         "put the block in the box"] * 20, trainer)
-tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
-                                                   special_tokens=[("<bos>", 2)])
-tok.save(sys.argv[1] + "/tokenizer.json")
-json.dump({"tokenizer_class": "GemmaTokenizer", "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
-           "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False},
-          open(sys.argv[1] + "/tokenizer_config.json", "w"))
-assert tok.get_vocab_size() <= 384
-'''
+# A Gemma-like tokenizer (scripts/gemma_tokenizer.py: BPE with byte fallback, spaces as '▁', "<bos> $A", pad 0 / eos 1
+# / bos 2 / unk 3) trained on a few prompts, at most 384 tokens (the policies' vocab_size).
+TOKENIZER = (ROOT / "scripts" / "gemma_tokenizer.py").read_text()
+TOKENIZER_ARGS = ["384", "Task: pick up the cube, State: 12 130 255 0;\nAction: ", "follow the ring\n", "put the block in the box"]
 
 # small_pi0 with LeRobot's processor factory loading the tokenizer folder (argv[1] of the scripts below) in place of
 # google/paligemma-3b-pt-224.
@@ -147,7 +130,7 @@ def made(tmp_path_factory):
     d = tmp_path_factory.mktemp("made")
     (d / "tokenizer").mkdir()
     sizes, vision = json.dumps({"gemma_tiny": VLM, "gemma_tiny_expert": EXPERT}), json.dumps(VISION)
-    runs = [(DATASET, [d / "dataset", json.dumps(TASKS)]), (TOKENIZER, [d / "tokenizer"])]
+    runs = [(DATASET, [d / "dataset", json.dumps(TASKS)]), (TOKENIZER, [d / "tokenizer", *TOKENIZER_ARGS])]
     runs += [(POLICY, [kind, d / "tokenizer", d / kind, sizes, vision]) for kind in ("pi0", "pi05")]
     script = "import sys\n" + "".join(f"sys.argv = {['-c', *map(str, args)]!r}\nexec({code!r}, {{}})\n"
                                        for code, args in runs)
@@ -220,6 +203,18 @@ def test_pi0_trains_and_its_checkpoint_loads_in_lerobot(tmp_path, made, kind):
     ckpt = ckpts / (ckpts / "latest").read_text().strip()
     assert (ckpt / "tokenizer.json").exists()
     assert "ok" in lerobot(LOAD_CHECKPOINT, kind, made, ckpt)
+
+
+@pytest.mark.parametrize("kind,layout", [("pi0", "dp2"), pytest.param("pi0", "fsdp2", marks=pytest.mark.slow),
+                                         pytest.param("pi05", "fsdp2", marks=pytest.mark.slow),
+                                         pytest.param("pi0", "hsdp2x2", marks=pytest.mark.slow)])
+def test_pi0_layout_matches_one_process(tmp_path, made, kind, layout):
+    """π0 and π0.5 (the vision tower frozen, a lower learning rate for the language model, the flow-matching draws
+    `noise` / `time` of each row from its own seeded stream) under DDP / FSDP / HSDP = one process."""
+    check_layout(tmp_path, lambda d, steps: recipe(d, made, kind, steps=steps), layout, made / kind / "model.safetensors",
+                 ["model.freeze=[model.paligemma_with_expert.paligemma.model.vision_tower]",
+                  "optim.lr_multipliers=[{pattern: model.paligemma_with_expert.paligemma.model.language_model, "
+                  "multiplier: 0.5}]"], frozen="vision_tower")
 
 
 # LeRobot's policy (argv[3]) with the PEFT adapter (argv[4]) as PeftModel.from_pretrained loads it: its loss on our

@@ -19,7 +19,7 @@ from conftest import run_lerobot, run_lf
 from test_pi0_parity import EXPERT, VISION, VLM
 from test_pi0_train import POLICY as PI0_POLICY
 from test_pi0_train import SETUP as PI0_SETUP
-from test_pi0_train import TOKENIZER
+from test_pi0_train import TOKENIZER, TOKENIZER_ARGS
 from test_pi0_train import recipe as pi0_recipe
 from test_diffusion_policy_parity import NARROW as DP_NARROW
 from test_diffusion_policy_train import POLICY as DP_POLICY
@@ -193,7 +193,7 @@ def pi0(tmp_path_factory):
     (d / "tokenizer").mkdir()
     sizes, vision = json.dumps({"gemma_tiny": VLM, "gemma_tiny_expert": EXPERT}), json.dumps(VISION)
     tasks = json.dumps(["pick up the cube"] * 3)
-    runs = [(DATASET, [d / "dataset", tasks]), (TOKENIZER, [d / "tokenizer"]),
+    runs = [(DATASET, [d / "dataset", tasks]), (TOKENIZER, [d / "tokenizer", *TOKENIZER_ARGS]),
             (PI0_POLICY, ["pi0", d / "tokenizer", d / "pi0", sizes, vision])]
     run_lerobot("import sys\n" + "".join(f"sys.argv = {['-c', *map(str, a)]!r}\nexec({c!r}, {{}})\n" for c, a in runs))
     rec = pi0_recipe(d, d, "pi0", steps=1)

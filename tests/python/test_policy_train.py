@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from conftest import run_gtest_hook, run_lerobot, run_lf
+from conftest import LF_BIN, launch_ranks, run_gtest_hook, run_lerobot, run_lf
 
 # In the lerobot environment: a v3.0 dataset (argv[1]) of 3 episodes at 10 fps whose actions follow from the state
 # (action_t = state_{t+1}, a slow rotation) and whose camera (an image feature, 24 x 32) shows the state as colour;
@@ -168,6 +168,58 @@ def recipe(tmp_path, dataset, policy, robot="", steps=40):
     path = tmp_path / "recipe.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+# The FSDP-style engine's layouts (ranks, settings; micro_batch_size: the rows of one data-parallel rank) for the
+# policies' layout tests (test_pi0_train.py, test_diffusion_policy_train.py; ACT's: test_policy_dist.py).
+LAYOUTS = {"dp2": (2, ["parallel.dp=2", "train.micro_batch_size=3"]),
+           "fsdp2": (2, ["parallel.dp=2", "parallel.zero=3", "train.micro_batch_size=3"]),
+           "hsdp2x2": (4, ["parallel.dp=4", "parallel.zero=3", "parallel.hsdp_shard=2", "train.micro_batch_size=1"])}
+
+
+def check_layout(tmp_path, make_recipe, layout, start, extra=(), frozen=None, steps=4):
+    """`train` under LAYOUTS[layout] = one process taking the same global batch (per-step loss and gradient norm, the
+    final weights; fp32, CPU, 1e-5); parameters whose names contain `frozen` stay at `start`'s values, others move.
+    make_recipe(dir, steps) writes a recipe whose run goes to dir / "run"."""
+    n, sets = LAYOUTS[layout]
+    rows = n * int(sets[-1].split("=")[1])
+    runs = {}
+    for name, ranks, more in [("one", 1, ["parallel.zero=1", f"train.micro_batch_size={rows}"]), (layout, n, sets)]:
+        d = tmp_path / name
+        d.mkdir()
+        args = ["train", make_recipe(d, steps), *sum((["--set", x] for x in [*extra, *more]), [])]
+        if ranks == 1:
+            run_lf(*args)
+        else:
+            for r, p in enumerate(launch_ranks(ranks, [LF_BIN, *args], timeout=600)):
+                assert p.returncode == 0, f"rank {r}: {p.stderr[-3000:]}"
+        ck = d / "run" / "checkpoints"
+        ck = ck / (ck / "latest").read_text().strip()
+        w = {}
+        for f in sorted(ck.glob("model*.safetensors")):
+            w.update(load_file(str(f)))
+        m = [json.loads(l) for l in (d / "run" / "metrics.jsonl").read_text().splitlines()]
+        runs[name] = ([x for x in m if "loss" in x], w)
+    (ref, ref_w), (got, w) = runs["one"], runs[layout]
+    assert len(got) == len(ref) == steps
+    for a, b in zip(got, ref):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (layout, a["step"], a["loss"], b["loss"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * abs(b["grad_norm"]), (layout, a["step"])
+    assert w and sorted(w) == sorted(ref_w)
+    first = load_file(str(start))
+    moved, held = 0, 0
+    for k, v in ref_w.items():
+        diff, scale = np.abs(w[k] - v).max(), max(np.abs(v).max(), 1e-3)
+        # + 5e-6 (half a percent of one step at lr 1e-3): Adam divides by sqrt(v), so an element whose gradient is
+        # small carries the reduction order's rounding into its step (π0 hsdp2x2: a few elements at 2-3.5e-6, the
+        # rest under 3e-7)
+        assert diff <= 1e-5 * scale + 5e-6, (layout, k, diff, scale)
+        if frozen and frozen in k:
+            assert (w[k] == first[k]).all(), k
+            held += 1
+        else:
+            moved += int(np.abs(w[k] - first[k]).max() > 0)
+    assert moved > 0 and (held > 0) == bool(frozen), (moved, held)
 
 
 _DATASET = []
