@@ -89,6 +89,13 @@ saved = json.loads(open(out + "/policy/config.json").read())
 saved["variant_sizes"] = sizes; saved["vocab_size"] = vocab
 saved["vision_config"] = dict(vision, image_size=cfg.image_resolution[0])
 open(out + "/policy/config.json", "w").write(json.dumps(saved, indent=4))
+if cfg.dtype == "bfloat16":  # saved with LeRobot's bf16 weights; the reference: those weights in a float32 policy
+    import dataclasses     # (built afresh: casting the bf16 one back would keep its bf16-rounded rotary buffers)
+    policy32 = Policy(dataclasses.replace(cfg, dtype="float32"))
+    missed = policy32.load_state_dict({n: p.detach().float() for n, p in policy.named_parameters()}, strict=False)
+    assert not missed.unexpected_keys and all("embed_tokens" in k or "lm_head" in k or "inv_freq" in k
+                                              for k in missed.missing_keys), missed
+    policy = policy32
 
 batch = {}
 for k, f in cfg.input_features.items():
@@ -157,6 +164,11 @@ CASES = {
                              variant_sizes={"gemma_tiny": dict(VLM, num_kv_heads=2),
                                             "gemma_tiny_expert": dict(EXPERT, num_kv_heads=2, depth=2)},
                              batch=3, lang_pad=[0, 1, 3], pad=[0, 1, 4], seed=1),
+    # LeRobot's bf16 weights (dtype: bfloat16: every weight but the vision tower, projector and norms stored in
+    # bf16): LoongForge reads them into float32 masters and computes in float32 (bf16 compute is `precision: bf16`)
+    "pi0_bf16_weights": small("pi0", inputs={"observation.state": ["STATE", [4]],
+                                            "observation.images.top": ["VISUAL", [3, 28, 28]]}, dtype="bfloat16",
+                              seed=3),
     # π0.5: no state token, the time through the expert's adaptive RMSNorms
     "pi05": small("pi05", inputs={"observation.state": ["STATE", [4]],
                                   "observation.images.top": ["VISUAL", [3, 28, 28]]}, seed=2),
@@ -172,6 +184,14 @@ def check_dump(tmp_path, spec):
 @pytest.mark.parametrize("case", [c if c == "pi0" else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_pi0_dump_matches_lerobot(tmp_path, case):
     check_dump(tmp_path, CASES[case])
+    if CASES[case].get("dtype") == "bfloat16":  # the folder held bf16 weights
+        raw = (tmp_path / "policy" / "model.safetensors").read_bytes()
+        header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+        dtypes = {k: v["dtype"] for k, v in header.items() if k != "__metadata__"}
+        assert json.loads((tmp_path / "policy" / "config.json").read_text())["dtype"] == "bfloat16"
+        gemma_q = {k: v for k, v in dtypes.items() if k.endswith("q_proj.weight") and "vision_tower" not in k}
+        assert gemma_q and all(v == "BF16" for v in gemma_q.values()), gemma_q
+        assert any(v == "F32" for k, v in dtypes.items() if "vision_tower" in k), dtypes
 
 
 @pytest.mark.slow
