@@ -6,7 +6,9 @@ With --two (the language-conditioned demo, scripts/pi0_demo.sh): a red and a gre
 robot's (x, y) then the red and the green dot's, and the episode's task names the one to reach ("reach the red dot" /
 "reach the green dot"), so only a policy that reads the prompt can follow the expert.
 
-usage: python scripts/robot_demo_data.py OUT_DIR [EPISODES] [--two]"""
+With --env (scripts/diffusion_demo.sh): the target's position also as `observation.environment_state`.
+
+usage: python scripts/robot_demo_data.py OUT_DIR [EPISODES] [--two | --env]"""
 import sys
 
 import numpy as np
@@ -31,13 +33,15 @@ def frame(pos, dots):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if a != "--two"]
-    two = "--two" in sys.argv
+    args = [a for a in sys.argv[1:] if a not in ("--two", "--env")]
+    two, env = "--two" in sys.argv, "--env" in sys.argv
     out, episodes = args[0], int(args[1]) if len(args) > 1 else 60
     names = ["x", "y"] + (["red_x", "red_y", "green_x", "green_y"] if two else [])
     feats = {"observation.state": {"dtype": "float32", "shape": (len(names),), "names": names},
              "action": {"dtype": "float32", "shape": (2,), "names": ["vx", "vy"]},
              "observation.images.top": {"dtype": "image", "shape": (S, S, 3), "names": ["height", "width", "channels"]}}
+    if env:
+        feats["observation.environment_state"] = {"dtype": "float32", "shape": (2,), "names": ["target_x", "target_y"]}
     ds = LeRobotDataset.create("loongforge/reach-demo", fps=10, features=feats, root=out, use_videos=False)
     rng = np.random.default_rng(0)
     for _ in range(episodes):
@@ -57,8 +61,11 @@ def main():
             n = np.linalg.norm(step)
             act = (step / max(n, 1e-6) * min(n, 0.15) + rng.normal(0, 0.005, 2)).astype(np.float32)
             state = np.concatenate([pos, known]) if two else pos.copy()
-            ds.add_frame({"observation.state": state.astype(np.float32), "action": act, "observation.images.top": frame(pos, dots),
-                          "task": task})
+            row = {"observation.state": state.astype(np.float32), "action": act, "observation.images.top": frame(pos, dots),
+                   "task": task}
+            if env:
+                row["observation.environment_state"] = target.copy()
+            ds.add_frame(row)
             pos = np.clip(pos + act, -1, 1).astype(np.float32)
         ds.save_episode()
     ds.finalize()
