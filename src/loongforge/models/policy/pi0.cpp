@@ -16,7 +16,6 @@ namespace lf::models::policy {
 
 namespace {
 
-
 std::string shape_str(at::IntArrayRef s) {
   std::string out;
   for (int64_t d : s) out += (out.empty() ? "" : ", ") + std::to_string(d);
