@@ -129,8 +129,8 @@ MLPImpl::MLPImpl(const DecoderConfig& c) : act(c.hidden_act) {
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
   at::Tensor g = gate_proj->forward(x);
   if (act == "silu") return down_proj->forward(kernels::swiglu(g, up_proj->forward(x)));  // fused silu(g) * u
+  if (act == "gelu_pytorch_tanh") return down_proj->forward(kernels::geglu_tanh(g, up_proj->forward(x)));
   if (act == "gelu") g = at::gelu(g);
-  else if (act == "gelu_pytorch_tanh") g = at::gelu(g, "tanh");
   else g = at::relu(g);
   return down_proj->forward(g * up_proj->forward(x));
 }
