@@ -61,6 +61,19 @@ void BM_GeGLU(benchmark::State& st) {
 BENCHMARK_TEMPLATE(BM_GeGLU, true)->Args({640, 2048})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_GeGLU, false)->Args({640, 2048})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// GELU (tanh form) alone on [rows, ffn]: DiT-B/2's feed-forward (256 tokens x 8 rows, 3072) and a SigLIP MLP.
+template <bool Fused>
+void BM_GeluTanh(benchmark::State& st) {
+  at::Tensor x = at::randn({st.range(0), st.range(1)}).requires_grad_(), dy = at::randn({st.range(0), st.range(1)});
+  for (auto _ : st) {
+    at::Tensor y = Fused ? lf::kernels::gelu_tanh(x) : at::gelu(x, "tanh");
+    auto gr = torch::autograd::grad({y}, {x}, {dy});
+    benchmark::DoNotOptimize(gr[0].data_ptr());
+  }
+}
+BENCHMARK_TEMPLATE(BM_GeluTanh, true)->Args({2048, 3072})->Args({512, 1024})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_GeluTanh, false)->Args({2048, 3072})->Args({512, 1024})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 // π0's joint attention, forward + backward at π0 small's training shape: 8 rows, 8 heads over 1 key/value head, D 64,
 // an 80-token prefix (its last 4 + row tokens padded), a state token and a 50-step action chunk (the block mask):
 // the masked kernel vs LeRobot's eager attention (keys repeated to the heads, an additive mask, softmax, two matmuls).

@@ -114,6 +114,43 @@ TEST(GeGLUKernel, MatchesCompositeFloat32AndBFloat16) {
   EXPECT_TRUE(std::isnan(lf::kernels::geglu_tanh(gn, at::ones({9}))[3].item<float>()));
 }
 
+// GELU's tanh form alone (ViT / SigLIP MLPs, DiT's feed-forward): float64 gradients against finite differences of
+// ATen's gelu(x, "tanh"), float32 and bfloat16 against it (float32: against the float64 values), a NaN propagating.
+TEST(GeluTanhKernel, MatchesAtenAndFiniteDifferences) {
+  at::manual_seed(12);
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor x = (at::randn({4, 37}, opts) * 3).requires_grad_();
+  at::Tensor dy = at::randn({4, 37}, opts);
+  at::Tensor y = lf::kernels::gelu_tanh(x);
+  EXPECT_NE(y.grad_fn()->name().find("GeluTanhFunction"), std::string::npos) << y.grad_fn()->name();
+  at::Tensor xd = x.detach().clone();
+  auto f = [&] { return at::gelu(xd, "tanh"); };
+  EXPECT_LT(max_abs(y - f()), 1e-12);
+  EXPECT_LT(max_abs(torch::autograd::grad({y}, {x}, {dy})[0] - lf::test::numeric_grad(f, xd, dy)), 1e-7);
+  for (int64_t n : {5, 129, 70001}) {
+    at::Tensor xf = (at::randn({n}) * 4).requires_grad_(), df = at::randn({n});
+    {
+      at::NoGradGuard ng;
+      xf[0] = 40.f;
+      if (n > 1) xf[1] = -40.f;
+    }
+    at::Tensor yf = lf::kernels::gelu_tanh(xf);
+    at::Tensor x64 = xf.detach().to(at::kDouble).requires_grad_();
+    at::Tensor y64 = at::gelu(x64, "tanh");
+    EXPECT_LT(rel_err(yf, y64), 1e-6);
+    // the gradient within twice ATen's own float32 error (or 1e-6)
+    const at::Tensor g64 = torch::autograd::grad({y64}, {x64}, {df.to(at::kDouble)})[0];
+    at::Tensor xa = xf.detach().clone().requires_grad_();
+    const double aten = rel_err(torch::autograd::grad({at::gelu(xa, "tanh")}, {xa}, {df})[0], g64);
+    EXPECT_LT(rel_err(torch::autograd::grad({yf}, {xf}, {df})[0], g64), std::max(2 * aten, 1e-6)) << "ATen " << aten;
+    at::Tensor xb = xf.detach().to(at::kBFloat16);
+    EXPECT_LT(rel_err(lf::kernels::gelu_tanh(xb), at::gelu(xb, "tanh")), 1e-2);
+  }
+  at::Tensor xn = at::randn({9});
+  xn[3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(lf::kernels::gelu_tanh(xn)[3].item<float>()));
+}
+
 TEST(SwiGLUKernel, NonContiguousAndNaN) {
   at::manual_seed(2);
   at::Tensor g = at::randn({16, 24}).t(), u = at::randn({24, 16});

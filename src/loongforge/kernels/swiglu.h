@@ -26,6 +26,9 @@ std::tuple<at::Tensor, at::Tensor> swiglu_backward_cpu(const at::Tensor& dy, con
 // (gelu_tanh(g) = g * sigmoid(2 sqrt(2/pi) (g + 0.044715 g^3)), the same function as 0.5 g (1 + tanh(...))). The
 // CPU computes it fused; other devices use the composite.
 at::Tensor geglu_tanh(const at::Tensor& g, const at::Tensor& u);
+// The same GELU without a gate (ViT / SigLIP MLPs, DiT's feed-forward): at::gelu(x, "tanh") fused on the CPU (one
+// pass each way, the derivative from x alone), ATen's elsewhere.
+at::Tensor gelu_tanh(const at::Tensor& x);
 // The composite ATen version: at::gelu(g, "tanh") * u (transformers' GemmaMLP).
 at::Tensor geglu_tanh_reference(const at::Tensor& g, const at::Tensor& u);
 at::Tensor geglu_tanh_forward_cpu(const at::Tensor& g, const at::Tensor& u);

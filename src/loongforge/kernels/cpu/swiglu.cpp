@@ -42,18 +42,18 @@ template <Act A, typename T>
 void fwd_generic(const T* g, const T* u, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     T s = T(1) / (T(1) + std::exp(-gate_arg<A>(g[i])));
-    y[i] = g[i] * s * u[i];
+    y[i] = u ? g[i] * s * u[i] : g[i] * s;
   }
 }
 template <Act A, typename T>
 void bwd_generic(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     T s = T(1) / (T(1) + std::exp(-gate_arg<A>(g[i])));
-    du[i] = dy[i] * g[i] * s;
+    if (du) du[i] = dy[i] * g[i] * s;
     T d;
     if constexpr (A == Act::kSilu) d = s * (T(1) + g[i] * (T(1) - s));
     else d = s + g[i] * s * (T(1) - s) * T(2 * kGeluC) * (T(1) + T(3 * kGeluA) * g[i] * g[i]);
-    dg[i] = dy[i] * u[i] * d;
+    dg[i] = u ? dy[i] * u[i] * d : dy[i] * d;
   }
 }
 
@@ -78,10 +78,12 @@ LF_AVX2 inline __m256 fwd8(__m256 g, __m256 u) {
 template <Act A>
 LF_AVX2 void fwd_avx2(const float* g, const float* u, float* y, int64_t n) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, fwd8<A>(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, fwd8<A>(_mm256_loadu_ps(g + i), u ? _mm256_loadu_ps(u + i) : one));
   if (i < n) {  // tail through a padded register so results do not depend on the position in the block
-    alignas(32) float gb[8] = {}, ub[8] = {}, yb[8];
-    for (int64_t j = i; j < n; ++j) gb[j - i] = g[j], ub[j - i] = u[j];
+    alignas(32) float gb[8] = {}, ub[8] = {1, 1, 1, 1, 1, 1, 1, 1}, yb[8];
+    for (int64_t j = i; j < n; ++j) gb[j - i] = g[j], ub[j - i] = u ? u[j] : 1.0f;
     _mm256_store_ps(yb, fwd8<A>(_mm256_load_ps(gb), _mm256_load_ps(ub)));
     for (int64_t j = i; j < n; ++j) y[j] = yb[j - i];
   }
@@ -104,21 +106,25 @@ LF_AVX2 inline void bwd8(__m256 dy, __m256 g, __m256 u, __m256& dg, __m256& du) 
 }
 template <Act A>
 LF_AVX2 void bwd_avx2(const float* dy, const float* g, const float* u, float* dg, float* du, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 a, b;
-    bwd8<A>(_mm256_loadu_ps(dy + i), _mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i), a, b);
+    bwd8<A>(_mm256_loadu_ps(dy + i), _mm256_loadu_ps(g + i), u ? _mm256_loadu_ps(u + i) : one, a, b);
     _mm256_storeu_ps(dg + i, a);
-    _mm256_storeu_ps(du + i, b);
+    if (du) _mm256_storeu_ps(du + i, b);
   }
   if (i < n) {
-    alignas(32) float db[8] = {}, gb[8] = {}, ub[8] = {}, ab[8], bb[8];
-    for (int64_t j = i; j < n; ++j) db[j - i] = dy[j], gb[j - i] = g[j], ub[j - i] = u[j];
+    alignas(32) float db[8] = {}, gb[8] = {}, ub[8] = {1, 1, 1, 1, 1, 1, 1, 1}, ab[8], bb[8];
+    for (int64_t j = i; j < n; ++j) db[j - i] = dy[j], gb[j - i] = g[j], ub[j - i] = u ? u[j] : 1.0f;
     __m256 a, b;
     bwd8<A>(_mm256_load_ps(db), _mm256_load_ps(gb), _mm256_load_ps(ub), a, b);
     _mm256_store_ps(ab, a);
     _mm256_store_ps(bb, b);
-    for (int64_t j = i; j < n; ++j) dg[j] = ab[j - i], du[j] = bb[j - i];
+    for (int64_t j = i; j < n; ++j) {
+      dg[j] = ab[j - i];
+      if (du) du[j] = bb[j - i];
+    }
   }
 }
 bool use_avx2() { return cpu::has_avx2_fma(); }
@@ -157,36 +163,38 @@ bool fused_supported(const at::Tensor& g, const at::Tensor& u) {
 }
 
 // The passes over whole tensors, for one activation.
+// The passes over whole tensors, for one activation; an undefined u: the activation alone (no gate, no du).
 template <Act A>
 at::Tensor forward_cpu(const at::Tensor& g_in, const at::Tensor& u_in) {
-  at::Tensor g = g_in.contiguous(), u = u_in.contiguous();
+  at::Tensor g = g_in.contiguous(), u = u_in.defined() ? u_in.contiguous() : at::Tensor();
   at::Tensor y = at::empty_like(g, at::MemoryFormat::Contiguous);
   const int64_t n = g.numel();
   const int64_t grain = 32 * kBlock;
   switch (g.scalar_type()) {
     case at::kFloat: {
-      const float *gp = g.const_data_ptr<float>(), *up = u.const_data_ptr<float>();
+      const float *gp = g.const_data_ptr<float>(), *up = u.defined() ? u.const_data_ptr<float>() : nullptr;
       float* yp = y.data_ptr<float>();
-      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) { fwd_f32<A>(gp + b, up + b, yp + b, e - b); });
+      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) { fwd_f32<A>(gp + b, up ? up + b : nullptr, yp + b, e - b); });
       break;
     }
     case at::kDouble: {
-      const double *gp = g.const_data_ptr<double>(), *up = u.const_data_ptr<double>();
+      const double *gp = g.const_data_ptr<double>(), *up = u.defined() ? u.const_data_ptr<double>() : nullptr;
       double* yp = y.data_ptr<double>();
-      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) { fwd_generic<A>(gp + b, up + b, yp + b, e - b); });
+      at::parallel_for(0, n, grain,
+                       [&](int64_t b, int64_t e) { fwd_generic<A>(gp + b, up ? up + b : nullptr, yp + b, e - b); });
       break;
     }
     default: {
       using BF = c10::BFloat16;
-      const BF *gp = g.const_data_ptr<BF>(), *up = u.const_data_ptr<BF>();
+      const BF *gp = g.const_data_ptr<BF>(), *up = u.defined() ? u.const_data_ptr<BF>() : nullptr;
       BF* yp = y.data_ptr<BF>();
       at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
         float gb[kBlock], ub[kBlock], yb[kBlock];
         for (int64_t i = b; i < e; i += kBlock) {
           int64_t m = std::min(kBlock, e - i);
           to_f32(gp + i, gb, m);
-          to_f32(up + i, ub, m);
-          fwd_f32<A>(gb, ub, yb, m);
+          if (up) to_f32(up + i, ub, m);
+          fwd_f32<A>(gb, up ? ub : nullptr, yb, m);
           from_f32(yb, yp + i, m);
         }
       });
@@ -198,40 +206,47 @@ at::Tensor forward_cpu(const at::Tensor& g_in, const at::Tensor& u_in) {
 template <Act A>
 std::tuple<at::Tensor, at::Tensor> backward_cpu(const at::Tensor& dy_in, const at::Tensor& g_in,
                                                 const at::Tensor& u_in) {
-  at::Tensor g = g_in.contiguous(), u = u_in.contiguous(), dy = dy_in.to(g.scalar_type()).contiguous();
-  at::Tensor dg = at::empty_like(g, at::MemoryFormat::Contiguous), du = at::empty_like(u, at::MemoryFormat::Contiguous);
+  at::Tensor g = g_in.contiguous(), u = u_in.defined() ? u_in.contiguous() : at::Tensor();
+  at::Tensor dy = dy_in.to(g.scalar_type()).contiguous();
+  at::Tensor dg = at::empty_like(g, at::MemoryFormat::Contiguous);
+  at::Tensor du = u.defined() ? at::empty_like(u, at::MemoryFormat::Contiguous) : at::Tensor();
   const int64_t n = g.numel();
   const int64_t grain = 32 * kBlock;
+  auto at_or_null = [](auto* p, int64_t off) { return p ? p + off : nullptr; };
   switch (g.scalar_type()) {
     case at::kFloat: {
-      const float *dyp = dy.const_data_ptr<float>(), *gp = g.const_data_ptr<float>(), *up = u.const_data_ptr<float>();
-      float *dgp = dg.data_ptr<float>(), *dup = du.data_ptr<float>();
-      at::parallel_for(0, n, grain,
-                       [&](int64_t b, int64_t e) { bwd_f32<A>(dyp + b, gp + b, up + b, dgp + b, dup + b, e - b); });
+      const float *dyp = dy.const_data_ptr<float>(), *gp = g.const_data_ptr<float>();
+      const float* up = u.defined() ? u.const_data_ptr<float>() : nullptr;
+      float *dgp = dg.data_ptr<float>(), *dup = du.defined() ? du.data_ptr<float>() : nullptr;
+      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+        bwd_f32<A>(dyp + b, gp + b, at_or_null(up, b), dgp + b, at_or_null(dup, b), e - b);
+      });
       break;
     }
     case at::kDouble: {
-      const double *dyp = dy.const_data_ptr<double>(), *gp = g.const_data_ptr<double>(),
-                   *up = u.const_data_ptr<double>();
-      double *dgp = dg.data_ptr<double>(), *dup = du.data_ptr<double>();
-      at::parallel_for(0, n, grain,
-                       [&](int64_t b, int64_t e) { bwd_generic<A>(dyp + b, gp + b, up + b, dgp + b, dup + b, e - b); });
+      const double *dyp = dy.const_data_ptr<double>(), *gp = g.const_data_ptr<double>();
+      const double* up = u.defined() ? u.const_data_ptr<double>() : nullptr;
+      double *dgp = dg.data_ptr<double>(), *dup = du.defined() ? du.data_ptr<double>() : nullptr;
+      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+        bwd_generic<A>(dyp + b, gp + b, at_or_null(up, b), dgp + b, at_or_null(dup, b), e - b);
+      });
       break;
     }
     default: {
       using BF = c10::BFloat16;
-      const BF *dyp = dy.const_data_ptr<BF>(), *gp = g.const_data_ptr<BF>(), *up = u.const_data_ptr<BF>();
-      BF *dgp = dg.data_ptr<BF>(), *dup = du.data_ptr<BF>();
+      const BF *dyp = dy.const_data_ptr<BF>(), *gp = g.const_data_ptr<BF>();
+      const BF* up = u.defined() ? u.const_data_ptr<BF>() : nullptr;
+      BF *dgp = dg.data_ptr<BF>(), *dup = du.defined() ? du.data_ptr<BF>() : nullptr;
       at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
         float db[kBlock], gb[kBlock], ub[kBlock], ab[kBlock], bb[kBlock];
         for (int64_t i = b; i < e; i += kBlock) {
           int64_t m = std::min(kBlock, e - i);
           to_f32(dyp + i, db, m);
           to_f32(gp + i, gb, m);
-          to_f32(up + i, ub, m);
-          bwd_f32<A>(db, gb, ub, ab, bb, m);
+          if (up) to_f32(up + i, ub, m);
+          bwd_f32<A>(db, gb, up ? ub : nullptr, ab, up ? bb : nullptr, m);
           from_f32(ab, dgp + i, m);
-          from_f32(bb, dup + i, m);
+          if (dup) from_f32(bb, dup + i, m);
         }
       });
     }
@@ -251,6 +266,18 @@ class GatedFunction : public torch::autograd::Function<GatedFunction<A>> {
     auto saved = ctx->get_saved_variables();
     auto [dg, du] = backward_cpu<A>(grads[0], saved[0], saved[1]);
     return {dg, du};
+  }
+};
+// GELU (tanh form) alone.
+class GeluTanhFunction : public torch::autograd::Function<GeluTanhFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
+    ctx->save_for_backward({x});
+    return forward_cpu<Act::kGeluTanh>(x, at::Tensor());
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    return {std::get<0>(backward_cpu<Act::kGeluTanh>(grads[0], ctx->get_saved_variables()[0], at::Tensor()))};
   }
 };
 using SwiGLUFunction = GatedFunction<Act::kSilu>;
@@ -290,6 +317,12 @@ at::Tensor swiglu(const at::Tensor& g, const at::Tensor& u) {
 }
 
 at::Tensor geglu_tanh_reference(const at::Tensor& g, const at::Tensor& u) { return at::gelu(g, "tanh") * u; }
+
+at::Tensor gelu_tanh(const at::Tensor& x) {
+  const auto t = x.scalar_type();
+  if (!x.device().is_cpu() || !(t == at::kFloat || t == at::kDouble || t == at::kBFloat16)) return at::gelu(x, "tanh");
+  return GeluTanhFunction::apply(x);
+}
 
 at::Tensor geglu_tanh(const at::Tensor& g, const at::Tensor& u) {
   if (!fused_supported(g, u)) return geglu_tanh_reference(g, u);

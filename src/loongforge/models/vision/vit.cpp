@@ -8,6 +8,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/kernels/swiglu.h"
 
 namespace lf::models::vision {
 
@@ -58,7 +59,7 @@ int64_t VitConfig::num_parameters() const {
 
 at::Tensor activation(const std::string& name, const at::Tensor& x) {
   if (name == "gelu") return at::gelu(x);
-  if (name == "gelu_pytorch_tanh" || name == "gelu_new" || name == "gelu_fast") return at::gelu(x, "tanh");
+  if (name == "gelu_pytorch_tanh" || name == "gelu_new" || name == "gelu_fast") return kernels::gelu_tanh(x);  // fused on the CPU
   if (name == "quick_gelu") return x * at::sigmoid(1.702 * x);
   if (name == "relu") return at::relu(x);
   if (name == "silu" || name == "swish") return at::silu(x);
