@@ -11,11 +11,6 @@ LF=build/loongforge
 DATA=runs/reach-demo-data
 OUT=runs/act-reach
 [ -f $DATA/meta/info.json ] || .venv-lerobot/bin/python scripts/robot_demo_data.py $DATA 200
-$LF train configs/quickstart/act-reach.yaml "$@"
-CKPT=$OUT/checkpoints/$(cat $OUT/checkpoints/latest)
-$LF eval configs/quickstart/act-reach.yaml --model "$CKPT" --open-loop $OUT/open_loop/final > $OUT/open_loop.json
-# the check: the policy's open-loop error is far below the mean action's (what a policy that ignores the
-# observations can do at best) on the held-out episodes
-if .venv/bin/python scripts/open_loop_check.py "$OUT/open_loop.json" "$DATA"; then echo "learned: yes"
-else echo "learned: NO"; exit 1; fi
-echo "checkpoint (a LeRobot policy folder): $CKPT"
+SETS=()
+source scripts/robot_demo_lib.sh
+robot_demo_train_and_check configs/quickstart/act-reach.yaml open-loop "$@"

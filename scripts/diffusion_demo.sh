@@ -14,10 +14,5 @@ DATA=$RUNS/reach-env-demo-data
 OUT=$RUNS/diffusion-reach
 SETS=(--set "output_dir=$OUT" --set "data.train=[{path: $DATA}]")
 [ -f $DATA/meta/info.json ] || .venv-lerobot/bin/python scripts/robot_demo_data.py $DATA 200 --env
-$LF train configs/quickstart/diffusion-reach.yaml "${SETS[@]}" "$@"
-CKPT=$OUT/checkpoints/$(cat $OUT/checkpoints/latest)
-$LF eval configs/quickstart/diffusion-reach.yaml "${SETS[@]}" --model "$CKPT" --open-loop $OUT/open_loop/final > $OUT/open_loop.json
-# the check: the open-loop error is far below the mean action's on the held-out episodes
-if .venv/bin/python scripts/open_loop_check.py "$OUT/open_loop.json" "$DATA"; then echo "learned: yes"
-else echo "learned: NO"; exit 1; fi
-echo "checkpoint (a LeRobot policy folder): $CKPT"
+source scripts/robot_demo_lib.sh
+robot_demo_train_and_check configs/quickstart/diffusion-reach.yaml open-loop "$@"

@@ -1,6 +1,7 @@
-"""The robot demos' check (scripts/act_demo.sh, scripts/pi0_demo.sh): prints the open-loop action errors of
-`loongforge eval --open-loop` (its JSON report) next to the error of always predicting the dataset's mean action (what
-a policy that ignores its observations can do at best), and exits 1 unless the policy's is under a quarter of it.
+"""The robot demos' check (scripts/act_demo.sh, pi0_demo.sh, diffusion_demo.sh, groot_demo.sh): prints the open-loop
+action errors of `loongforge eval --open-loop` (its JSON report) next to the error of always predicting the dataset's
+mean action (what a policy that ignores its observations can do at best), and exits 1 unless the policy's is under a
+quarter of it.
 
 usage: python scripts/open_loop_check.py REPORT.json DATASET_DIR"""
 import glob

@@ -38,25 +38,21 @@ NOTES (what is left):
 """
 import json
 import shutil
+import sys
 
 import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
-from conftest import FIXTURES, LF_BIN, launch_ranks, run_gtest_hook, run_lerobot, run_lf
+from conftest import FIXTURES, LF_BIN, ROOT, launch_ranks, run_gtest_hook, run_lerobot, run_lf
 from test_groot_parity import GROOT, SHIMS, TEXT
 from test_policy_train import DATASET, PROCESSED
 from test_policy_train import recipe as policy_recipe
 
-SPECIAL = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
-           "<|endoftext|>"]
-# Qwen-VL's ChatML: image parts as the vision markers around one pad token, then the text
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-            "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for part in m['content'] %}"
-            "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-            "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
-            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+sys.path.insert(0, str(ROOT / "scripts"))
+from qwen_tokenizer import SPECIAL, TEMPLATE  # noqa: E402  Qwen's special tokens (first) and a Qwen-VL ChatML template
+
 VISION = dict(depth=2, hidden_size=16, intermediate_size=24, num_heads=2, in_channels=3, patch_size=16,
               spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=32, num_position_embeddings=16,
               deepstack_visual_indexes=[0, 1])
@@ -347,6 +343,62 @@ def test_groot_trains_and_its_checkpoint_loads_in_lerobot(tmp_path, made):
     assert abs(report["mse"] - m[-1]["open_loop_mse"]) <= 1e-6 * max(report["mse"], 1e-3)
     ref = json.loads(run_lerobot(OPEN_LOOP, made, ckpt, made / "dataset", 1, 7).strip().splitlines()[-1])
     assert abs(report["mse"] - ref["mse"]) <= 1e-5 * max(ref["mse"], 1e-3), (report["mse"], ref["mse"])
+
+
+# A GR00T N1.7 checkpoint as GR00TN17.save_pretrained writes one (argv[2]/base: config.json + its weights in bf16,
+# sharded with model.safetensors.index.json, as nvidia/GR00T-N1.7-3B is stored) from the small model config of
+# MADE/base with every weight perturbed, a policy config.json alone naming it (argv[2]/policy_config), and the policy
+# LeRobot builds from that config (GrootPolicy(config): GR00TN17.from_pretrained(base_model_path), the tune_* flags,
+# its parameters cast to fp32): its state_dict into argv[2]/ref.safetensors.
+BASE_CHECKPOINT = SHIMS + r"""
+from safetensors.torch import save_file
+from lerobot.policies.groot.configuration_groot import GrootConfig
+from lerobot.configs.types import FeatureType, PolicyFeature
+MADE, out = Path(sys.argv[1]), Path(sys.argv[2])
+torch.manual_seed(11)
+model = G.GR00TN17(G.GR00TN17Config.from_pretrained(MADE / "base"), load_backbone_weights=False).float()
+with torch.no_grad():
+    for p in model.parameters(): p.add_(torch.randn_like(p) * 0.1)
+model.to(torch.bfloat16).save_pretrained(out / "base", max_shard_size="300KB")
+assert (out / "base" / "model.safetensors.index.json").exists()
+old = json.loads((MADE / "policy" / "config.json").read_text())
+cfg = GrootConfig(input_features={"observation.state": PolicyFeature(FeatureType.STATE, (4,)),
+                                  "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 24, 32))},
+                  output_features={"action": PolicyFeature(FeatureType.ACTION, (4,))}, device="cpu",
+                  base_model_path=str(out / "base"), use_bf16=False, chunk_size=4, n_action_steps=4,
+                  max_state_dim=old["max_state_dim"], max_action_dim=old["max_action_dim"], tune_visual=True)
+(out / "policy_config").mkdir()
+cfg._save_pretrained(out / "policy_config")
+policy = GrootPolicy(cfg)
+save_file({k: v.detach().float().clone().contiguous() for k, v in policy.state_dict().items()}, out / "ref.safetensors")
+print(json.dumps(sorted(n for n, p in policy.named_parameters() if p.requires_grad)))
+"""
+
+
+def test_groot_starts_from_base_checkpoint_weights(tmp_path, made):
+    """A policy config.json alone (no weights) whose base_model_path is a GR00T N1.7 checkpoint (bf16, sharded) starts
+    from that checkpoint's weights, as LeRobot's GrootPolicy(config) does: after a step at learning rate 0, the
+    checkpoint LoongForge saves holds every tensor of LeRobot's policy exactly (float32), and only the parameters
+    LeRobot trains (tune_visual here; the language model frozen) are trained."""
+    trainable = json.loads(run_lerobot(BASE_CHECKPOINT, made, tmp_path).strip().splitlines()[-1])
+    rec = policy_recipe(tmp_path, made / "dataset", "unused", f"    tokenizer: {made / 'processor'}\n", 1)
+    text = rec.read_text().replace("  path: unused", f"  config: {tmp_path / 'policy_config' / 'config.json'}")
+    rec.write_text(text)
+    proc = run_lf("train", rec, "--set", "optim.lr=0.0")
+    assert "weights from" in proc.stderr, proc.stderr[-2000:]
+    ckpts = tmp_path / "run" / "checkpoints"
+    got = load_file(ckpts / (ckpts / "latest").read_text().strip() / "model.safetensors")
+    ref = load_file(tmp_path / "ref.safetensors")
+    embed = "_groot_model.backbone.model.model.language_model.embed_tokens.weight"
+    ref.pop("_groot_model.backbone.model.lm_head.weight", None)  # the tied copy: one of the two is stored
+    got.pop("_groot_model.backbone.model.lm_head.weight", None)
+    assert embed in ref and embed in got
+    assert sorted(got) == sorted(ref), sorted(set(got) ^ set(ref))
+    for k in ref:
+        assert np.array_equal(got[k], ref[k]), k
+    assert any("visual" in n for n in trainable) and not any("language_model" in n for n in trainable)
+    m = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in l]
+    assert len(m) == 1 and np.isfinite(m[0]["loss"])
 
 
 @pytest.mark.slow

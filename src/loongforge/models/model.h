@@ -235,6 +235,13 @@ class Model : public torch::nn::Module {
   // The name the reference library gives the parameter behind checkpoint tensor `name` in memory (transformers'
   // named_parameters()): `dump` writes grad.<this>. Usually the checkpoint name itself.
   virtual std::string reference_name(const std::string& checkpoint_name) const { return checkpoint_name; }
+  // Pretrained weights a model built from its config alone starts from, as its ecosystem builds it (LeRobot's
+  // GrootPolicy loads base_model_path's GR00T checkpoint): DIR's tensors, each under prefix + its stored name, fill
+  // the checkpoint tensors named with that prefix (io::load_part). None by default: a config alone is random init.
+  struct BaseWeights {
+    std::string dir, prefix;
+  };
+  virtual std::optional<BaseWeights> base_weights() const { return std::nullopt; }
 
   // ---- hooks layouts install (see the layouts in parallel/) ----
   // Replaces the vocabulary head's summed cross-entropy (vocabulary-parallel layouts): hidden [.., H], the output

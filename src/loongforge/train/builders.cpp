@@ -150,6 +150,11 @@ ModelBundle build_model(const json& r) {
       b.model = models::build_model_from_file(cfg, family);
       if (m["mtp_loss_weight"].get<double>() == 0) b.model->drop_absent_parts({});  // untrained MTP layers: none
       b.model->init_weights(m["init_std"].get<double>());
+      if (const auto base = b.model->base_weights()) {  // e.g. a GR00T policy config over a GR00T N1.7 checkpoint
+        std::fprintf(stderr, "model: weights from %s (the %s config's base model)\n", base->dir.c_str(),
+                     b.model->model_type().c_str());
+        io::load_part(*b.model, {base->dir, base->prefix, {base->prefix}, {}});
+      }
     }
     b.tokenizer = m["tokenizer"].get<std::string>();
     if (b.tokenizer.empty()) b.tokenizer = path;

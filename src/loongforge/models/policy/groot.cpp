@@ -605,6 +605,14 @@ std::string GrootPolicyImpl::canonical_checkpoint_name(const std::string& stored
   return stored;
 }
 
+std::optional<Model::BaseWeights> GrootPolicyImpl::base_weights() const {
+  namespace fs = std::filesystem;
+  const std::string base = config_.raw.value("base_model_path", std::string());
+  for (const char* f : {"model.safetensors", "model.safetensors.index.json"})
+    if (!base.empty() && fs::exists(fs::path(base) / f)) return BaseWeights{base, "_groot_model."};
+  return std::nullopt;
+}
+
 namespace {
 
 // LeRobot's N1_7_EMBODIMENT_MAPPING (processor_groot.py): embodiment tag -> id.

@@ -178,6 +178,10 @@ class GrootPolicyImpl : public PolicyModel {
   bool ignorable_checkpoint_tensor(const std::string& name) const override;
   // LeRobot's files keep the tied embedding under the (unused) lm_head's name
   std::string canonical_checkpoint_name(const std::string& stored) const override;
+  // Built from a policy config alone, the policy starts from base_model_path's weights when that folder holds them
+  // (GR00T N1.7's checkpoint: model.safetensors or its sharded index; names as GR00TN17's state_dict, the policy's
+  // without `_groot_model.`), as GrootPolicy(config) loads them; a folder with only config.json: random init.
+  std::optional<BaseWeights> base_weights() const override;
 
   // GR00T's processor (LeRobot's make_groot_pre_post_processors without a raw N1.7 checkpoint's sidecars, absolute
   // actions): the action window min(chunk_size, 40) frames, the last window - 1 frames of each episode left out of
