@@ -5,9 +5,12 @@
 # (configs/quickstart/groot-reach.yaml: a 2-layer Qwen3-VL backbone, the AlternateVLDiT action head; a few minutes on
 # 2 cores) with 4 episodes held out, then report the open-loop action errors on them next to the error of always
 # predicting the mean action, with plots of recorded vs predicted actions, and ask the trained policy
-# (`loongforge predict`) for both tasks on one held-out frame: the first action must head for the named dot. The
-# checkpoint is a LeRobot GR00T policy folder with GR00T's processor files (its base_model_path is the repository's
-# configs/quickstart/groot-model/base: run LeRobot from the repository's root). Extra arguments go to
+# (`loongforge predict`) for both tasks on held-out frames: the first action must be closer to the scripted expert's
+# for the named dot than for the other (scripts/two_dot_check.py). The
+# checkpoint is a LeRobot GR00T policy folder with GR00T's processor files; its base_model_path is the repository's
+# configs/quickstart/groot-model/base, which holds no weights (nothing here is pretrained), so LeRobot's
+# GrootPolicy.from_pretrained, which first builds the model from the base folder's weights, does not load it as it
+# is (the tests load such folders with that step patched). Extra arguments go to
 # `loongforge train`; GROOT_DEMO_DIR puts the dataset, the processor folder and the run elsewhere than runs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."

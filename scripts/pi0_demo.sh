@@ -4,7 +4,8 @@
 # Gemma-like tokenizer, train a small π0 from scratch on it on the CPU (configs/quickstart/pi0-reach.yaml, a few
 # minutes on 2 cores) with 4 episodes held out, then report the open-loop action errors on them next to the error of
 # always predicting the mean action, with plots of recorded vs predicted actions, and ask the trained policy
-# (`loongforge predict`) for both tasks on one held-out frame: the first action must head for the named dot. The
+# (`loongforge predict`) for both tasks on held-out frames: the first action must be closer to the scripted expert's
+# for the named dot than for the other (scripts/two_dot_check.py). The
 # checkpoint is a LeRobot policy folder (PI0Policy.from_pretrained + its processors load it). Extra arguments go to
 # `loongforge train`;
 # PI0_DEMO_DIR puts the dataset, the tokenizer and the run elsewhere than runs/.
