@@ -379,13 +379,17 @@ def test_groot_starts_from_base_checkpoint_weights(tmp_path, made):
     """A policy config.json alone (no weights) whose base_model_path is a GR00T N1.7 checkpoint (bf16, sharded) starts
     from that checkpoint's weights, as LeRobot's GrootPolicy(config) does: after a step at learning rate 0, the
     checkpoint LoongForge saves holds every tensor of LeRobot's policy exactly (float32), and only the parameters
-    LeRobot trains (tune_visual here; the language model frozen) are trained."""
+    LeRobot trains (tune_visual here; the language model frozen) are trained. A processor sidecar in the base folder
+    (which LeRobot's processor would follow and LoongForge's does not read) is said once on stderr."""
     trainable = json.loads(run_lerobot(BASE_CHECKPOINT, made, tmp_path).strip().splitlines()[-1])
     rec = policy_recipe(tmp_path, made / "dataset", "unused", f"    tokenizer: {made / 'processor'}\n", 1)
     text = rec.read_text().replace("  path: unused", f"  config: {tmp_path / 'policy_config' / 'config.json'}")
     rec.write_text(text)
+    # a raw checkpoint's processor sidecar, which LoongForge's processor does not read: said on stderr
+    (tmp_path / "base" / "processor_config.json").write_text('{"processor_class": "Gr00tN1d7Processor", "processor_kwargs": {}}')
     proc = run_lf("train", rec, "--set", "optim.lr=0.0")
     assert "weights from" in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.count("processor sidecars") == 1, proc.stderr[-2000:]
     ckpts = tmp_path / "run" / "checkpoints"
     got = load_file(ckpts / (ckpts / "latest").read_text().strip() / "model.safetensors")
     ref = load_file(tmp_path / "ref.safetensors")

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 
@@ -103,6 +104,18 @@ GrootConfig GrootConfig::from_json(const nlohmann::json& j, const std::string& f
     r.fail("base_model_path", "'" + base + "' is not a local folder (LoongForge reads GR00T's model config from its config.json)");
   const std::string gfile = (fs::path(base) / "config.json").string();
   const nlohmann::json gj = read_json_file(gfile);
+  // A raw GR00T N1.7 checkpoint's processor sidecars: LeRobot's GR00T processor reads them (image geometry, its own
+  // statistics, relative actions, ...); LoongForge's does not: said once, on stderr.
+  for (const char* f : {"processor_config.json", "statistics.json"}) {
+    static bool said = false;
+    if (!said && fs::exists(fs::path(base) / f)) {
+      said = true;
+      std::fprintf(stderr, "model: %s: GR00T N1.7's processor sidecars (processor_config.json, statistics.json) are not "
+                   "read: LoongForge processes batches as LeRobot's GR00T processor does without them (the dataset's "
+                   "min / max statistics, absolute actions, images resized to 256, centre-cropped to 230 and back), "
+                   "where LeRobot's would follow the sidecars\n", base.c_str());
+    }
+  }
   const JsonReader g(gj, gfile);
   c.backbone_embedding_dim = g.integer("backbone_embedding_dim", 2048);
   c.select_layer = g.integer("select_layer", 16);
