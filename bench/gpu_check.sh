@@ -16,7 +16,9 @@
 #      model (issue 20);
 #   6. the robot-policy training step (bench/policy_cpu.py --device cuda): ACT and a small π0 against LeRobot where
 #      a Python with lerobot is given (issue 24; skipped otherwise);
-#   7. print a short table last.
+#   7. every robot-policy family trained and evaluated on the GPU without LeRobot (bench/policy_device_check.sh, on the
+#      carried demo datasets runs/reach*-demo-data);
+#   8. print a short table last.
 # Usage (repo root):  bash bench/gpu_check.sh
 #   OUT=dir            where logs and JSON go (default build-gpu/gpu_out; the device tool's $OUT when set)
 #   LF_DEBS=dir        the .deb folder (default ./third_party_debs)
@@ -327,6 +329,26 @@ else
   else
     row "policy train (ACT, pi0)" FAIL "$(elapsed "$T")" "see $OUT/policy_train.log: $(tail -1 "$OUT/policy_train.log" | cut -c1-100)"
   fi
+fi
+
+# ---- 7. every robot-policy family on the GPU without LeRobot (bench/policy_device_check.sh) ---------------------------
+# The quickstart demo recipes (ACT, Diffusion Policy, π0, GR00T N1.7) train on the GPU and on the CPU from the same
+# seed on the demo datasets (carry runs/reach-demo-data, runs/reach-env-demo-data, runs/reach2-demo-data, which
+# scripts/robot_demo_data.py writes with lerobot here; missing ones are skipped), the GPU checkpoint evaluated open loop
+# on the GPU: finite losses, the GPU run's final losses within 1.5x of the CPU run's, step times on both.
+if [ "${GPU_CHECK_ONLY:-}" = dist ]; then
+  row "policy families on cuda" SKIP 0 "GPU_CHECK_ONLY=dist"
+elif [ ! -d runs/reach2-demo-data ] && [ ! -d runs/reach-demo-data ]; then
+  row "policy families on cuda" SKIP 0 "no demo datasets (carry runs/reach*-demo-data)"
+else
+  T=$(date +%s)
+  if DEVICE=cuda STEPS=${GPU_POLICY_STEPS:-200} PYTHON=$PY timeout 420 bash bench/policy_device_check.sh "$BUILD" \
+      "$OUT/policy_device" >"$OUT/policy_device.log" 2>&1; then
+    row "policy families on cuda" ok "$(elapsed "$T")" "$(grep -c ': ok' "$OUT/policy_device.log") families ok"
+  else
+    row "policy families on cuda" FAIL "$(elapsed "$T")" "see $OUT/policy_device.log: $(grep -m1 FAIL "$OUT/policy_device.log" | cut -c1-100)"
+  fi
+  cat "$OUT/policy_device.log"
 fi
 
 print_table
