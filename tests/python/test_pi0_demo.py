@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 
 
-@pytest.mark.slow  # about a minute on 2 quiet cores, with the dataset written by lerobot: LF_SLOW=1 runs it
+@pytest.mark.slow  # about two minutes on 2 quiet cores, with the dataset written by lerobot: LF_SLOW=1 runs it
 def test_pi0_demo_learns_to_follow_the_prompt(tmp_path):
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "pi0_demo.sh")], capture_output=True, text=True,
                           env={**__import__("os").environ, "PI0_DEMO_DIR": str(tmp_path)}, timeout=1200)
