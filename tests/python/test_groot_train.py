@@ -279,6 +279,38 @@ def test_groot_batch_and_loss_match_lerobot(tmp_path, made):
     assert (ours["embodiment_id"] == 10).all() and ours["attention_mask"].all()
 
 
+
+def test_groot_checkpoint_image_geometry_matches_lerobot(tmp_path, made):
+    """A raw N1.7 checkpoint's processor_config.json (base_model_path) sets the image geometry of GR00T's processor in
+    LeRobot (image_target_size, shortest_image_edge, crop_fraction): the same batch here (each camera resized to a
+    240 x 240 square, 0.9 of it centre-cropped, resized to 256 x 288: 8 x 9 merged patches), the processor files
+    written carry it (LeRobot's pipelines from them make the same batch), the loss = LeRobot's. Sidecar settings
+    LoongForge does not follow are named on stderr."""
+    m = tmp_path / "made"
+    m.mkdir()
+    for d in ("dataset", "processor", "backbone"):
+        (m / d).symlink_to(made / d)
+    shutil.copytree(made / "base", m / "base")
+    shutil.copytree(made / "policy", m / "policy")
+    cfg = json.loads((m / "policy" / "config.json").read_text())
+    cfg["base_model_path"] = str(m / "base")
+    (m / "policy" / "config.json").write_text(json.dumps(cfg))
+    kwargs = {"image_target_size": [256, 288], "image_crop_size": [230, 230], "shortest_image_edge": 240,
+              "crop_fraction": 0.9, "use_albumentations": False, "letter_box_transform": False}
+    (m / "base" / "processor_config.json").write_text(json.dumps({"processor_class": "Gr00tN1d7Processor",
+                                                                  "processor_kwargs": kwargs}))
+    (m / "base" / "statistics.json").write_text("{}")
+    ours = check_batch_and_loss(tmp_path, m, "dataset")
+    assert (ours["image_grid_thw"] == [1, 16, 18]).all()
+    pre = json.loads((tmp_path / "hook" / "model_files" / "policy_preprocessor.json").read_text())
+    step = [st for st in pre["steps"] if st["registry_name"] == "groot_n1_7_vlm_encode_v1"][0]["config"]
+    assert step["image_target_size"] == [256, 288] and step["shortest_image_edge"] == 240 and step["crop_fraction"] == 0.9
+    # settings not followed: said on stderr, the batch made without them
+    kwargs.update(use_albumentations=True)
+    (m / "base" / "processor_config.json").write_text(json.dumps({"processor_kwargs": kwargs}))
+    proc = run_lf("info", m / "policy" / "config.json")
+    assert "use_albumentations true" in proc.stderr, proc.stderr
+
 @pytest.mark.slow
 def test_groot_padded_prompts_match_lerobot(tmp_path, made):
     """Tasks of different lengths: the prompts padded on the left to the batch's longest, as LeRobot's processor pads
@@ -380,16 +412,17 @@ def test_groot_starts_from_base_checkpoint_weights(tmp_path, made):
     from that checkpoint's weights, as LeRobot's GrootPolicy(config) does: after a step at learning rate 0, the
     checkpoint LoongForge saves holds every tensor of LeRobot's policy exactly (float32), and only the parameters
     LeRobot trains (tune_visual here; the language model frozen) are trained. A processor sidecar in the base folder
-    (which LeRobot's processor would follow and LoongForge's does not read) is said once on stderr."""
+    asking for what LoongForge's processor does not follow (relative actions) is said once on stderr."""
     trainable = json.loads(run_lerobot(BASE_CHECKPOINT, made, tmp_path).strip().splitlines()[-1])
     rec = policy_recipe(tmp_path, made / "dataset", "unused", f"    tokenizer: {made / 'processor'}\n", 1)
     text = rec.read_text().replace("  path: unused", f"  config: {tmp_path / 'policy_config' / 'config.json'}")
     rec.write_text(text)
-    # a raw checkpoint's processor sidecar, which LoongForge's processor does not read: said on stderr
-    (tmp_path / "base" / "processor_config.json").write_text('{"processor_class": "Gr00tN1d7Processor", "processor_kwargs": {}}')
+    # a raw checkpoint's processor sidecar asking for what LoongForge's processor does not follow: said once on stderr
+    (tmp_path / "base" / "processor_config.json").write_text(
+        '{"processor_class": "Gr00tN1d7Processor", "processor_kwargs": {"use_relative_action": true}}')
     proc = run_lf("train", rec, "--set", "optim.lr=0.0")
     assert "weights from" in proc.stderr, proc.stderr[-2000:]
-    assert proc.stderr.count("processor sidecars") == 1, proc.stderr[-2000:]
+    assert proc.stderr.count("use_relative_action true") == 1, proc.stderr[-2000:]
     ckpts = tmp_path / "run" / "checkpoints"
     got = load_file(ckpts / (ckpts / "latest").read_text().strip() / "model.safetensors")
     ref = load_file(tmp_path / "ref.safetensors")

@@ -104,16 +104,75 @@ GrootConfig GrootConfig::from_json(const nlohmann::json& j, const std::string& f
     r.fail("base_model_path", "'" + base + "' is not a local folder (LoongForge reads GR00T's model config from its config.json)");
   const std::string gfile = (fs::path(base) / "config.json").string();
   const nlohmann::json gj = read_json_file(gfile);
-  // A raw GR00T N1.7 checkpoint's processor sidecars: LeRobot's GR00T processor reads them (image geometry, its own
-  // statistics, relative actions, ...); LoongForge's does not: said once, on stderr.
-  for (const char* f : {"processor_config.json", "statistics.json"}) {
+  // A raw GR00T N1.7 checkpoint (config.json without a policy "type") with processor sidecars: LeRobot's GR00T processor
+  // takes its image geometry from processor_config.json's processor_kwargs when they give image_target_size (read
+  // here); the rest (statistics.json's per-embodiment statistics, percentiles, relative actions, the albumentations
+  // and letterbox transforms, ...) is not followed, which is said once on stderr when the sidecars ask for it.
+  c.image_geometry = {{"image_crop_size", {230, 230}}, {"image_target_size", {256, 256}},
+                      {"shortest_image_edge", nullptr}, {"crop_fraction", nullptr}};
+  const fs::path sidecar = fs::path(base) / "processor_config.json";
+  if (!gj.contains("type") && fs::exists(sidecar)) {
+    const nlohmann::json pj = read_json_file(sidecar.string());
+    const nlohmann::json kw = pj.is_object() ? pj.value("processor_kwargs", nlohmann::json::object()) : nlohmann::json();
+    const std::string file = sidecar.string();
+    auto pair = [&](const char* k) -> std::optional<std::pair<int64_t, int64_t>> {
+      if (!kw.contains(k) || kw[k].is_null()) return std::nullopt;
+      const nlohmann::json& v = kw[k];
+      if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer() ||
+          v[0].get<int64_t>() <= 0 || v[1].get<int64_t>() <= 0)
+        throw file_error(file, std::string("processor_kwargs.") + k, "must be two positive integers or null");
+      return std::make_pair(v[0].get<int64_t>(), v[1].get<int64_t>());
+    };
+    std::vector<std::string> ignored;
+    if (kw.is_object()) {
+      if (const auto target = pair("image_target_size")) {
+        const auto crop = pair("image_crop_size");
+        c.image_target_h = target->first;
+        c.image_target_w = target->second;
+        c.image_resize_edge = c.image_target_h;
+        if (kw.contains("shortest_image_edge") && !kw["shortest_image_edge"].is_null()) {
+          if (!kw["shortest_image_edge"].is_number_integer() || kw["shortest_image_edge"].get<int64_t>() <= 0)
+            throw file_error(file, "processor_kwargs.shortest_image_edge", "must be a positive integer or null");
+          c.image_resize_edge = kw["shortest_image_edge"].get<int64_t>();
+        }
+        c.image_crop_fraction = 0;
+        if (kw.contains("crop_fraction") && !kw["crop_fraction"].is_null()) {
+          if (!kw["crop_fraction"].is_number())
+            throw file_error(file, "processor_kwargs.crop_fraction", "must be a number or null");
+          c.image_crop_fraction = kw["crop_fraction"].get<double>();
+        } else if (crop) {
+          c.image_crop_fraction = static_cast<double>(crop->first) / static_cast<double>(c.image_target_h);
+        }
+        c.image_geometry = {{"image_crop_size", crop ? nlohmann::json{crop->first, crop->second} : nlohmann::json()},
+                            {"image_target_size", {target->first, target->second}},
+                            {"shortest_image_edge", kw.value("shortest_image_edge", nlohmann::json())},
+                            {"crop_fraction", kw.value("crop_fraction", nlohmann::json())}};
+      }
+      for (const char* k : {"use_albumentations", "letter_box_transform", "use_percentiles", "use_relative_action"})
+        if (kw.value(k, nlohmann::json(false)) == nlohmann::json(true)) ignored.push_back(std::string(k) + " true");
+      for (const char* k : {"formalize_language", "clip_outliers"})
+        if (kw.value(k, nlohmann::json(true)) == nlohmann::json(false)) ignored.push_back(std::string(k) + " false");
+      if (kw.contains("state_dropout_prob") && kw["state_dropout_prob"].is_number() && kw["state_dropout_prob"].get<double>() != 0)
+        ignored.push_back("state_dropout_prob");
+      const std::string tag = r.string("embodiment_tag", "new_embodiment");
+      if (kw.contains("modality_configs") && kw["modality_configs"].is_object() && kw["modality_configs"].contains(tag))
+        ignored.push_back("modality_configs." + tag);
+    }
+    const fs::path stats = fs::path(base) / "statistics.json";
+    if (fs::exists(stats)) {
+      const nlohmann::json sj = read_json_file(stats.string());
+      const std::string tag = r.string("embodiment_tag", "new_embodiment");
+      if (sj.is_object() && sj.contains(tag) && sj[tag].is_object() && !sj[tag].empty())
+        ignored.push_back("statistics.json's " + tag + " statistics");
+    }
     static bool said = false;
-    if (!said && fs::exists(fs::path(base) / f)) {
+    if (!ignored.empty() && !said) {
       said = true;
-      std::fprintf(stderr, "model: %s: GR00T N1.7's processor sidecars (processor_config.json, statistics.json) are not "
-                   "read: LoongForge processes batches as LeRobot's GR00T processor does without them (the dataset's "
-                   "min / max statistics, absolute actions, images resized to 256, centre-cropped to 230 and back), "
-                   "where LeRobot's would follow the sidecars\n", base.c_str());
+      std::string what;
+      for (const auto& w : ignored) what += (what.empty() ? "" : ", ") + w;
+      std::fprintf(stderr, "model: %s: GR00T N1.7's processor sidecars ask for what LoongForge's GR00T processor does "
+                   "not follow (%s): batches follow LeRobot's processor without them (the dataset's min / max "
+                   "statistics, absolute actions, the image geometry above)\n", base.c_str(), what.c_str());
     }
   }
   const JsonReader g(gj, gfile);
@@ -654,7 +713,6 @@ nlohmann::json embodiment_mapping_json() {
 }
 
 constexpr int64_t kNativeHorizon = 40;               // N1_7_NATIVE_ACTION_HORIZON
-constexpr int64_t kImageTarget = 256, kImageCrop = 230;  // N1_7_DEFAULT_IMAGE_TARGET_SIZE / _CROP_SIZE
 
 // min / max of a feature's statistics as GR00T aligns them to D values (min padded with 0, max with 1, cut).
 std::pair<at::Tensor, at::Tensor> min_max(const Policy::Stats& stats, const std::string& name, int64_t D) {
@@ -702,9 +760,10 @@ PolicySpec GrootPolicyImpl::policy_spec() const {
   s.stats_features.push_back("action");
   s.vlm_prompt.enabled = true;
   s.vlm_prompt.image_token_id = c.backbone.image_token_id;
-  s.vlm_prompt.resize_edge = kImageTarget;
-  s.vlm_prompt.target_height = s.vlm_prompt.target_width = kImageTarget;
-  s.vlm_prompt.crop_fraction = static_cast<double>(kImageCrop) / static_cast<double>(kImageTarget);
+  s.vlm_prompt.resize_edge = c.image_resize_edge;
+  s.vlm_prompt.target_height = c.image_target_h;
+  s.vlm_prompt.target_width = c.image_target_w;
+  s.vlm_prompt.crop_fraction = c.image_crop_fraction;
   s.vlm_prompt.padding_side = "left";
   const std::string tag = c.raw.value("embodiment_tag", std::string("new_embodiment"));
   // make_groot_pre_post_processors' pipelines as save_pretrained writes them
@@ -722,9 +781,10 @@ PolicySpec GrootPolicyImpl::policy_spec() const {
                          {"stats_features", s.stats_features}};
   const nlohmann::json encode = {{"registry_name", "groot_n1_7_vlm_encode_v1"},
                                  {"config",
-                                  {{"model_name", "{processor_folder}"}, {"image_crop_size", {kImageCrop, kImageCrop}},
-                                   {"image_target_size", {kImageTarget, kImageTarget}}, {"shortest_image_edge", nullptr},
-                                   {"crop_fraction", nullptr}, {"use_albumentations", false},
+                                  {{"model_name", "{processor_folder}"}, {"image_crop_size", c.image_geometry["image_crop_size"]},
+                                   {"image_target_size", c.image_geometry["image_target_size"]},
+                                   {"shortest_image_edge", c.image_geometry["shortest_image_edge"]},
+                                   {"crop_fraction", c.image_geometry["crop_fraction"]}, {"use_albumentations", false},
                                    {"letter_box_transform", false}, {"device", "cpu"}}}};
   s.preprocessor_steps = {rename, batch, pack, encode, device};
   const nlohmann::json unpack = {{"registry_name", "groot_action_unpack_unnormalize_v2"},

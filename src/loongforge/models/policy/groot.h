@@ -65,6 +65,13 @@ struct GrootConfig {
   int64_t chunk_size = 40, n_action_steps = 40, action_dim = 0, state_dim = 0;
   bool tune_llm = false, tune_visual = false, tune_projector = true, tune_diffusion_model = true, tune_vlln = true;
   int64_t tune_top_llm_layers = 0;
+  // GR00T's processor's image geometry (GrootN17VLMEncodeStep): each camera resized to a square of resize_edge,
+  // centre-cropped by crop_fraction (0: none), resized to target; LeRobot's defaults (256, 230 / 256, 256 x 256), or a
+  // raw N1.7 checkpoint's processor_config.json (base_model_path) where it gives image_target_size. `geometry` holds
+  // the step's fields as LeRobot writes them.
+  int64_t image_resize_edge = 256, image_target_h = 256, image_target_w = 256;
+  double image_crop_fraction = 230.0 / 256.0;
+  nlohmann::json image_geometry;
   nlohmann::json raw;
   static GrootConfig from_json(const nlohmann::json& j, const std::string& file);
 };
@@ -186,7 +193,8 @@ class GrootPolicyImpl : public PolicyModel {
   // GR00T's processor (LeRobot's make_groot_pre_post_processors without a raw N1.7 checkpoint's sidecars, absolute
   // actions): the action window min(chunk_size, 40) frames, the last window - 1 frames of each episode left out of
   // training, no LeRobot normaliser (IDENTITY), the state and action's min / max statistics for the pack step, the
-  // Qwen3-VL chat prompt (cameras as 256 x 256 images after a 230 / 256 centre crop, then the formalised task),
+  // Qwen3-VL chat prompt (cameras as 256 x 256 images after a 230 / 256 centre crop, or a raw N1.7 checkpoint's
+  // processor_config.json geometry; then the formalised task),
   // padded on the left; the processor files' steps as LeRobot saves them.
   PolicySpec policy_spec() const override;
   // GR00T's formalize_language: the task lower-cased, keeping letters, digits, whitespace and '_' ("" -> "perform
