@@ -162,7 +162,10 @@ bool fused_supported(const at::Tensor& g, const at::Tensor& u) {
          (t == at::kFloat || t == at::kDouble || t == at::kBFloat16);
 }
 
-// The passes over whole tensors, for one activation.
+// p + off, or null for an absent operand
+template <typename P>
+P* at_or_null(P* p, int64_t off) { return p ? p + off : nullptr; }
+
 // The passes over whole tensors, for one activation; an undefined u: the activation alone (no gate, no du).
 template <Act A>
 at::Tensor forward_cpu(const at::Tensor& g_in, const at::Tensor& u_in) {
@@ -174,14 +177,14 @@ at::Tensor forward_cpu(const at::Tensor& g_in, const at::Tensor& u_in) {
     case at::kFloat: {
       const float *gp = g.const_data_ptr<float>(), *up = u.defined() ? u.const_data_ptr<float>() : nullptr;
       float* yp = y.data_ptr<float>();
-      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) { fwd_f32<A>(gp + b, up ? up + b : nullptr, yp + b, e - b); });
+      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) { fwd_f32<A>(gp + b, at_or_null(up, b), yp + b, e - b); });
       break;
     }
     case at::kDouble: {
       const double *gp = g.const_data_ptr<double>(), *up = u.defined() ? u.const_data_ptr<double>() : nullptr;
       double* yp = y.data_ptr<double>();
       at::parallel_for(0, n, grain,
-                       [&](int64_t b, int64_t e) { fwd_generic<A>(gp + b, up ? up + b : nullptr, yp + b, e - b); });
+                       [&](int64_t b, int64_t e) { fwd_generic<A>(gp + b, at_or_null(up, b), yp + b, e - b); });
       break;
     }
     default: {
@@ -212,7 +215,6 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(const at::Tensor& dy_in, const a
   at::Tensor du = u.defined() ? at::empty_like(u, at::MemoryFormat::Contiguous) : at::Tensor();
   const int64_t n = g.numel();
   const int64_t grain = 32 * kBlock;
-  auto at_or_null = [](auto* p, int64_t off) { return p ? p + off : nullptr; };
   switch (g.scalar_type()) {
     case at::kFloat: {
       const float *dyp = dy.const_data_ptr<float>(), *gp = g.const_data_ptr<float>();

@@ -124,6 +124,7 @@ GrootConfig GrootConfig::from_json(const nlohmann::json& j, const std::string& f
       return std::make_pair(v[0].get<int64_t>(), v[1].get<int64_t>());
     };
     std::vector<std::string> ignored;
+    const std::string tag = r.string("embodiment_tag", "new_embodiment");
     if (kw.is_object()) {
       if (const auto target = pair("image_target_size")) {
         const auto crop = pair("image_crop_size");
@@ -154,14 +155,12 @@ GrootConfig GrootConfig::from_json(const nlohmann::json& j, const std::string& f
         if (kw.value(k, nlohmann::json(true)) == nlohmann::json(false)) ignored.push_back(std::string(k) + " false");
       if (kw.contains("state_dropout_prob") && kw["state_dropout_prob"].is_number() && kw["state_dropout_prob"].get<double>() != 0)
         ignored.push_back("state_dropout_prob");
-      const std::string tag = r.string("embodiment_tag", "new_embodiment");
       if (kw.contains("modality_configs") && kw["modality_configs"].is_object() && kw["modality_configs"].contains(tag))
         ignored.push_back("modality_configs." + tag);
     }
     const fs::path stats = fs::path(base) / "statistics.json";
     if (fs::exists(stats)) {
       const nlohmann::json sj = read_json_file(stats.string());
-      const std::string tag = r.string("embodiment_tag", "new_embodiment");
       if (sj.is_object() && sj.contains(tag) && sj[tag].is_object() && !sj[tag].empty())
         ignored.push_back("statistics.json's " + tag + " statistics");
     }
