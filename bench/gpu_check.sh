@@ -322,7 +322,7 @@ elif ! "$LR_PY" -c "import lerobot.policies.act.modeling_act" >/dev/null 2>&1; t
 else
   T=$(date +%s)
   if LOONGFORGE_LEROBOT_PYTHON=$LR_PY LOONGFORGE_BIN="$BUILD/loongforge" timeout 300 "$PY" bench/policy_cpu.py \
-      --device cuda --shapes act512,pi0small --rounds 2 --steps 6 --warmup 2 --out "$OUT/policy_train.md" \
+      --device cuda --shapes act512,pi0small,pi0prompt --rounds 2 --steps 6 --warmup 2 --out "$OUT/policy_train.md" \
       >"$OUT/policy_train.log" 2>&1; then
     row "policy train (ACT, pi0)" ok "$(elapsed "$T")" "$(tail -1 "$OUT/policy_train.md" | cut -d'|' -f3-5 | tr -s ' ')"
     cat "$OUT/policy_train.md"

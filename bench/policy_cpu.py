@@ -10,7 +10,7 @@ decoupled 1e-6). The random draws of the training forward (π0's noise and time,
 Diffusion Policy's random crop) are each side's own. Prints a table of the median step times and LoongForge's ratio
 (issue 24's goal: >= 1.5x on the CPU); with --out, writes it as markdown too.
 
-    [LOONGFORGE_BIN=build/loongforge] .venv/bin/python bench/policy_cpu.py [--shapes act256,act512,pi0small,diffusion]
+    [LOONGFORGE_BIN=build/loongforge] .venv/bin/python bench/policy_cpu.py [--shapes act256,act512,pi0small,pi0prompt,pi05prompt,diffusion]
         [--threads 2] [--steps 6] [--warmup 2] [--rounds 3] [--out FILE.md] [--device cpu|cuda]
 
 With --device cuda (bench/gpu_check.sh, when a Python with lerobot is there: LOONGFORGE_LEROBOT_PYTHON) both sides
@@ -51,19 +51,34 @@ PI0_SIZES = {"gemma_bench": dict(width=512, depth=4, mlp_dim=2048, num_heads=8, 
              "gemma_bench_expert": dict(width=256, depth=4, mlp_dim=1024, num_heads=8, num_kv_heads=1, head_dim=64)}
 PI0_VISION = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, patch_size=14, intermediate_size=1024,
                   projection_dim=512)
+
+
+def pi0_shape(kind, name, tokens, real=None):
+    """A small π0 / π0.5 (PI0_SIZES, PI0_VISION) on one 112x112 camera with `tokens` prompt slots, the first `real`
+    (cycled over the rows) valid when given, else 3 padded in half the rows."""
+    batch = dict(batch=8, image=[3, 112, 112], state=14, action=14, chunk=50, tokens=tokens)
+    if real:
+        batch["real_tokens"] = real
+    return dict(kind="pi0", goal=1.5, name=name, batch=batch,
+                cfg=dict(type=kind, variant_sizes=PI0_SIZES, vocab_size=1024, vision_config=PI0_VISION,
+                         paligemma_variant="gemma_bench", action_expert_variant="gemma_bench_expert",
+                         image_resolution=[112, 112], chunk_size=50, n_action_steps=50, tokenizer_max_length=tokens),
+                optim=dict(lr=2.5e-5, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.01, clip=1.0))
+
+
 SHAPES = {
     "act256": dict(kind="act", name="ACT d256, resnet18, 1 camera 96x128, chunk 50, batch 8", goal=1.5,
                    cfg=dict(dim_model=256), batch=ACT_BATCH, optim=ACT_OPTIM),
     "act512": dict(kind="act", name="ACT d512 (LeRobot's default), resnet18, 1 camera 96x128, chunk 50, batch 8",
                    goal=1.5, cfg=dict(dim_model=512), batch=ACT_BATCH, optim=ACT_OPTIM),
-    "pi0small": dict(kind="pi0", goal=1.5,
-                     name="π0 small (PaliGemma w512 d4, expert w256 d4, 8 heads / 1 kv, SigLIP w256 d4), 1 camera "
-                          "112x112, 16 tokens, chunk 50, batch 8",
-                     cfg=dict(type="pi0", variant_sizes=PI0_SIZES, vocab_size=1024, vision_config=PI0_VISION,
-                              paligemma_variant="gemma_bench", action_expert_variant="gemma_bench_expert",
-                              image_resolution=[112, 112], chunk_size=50, n_action_steps=50),
-                     batch=dict(batch=8, image=[3, 112, 112], state=14, action=14, chunk=50, tokens=16),
-                     optim=dict(lr=2.5e-5, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.01, clip=1.0)),
+    "pi0small": pi0_shape("pi0", "π0 small (PaliGemma w512 d4, expert w256 d4, 8 heads / 1 kv, SigLIP w256 d4), 1 camera "
+                                 "112x112, 16 tokens, chunk 50, batch 8", tokens=16),
+    # LeRobot's π0 / π0.5 processors pad every prompt to tokenizer_max_length (48 / 200, padding="max_length"): the
+    # batches users train on. Real lengths: a short task (π0), the task plus the 14 state bins and π0.5's framing.
+    "pi0prompt": pi0_shape("pi0", "π0 small as above, the prompt padded to LeRobot's default 48 tokens (9-15 real)",
+                           tokens=48, real=[9, 11, 13, 15]),
+    "pi05prompt": pi0_shape("pi05", "π0.5 small (π0 small's sizes), the prompt padded to LeRobot's default 200 tokens "
+                                    "(36-48 real)", tokens=200, real=[36, 40, 44, 48]),
     "diffusion": dict(kind="diffusion", goal=1.5,
                       name="Diffusion Policy, LeRobot's PushT shape with the U-Net at a quarter width (resnet18 "
                            "with group norm, down_dims 128/256/512), 2 x 1 camera 96x96 cropped to 84, horizon 16, "
@@ -120,7 +135,13 @@ else:
              "observation.images.top": torch.rand(n, *b["image"], generator=g),
              "observation.language.tokens": torch.randint(0, vocab, (n, b["tokens"]), generator=g),
              "observation.language.attention_mask": torch.ones(n, b["tokens"], dtype=torch.bool)}
-    batch["observation.language.attention_mask"][n // 2:, -3:] = False
+    if "real_tokens" in b:  # right padding with Gemma's pad id 0, as LeRobot's tokenizer step writes it
+        for row in range(n):
+            real = b["real_tokens"][row % len(b["real_tokens"])]
+            batch["observation.language.attention_mask"][row, real:] = False
+            batch["observation.language.tokens"][row, real:] = 0
+    else:
+        batch["observation.language.attention_mask"][n // 2:, -3:] = False
 cfg = Config(input_features=feats, output_features={"action": PolicyFeature(FeatureType.ACTION, (b["action"],))},
              device=S.get("device", "cpu"), **kw, **S["cfg"])
 if mode == "make":

@@ -73,7 +73,39 @@ struct Stream {
   GemmaLayerImpl* layer;
   at::Tensor h, cond;
   bool needed = true;  // false: only its keys and values matter (the prefix in the last layer of a training forward)
+  // The kept rows (defined: h is [rows, W], the rows of the padded [B, T] layout that hold a valid token, in order):
+  // padded tokens are dropped from every per-token product. Nothing reads them (no query sees a padded key, a padded
+  // query's output reaches no loss), so LeRobot's gradients from them are exactly zero.
+  at::Tensor rows;
+  int64_t B = 0, T = 0;  // the padded layout
 };
+
+// The prefix [B, P, W] with its padding [B, P] left-packed: each row's valid tokens first, in order, then padding, cut
+// to the longest row's count. The prefix is one bidirectional block and a valid token's position is its rank among
+// the row's valid tokens, so the mask and positions built from the packed padding are the original ones; attention
+// then runs over the valid keys (and a few padded ones), not over every padded slot. Unchanged when nothing is padded.
+std::pair<at::Tensor, at::Tensor> pack_prefix(const at::Tensor& prefix, const at::Tensor& pad) {
+  const int64_t P = prefix.size(1);
+  const at::Tensor counts = pad.to(at::kLong).sum(1);
+  const int64_t L = counts.max().item<int64_t>();
+  const at::Tensor slot = at::arange(P, counts.options());
+  if (L == P) return {prefix, pad};
+  // valid slots keep their order ahead of every padded one: sort by (padded, slot)
+  const at::Tensor order = std::get<1>(at::sort(at::logical_not(pad).to(at::kLong) * P + slot.unsqueeze(0), 1)).narrow(1, 0, L);
+  const at::Tensor packed = prefix.gather(1, order.unsqueeze(2).expand({prefix.size(0), L, prefix.size(2)}));
+  return {packed, slot.narrow(0, 0, L).unsqueeze(0) < counts.unsqueeze(1)};
+}
+
+// The stream from hidden states [B, T, W] and their padding [B, T]: compacted to the valid rows when some are padded.
+Stream compact_stream(const at::Tensor& h, const at::Tensor& pad) {
+  Stream st{nullptr, h, at::Tensor()};
+  st.B = h.size(0);
+  st.T = h.size(1);
+  if (pad.all().item<bool>()) return st;
+  st.rows = pad.reshape({-1}).nonzero().squeeze(1);
+  st.h = h.reshape({st.B * st.T, h.size(2)}).index_select(0, st.rows);
+  return st;
+}
 
 // One decoder layer over the streams (their tokens one after another) sharing attention, as LeRobot's
 // compute_layer_complete: each stream's q/k/v, rotary over the joint positions (cos/sin [B, T, D]), attention of
@@ -90,8 +122,12 @@ void joint_layer(std::vector<Stream>& s, const at::Tensor& cos, const at::Tensor
   for (Stream& st : s) {
     auto [x, gate] = st.layer->input_layernorm(st.h, st.cond);
     gates.push_back(gate);
-    const int64_t B = x.size(0), T = x.size(1), D = st.layer->self_attn->head_dim();
-    auto heads = [&](nn::Linear& p) { return p(x).view({B, T, -1, D}).transpose(1, 2); };
+    const int64_t B = st.B, T = st.T, D = st.layer->self_attn->head_dim();
+    auto heads = [&](nn::Linear& p) {
+      at::Tensor y = p(x);
+      if (st.rows.defined()) y = at::zeros({B * T, y.size(-1)}, y.options()).index_copy(0, st.rows, y);
+      return y.view({B, T, -1, D}).transpose(1, 2);
+    };
     if (st.needed) {
       qs.push_back(heads(st.layer->self_attn->q_proj));
       qcos.push_back(cos.narrow(1, start, T));
@@ -118,8 +154,10 @@ void joint_layer(std::vector<Stream>& s, const at::Tensor& cos, const at::Tensor
   for (size_t i = 0; i < s.size(); ++i) {
     Stream& st = s[i];
     if (!st.needed) continue;
-    const int64_t T = st.h.size(1);
-    at::Tensor h = gated_residual(st.h, st.layer->self_attn->o_proj(att.narrow(1, row, T)), gates[i]);
+    const int64_t T = st.T;
+    at::Tensor a = att.narrow(1, row, T);
+    if (st.rows.defined()) a = a.reshape({st.B * T, -1}).index_select(0, st.rows);
+    at::Tensor h = gated_residual(st.h, st.layer->self_attn->o_proj(a), gates[i]);
     auto [x, gate] = st.layer->post_attention_layernorm(h, st.cond);
     st.h = gated_residual(h, st.layer->mlp(x), gate);
     row += T;
@@ -347,7 +385,11 @@ std::pair<at::Tensor, at::Tensor> PI0ModelImpl::embed_prefix(const std::vector<a
                                                              const at::Tensor& tokens, const at::Tensor& token_mask) {
   std::vector<at::Tensor> embs, pads;
   for (size_t i = 0; i < images.size(); ++i) {
-    const at::Tensor f = projector(vision_tower->last_hidden_state(images[i]));  // [B, patches, W]
+    // [B, patches, W]; a camera masked out in every row (an empty camera) reaches nothing: its rows are dropped
+    // before the language model (compact_stream), so the vision tower does not run on it
+    const at::Tensor f = image_masks[i].any().item<bool>()
+                             ? projector(vision_tower->last_hidden_state(images[i]))
+                             : at::zeros({images[i].size(0), c_.vision.num_patches(), c_.vlm.width}, projector->weight.options());
     embs.push_back(f);
     pads.push_back(image_masks[i].unsqueeze(1).expand({f.size(0), f.size(1)}));
   }
@@ -379,7 +421,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> PI0ModelImpl::embed_suffix(const 
 at::Tensor PI0ModelImpl::velocity(const std::vector<at::Tensor>& images, const std::vector<at::Tensor>& image_masks,
                                   const at::Tensor& tokens, const at::Tensor& token_mask, const at::Tensor& state,
                                   const at::Tensor& x_t, const at::Tensor& time) {
-  auto [prefix, prefix_pad] = embed_prefix(images, image_masks, tokens, token_mask);
+  auto [embedded, embedded_pad] = embed_prefix(images, image_masks, tokens, token_mask);
+  auto [prefix, prefix_pad] = pack_prefix(embedded, embedded_pad);
   auto [suffix, suffix_starts, cond] = embed_suffix(state, x_t, time);
   const int64_t B = prefix.size(0), P = prefix.size(1), S = suffix.size(1);
   const at::Tensor pad = at::cat({prefix_pad, at::ones({B, S}, prefix_pad.options())}, 1);
@@ -387,7 +430,10 @@ at::Tensor PI0ModelImpl::velocity(const std::vector<at::Tensor>& images, const s
   const at::Tensor mask = block_mask(pad, starts);
   auto [cos, sin] = rotary_.cos_sin(pad.to(at::kLong).cumsum(1) - 1);
   const double scaling = 1.0 / std::sqrt(static_cast<double>(c_.vlm.head_dim));
-  std::vector<Stream> s{{nullptr, prefix, at::Tensor()}, {nullptr, suffix, cond}};
+  Stream expert_stream{nullptr, suffix, cond};
+  expert_stream.B = B;
+  expert_stream.T = S;
+  std::vector<Stream> s{compact_stream(prefix, prefix_pad), expert_stream};
   for (int64_t i = 0; i < c_.vlm.depth; ++i) {
     s[0].layer = &language_model->layer(i);
     s[1].layer = &expert->layer(i);
@@ -400,14 +446,15 @@ at::Tensor PI0ModelImpl::velocity(const std::vector<at::Tensor>& images, const s
 
 PrefixCache PI0ModelImpl::encode_prefix(const std::vector<at::Tensor>& images, const std::vector<at::Tensor>& image_masks,
                                         const at::Tensor& tokens, const at::Tensor& token_mask) {
-  auto [prefix, pad] = embed_prefix(images, image_masks, tokens, token_mask);
+  auto [embedded, embedded_pad] = embed_prefix(images, image_masks, tokens, token_mask);
+  auto [prefix, pad] = pack_prefix(embedded, embedded_pad);
   const int64_t B = prefix.size(0), P = prefix.size(1);
   const at::Tensor mask = block_mask(pad, at::zeros({B, P}, at::kLong).to(pad.device()));
   auto [cos, sin] = rotary_.cos_sin(pad.to(at::kLong).cumsum(1) - 1);
   const double scaling = 1.0 / std::sqrt(static_cast<double>(c_.vlm.head_dim));
   PrefixCache cache;
   cache.pad = pad;
-  std::vector<Stream> s{{nullptr, prefix, at::Tensor()}};
+  std::vector<Stream> s{compact_stream(prefix, pad)};
   for (int64_t i = 0; i < c_.vlm.depth; ++i) {
     s[0].layer = &language_model->layer(i);
     s[0].needed = i + 1 < c_.vlm.depth;
@@ -429,7 +476,10 @@ at::Tensor PI0ModelImpl::denoise_step(const PrefixCache& cache, const at::Tensor
   const at::Tensor positions = cache.pad.to(at::kLong).sum(-1, true) + suffix_pad.to(at::kLong).cumsum(1) - 1;
   auto [cos, sin] = rotary_.cos_sin(positions);
   const double scaling = 1.0 / std::sqrt(static_cast<double>(c_.expert.head_dim));
-  std::vector<Stream> s{{nullptr, suffix, cond}};
+  Stream st{nullptr, suffix, cond};
+  st.B = B;
+  st.T = S;
+  std::vector<Stream> s{st};
   for (int64_t i = 0; i < c_.expert.depth; ++i) {
     s[0].layer = &expert->layer(i);
     joint_layer(s, cos, sin, allowed, cache.keys[i], cache.values[i], scaling, nullptr);
