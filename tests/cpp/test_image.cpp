@@ -15,6 +15,7 @@
 #include "loongforge/data/image/decode.h"
 #include "loongforge/data/image/processor.h"
 #include "loongforge/data/image/resize.h"
+#include "loongforge/io/safetensors.h"
 #include "test_util.h"
 
 using namespace lf::data::image;
@@ -198,6 +199,35 @@ TEST(ImageResize, PillowPaths) {
   EXPECT_TRUE(at::equal(resize_pil(img, 20, 30, Filter::bicubic), img));
   EXPECT_TRUE(at::equal(resize_pil(img, 40, 60, Filter::nearest).slice(0, 0, 40, 2).slice(1, 0, 60, 2), img));
   EXPECT_NE(error_of([] { filter_from_pil(6, "cfg"); }).find("cfg: resampling filter 6"), std::string::npos);
+}
+
+// resize_opencv_area on the images of LF_TEST_AREA_IN (safetensors: image.K uint8 [H, W, 3], size.K int64 [2]) to
+// LF_TEST_AREA_OUT (out.K): tests/python/test_image_resize_area.py compares them with OpenCV's cv2.resize.
+TEST(ImageResize, OpenCvAreaHook) {
+  const char* in = std::getenv("LF_TEST_AREA_IN");
+  const char* out = std::getenv("LF_TEST_AREA_OUT");
+  if (!in || !out) GTEST_SKIP() << "LF_TEST_AREA_IN / _OUT not set";
+  const auto ck = lf::io::SafetensorsCheckpoint::open(in);
+  lf::io::NamedTensors res;
+  for (const std::string& name : ck.names()) {
+    if (name.rfind("image.", 0) != 0) continue;
+    const std::string k = name.substr(6);
+    ASSERT_TRUE(ck.contains("size." + k)) << k;
+    const at::Tensor size = ck.tensor("size." + k);
+    res.emplace_back("out." + k, resize_opencv_area(ck.tensor(name), size[0].item<int64_t>(), size[1].item<int64_t>()));
+  }
+  ASSERT_FALSE(res.empty());
+  lf::io::save_file(out, res);
+}
+
+TEST(ImageResize, OpenCvAreaShapesAndErrors) {
+  const at::Tensor flat = at::full({37, 53, 3}, 77, at::kByte);
+  for (auto [h, w] : {std::pair{100, 20}, {10, 200}, {37, 9}, {5, 53}, {74, 106}, {12, 13}}) {
+    const at::Tensor r = resize_opencv_area(flat, h, w);
+    ASSERT_EQ(r.sizes(), (at::IntArrayRef{h, w, 3}));
+    EXPECT_TRUE(at::equal(r, at::full({h, w, 3}, 77, at::kByte))) << h << "x" << w;  // a flat image stays flat
+  }
+  EXPECT_NE(error_of([] { resize_opencv_area(at::zeros({4, 4, 3}), 2, 2); }).find("uint8"), std::string::npos);
 }
 
 TEST(ImageProcessor, SmartResizeAsTransformers) {

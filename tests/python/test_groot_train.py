@@ -22,6 +22,10 @@ LoongForge through data.robot.tokenizer.
     the same processed batch with the same sampler start; `loongforge predict` on a raw observation and its task (the
     policy runner: GR00T's processor side through the contract) = LeRobot's preprocessor -> predict_action_chunk ->
     postprocessor with the sampler seeded alike.
+  - a raw N1.7 checkpoint (base_model_path) starts from its weights; its processor_config.json's image geometry,
+    letterbox, albumentations path (OpenCV's INTER_AREA, training rows' crop windows drawn per row), language
+    formalising, outlier clipping and state dropout (a draw per training row) make LeRobot's batch, LeRobot's steps
+    in training mode given the same draws (test_groot_checkpoint_*).
 
 NOTES (what is left):
   - open-loop evaluation compares with the batch's packed actions unpacked (= the recorded ones within the
@@ -31,10 +35,10 @@ NOTES (what is left):
   - a data-parallel share pads its prompts to its own longest row, as each LeRobot process pads its own batch; as
     the pads' features enter vl_self_attention unmasked (LeRobot's model), a multi-task batch's loss depends on
     how it is split over processes (a single-task dataset's does not).
-  - raw N1.7 checkpoints' processor sidecars (processor_config.json, statistics.json: percentiles, relative action
-    groups, per-embodiment modality configs, video horizons) are not read; the image geometry is LeRobot's default
-    (256 / 230) and the albumentations path is not built; the processor's state dropout (0 by default) is not built;
-    the embodiment tag is the config's embodiment_tag in LeRobot's N1.7 mapping.
+  - the rest of a raw N1.7 checkpoint's sidecars (statistics.json's per-embodiment statistics and percentiles,
+    relative action groups, per-embodiment modality configs, video horizons) is not read (named on stderr); the
+    embodiment tag is the config's embodiment_tag in LeRobot's N1.7 mapping. clip_outliers false is followed but
+    the test's statistics (the dataset's own) leave nothing to clip.
 """
 import json
 import shutil
@@ -128,6 +132,27 @@ root, ours, files, out = sys.argv[2:6]
 policy = GrootPolicy.from_pretrained(MADE / "policy")
 ours = load_file(ours)
 keys = ["state", "action", "action_mask", "embodiment_id", "input_ids", "attention_mask", "pixel_values", "image_grid_thw"]
+if "vlm_crop_position" in ours or "state_dropout" in ours:
+    # our training rows' draws: LeRobot's pack / encode steps in training mode (as lerobot-train builds them) drawing
+    # from Python's random, in their order (the pack step's state dropout, a value per row below the probability to
+    # drop; then the encode step's crop window, (y, x) per row), replayed for each pipeline built
+    import itertools, random
+    import lerobot.policies.groot.processor_groot as pg
+    def training(step_class):
+        call = step_class.__call__
+        def train_call(self, transition):
+            self.training = True
+            return call(self, transition)
+        step_class.__call__ = train_call
+    seq = []
+    if "state_dropout" in ours:
+        training(pg.GrootN17PackInputsStep)
+        seq += [0.0 if d else 1.0 for d in ours["state_dropout"].tolist()]
+    if "vlm_crop_position" in ours:
+        training(pg.GrootN17VLMEncodeStep)
+        seq += ours["vlm_crop_position"].reshape(-1).tolist()
+    draws = itertools.cycle(seq)
+    random.random = lambda: next(draws)
 ref, res = processed(action_dataset(root, policy.config), policy.config, ours["index"], files, keys)
 if "noise" in ours:
     policy.train()
@@ -251,7 +276,7 @@ def compare_batches(ours, ref, files=True):
 def dump_batch(batch, path):
     """The source's batch as `dump` takes it: without the frames' index and the item fields' row indices, with the
     sampler's start."""
-    b = {k: v for k, v in batch.items() if k != "index" and not k.endswith(".row")}
+    b = {k: v for k, v in batch.items() if k not in ("index", "vlm_crop_position", "state_dropout") and not k.endswith(".row")}
     b["sample_noise"] = np.random.default_rng(0).standard_normal(b["noise"].shape).astype(np.float32)
     save_file(b, str(path))
 
@@ -280,23 +305,31 @@ def test_groot_batch_and_loss_match_lerobot(tmp_path, made):
 
 
 
-def test_groot_checkpoint_image_geometry_matches_lerobot(tmp_path, made):
-    """A raw N1.7 checkpoint's processor_config.json (base_model_path) sets the image geometry of GR00T's processor in
-    LeRobot (image_target_size, shortest_image_edge, crop_fraction): the same batch here (each camera resized to a
-    240 x 240 square, 0.9 of it centre-cropped, resized to 256 x 288: 8 x 9 merged patches), the processor files
-    written carry it (LeRobot's pipelines from them make the same batch), the loss = LeRobot's. Sidecar settings
-    LoongForge does not follow are named on stderr."""
+def raw_checkpoint(tmp_path, made, dataset):
+    """A copy of the made policy whose base_model_path is a copy of its base folder (a raw N1.7 checkpoint the test
+    gives sidecars), beside the made DATASET, processor and backbone folders."""
     m = tmp_path / "made"
     m.mkdir()
-    for d in ("dataset", "processor", "backbone"):
+    for d in (dataset, "processor", "backbone"):
         (m / d).symlink_to(made / d)
     shutil.copytree(made / "base", m / "base")
     shutil.copytree(made / "policy", m / "policy")
     cfg = json.loads((m / "policy" / "config.json").read_text())
     cfg["base_model_path"] = str(m / "base")
     (m / "policy" / "config.json").write_text(json.dumps(cfg))
+    return m
+
+
+def test_groot_checkpoint_image_geometry_matches_lerobot(tmp_path, made):
+    """A raw N1.7 checkpoint's processor_config.json (base_model_path) sets the image geometry of GR00T's processor in
+    LeRobot (image_target_size, shortest_image_edge, crop_fraction, letter_box_transform): the same batch here (each
+    24 x 32 camera zero-padded to a square, resized to a 240 x 240 square, 0.9 of it centre-cropped, resized to
+    256 x 288: 8 x 9 merged patches), the processor files
+    written carry it (LeRobot's pipelines from them make the same batch), the loss = LeRobot's. Sidecar settings
+    LoongForge does not follow are named on stderr."""
+    m = raw_checkpoint(tmp_path, made, "dataset")
     kwargs = {"image_target_size": [256, 288], "image_crop_size": [230, 230], "shortest_image_edge": 240,
-              "crop_fraction": 0.9, "use_albumentations": False, "letter_box_transform": False}
+              "crop_fraction": 0.9, "use_albumentations": False, "letter_box_transform": True}
     (m / "base" / "processor_config.json").write_text(json.dumps({"processor_class": "Gr00tN1d7Processor",
                                                                   "processor_kwargs": kwargs}))
     (m / "base" / "statistics.json").write_text("{}")
@@ -305,11 +338,48 @@ def test_groot_checkpoint_image_geometry_matches_lerobot(tmp_path, made):
     pre = json.loads((tmp_path / "hook" / "model_files" / "policy_preprocessor.json").read_text())
     step = [st for st in pre["steps"] if st["registry_name"] == "groot_n1_7_vlm_encode_v1"][0]["config"]
     assert step["image_target_size"] == [256, 288] and step["shortest_image_edge"] == 240 and step["crop_fraction"] == 0.9
+    assert step["letter_box_transform"] is True and step["use_albumentations"] is False and "vlm_crop_position" not in ours
     # settings not followed: said on stderr, the batch made without them
-    kwargs.update(use_albumentations=True)
+    kwargs.update(use_percentiles=True)
     (m / "base" / "processor_config.json").write_text(json.dumps({"processor_kwargs": kwargs}))
     proc = run_lf("info", m / "policy" / "config.json")
-    assert "use_albumentations true" in proc.stderr, proc.stderr
+    assert "use_percentiles true" in proc.stderr, proc.stderr
+
+
+def test_groot_checkpoint_albumentations_images_match_lerobot(tmp_path, made):
+    """A raw N1.7 checkpoint whose processor_config.json asks for use_albumentations and letter_box_transform: each
+    camera (24 x 32) zero-padded to a square, its shortest edge resized to 200 with OpenCV's INTER_AREA, 0.9 of each
+    side cropped at the training row's drawn position (one for all its cameras), resized to 200 again: the batch =
+    LeRobot's encode step in training mode with the same windows (OpenCV's resize bit for bit), the processor files
+    written carry the switches, the loss = LeRobot's."""
+    m = raw_checkpoint(tmp_path, made, "dataset")
+    kwargs = {"image_target_size": [256, 256], "image_crop_size": None, "shortest_image_edge": 200,
+              "crop_fraction": 0.9, "use_albumentations": True, "letter_box_transform": True}
+    (m / "base" / "processor_config.json").write_text(json.dumps({"processor_class": "Gr00tN1d7Processor",
+                                                                  "processor_kwargs": kwargs}))
+    ours = check_batch_and_loss(tmp_path, m, "dataset")
+    pos = ours["vlm_crop_position"]
+    assert pos.shape == (ours["input_ids"].shape[0], 2) and len(np.unique(pos)) == pos.size  # a window per row
+    pre = json.loads((tmp_path / "hook" / "model_files" / "policy_preprocessor.json").read_text())
+    step = [st for st in pre["steps"] if st["registry_name"] == "groot_n1_7_vlm_encode_v1"][0]["config"]
+    assert step["use_albumentations"] is True and step["letter_box_transform"] is True
+
+def test_groot_checkpoint_processor_switches_match_lerobot(tmp_path, made):
+    """A raw N1.7 checkpoint's processor switches formalize_language false (tasks with capitals and punctuation kept
+    as written), clip_outliers false and state_dropout_prob 0.5 (training rows' states zeroed by a draw per row): the
+    batch (three tasks) = LeRobot's pack step in training mode with the same draws, the processor files carry the
+    switches, the loss = LeRobot's."""
+    m = raw_checkpoint(tmp_path, made, "tasks")
+    kwargs = {"formalize_language": False, "clip_outliers": False, "state_dropout_prob": 0.5}
+    (m / "base" / "processor_config.json").write_text(json.dumps({"processor_kwargs": kwargs}))
+    ours = check_batch_and_loss(tmp_path, m, "tasks", {"LF_TEST_ROBOT_SHARES": "0"})
+    drop = ours["state_dropout"]
+    assert drop.any() and not drop.all()
+    assert (ours["state"][drop] == 0).all() and (ours["state"][~drop] != 0).any()
+    pre = json.loads((tmp_path / "hook" / "model_files" / "policy_preprocessor.json").read_text())
+    step = [st for st in pre["steps"] if st["registry_name"] == "groot_n1_7_pack_inputs_v1"][0]["config"]
+    assert step["formalize_language"] is False and step["clip_outliers"] is False and step["state_dropout_prob"] == 0.5
+
 
 @pytest.mark.slow
 def test_groot_padded_prompts_match_lerobot(tmp_path, made):

@@ -42,6 +42,10 @@ struct PolicySpec {
   // config's drop_n_last_frames; an episode with no frames left is skipped). Validation and open-loop evaluation read
   // every frame.
   int64_t drop_n_last_frames = 0;
+  // The processor zeroes a training row's state with this probability (GR00T N1.7's state_dropout_prob): the batch
+  // source draws a bool per training row from the row's stream into the batch's "state_dropout" [B] before
+  // Policy::pack_batch, which applies it (held-out rows and deployment: none).
+  double state_dropout_prob = 0;
   // The policy also reads the task text as tokens (observation.language.tokens / .attention_mask) that its
   // processor makes: Policy::prompts' texts through a tokenizer (with its special tokens), truncated on the right and
   // padded with its pad token on `padding_side` to tokenizer_max_length (LeRobot's TokenizerProcessorStep; ids int64,
@@ -66,12 +70,16 @@ struct PolicySpec {
   // attention_mask (int64), pixel_values, image_grid_thw, from the folder's image processor. Before it each frame
   // (the float camera as uint8, (x.clamp(0, 1) * 255) truncated) is resized (torchvision, bicubic, antialiased) to a
   // square of resize_edge, centre-cropped to round(edge * crop_fraction) (offset floored; none unless in (0, 1)) and
-  // resized to target_height x target_width.
+  // resized to target_height x target_width. With `letterbox` the frame is first zero-padded to a square (centred).
+  // With `opencv_area` (GR00T N1.7's albumentations path) instead: the shortest edge resized to resize_edge with
+  // OpenCV's INTER_AREA (aspect kept), cropped to int(side * crop_fraction) per side (centred; training rows at the
+  // row's drawn position, the same for all its cameras), and the shortest edge resized to resize_edge again.
   struct VlmPrompt {
     bool enabled = false;
     int64_t image_token_id = -1;  // the token the template writes per image (expanded)
     int64_t resize_edge = 0, target_height = 0, target_width = 0;
     double crop_fraction = 0;
+    bool opencv_area = false, letterbox = false;
     std::string padding_side = "left";
   } vlm_prompt;
   // The normalisation mode of a feature (its type's entry in norm_map; IDENTITY when the type has none).

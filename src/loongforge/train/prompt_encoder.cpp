@@ -3,11 +3,13 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <optional>
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/json.h"
+#include "loongforge/data/image/resize.h"
 
 namespace lf::train {
 
@@ -73,13 +75,60 @@ PromptEncoder::PromptEncoder(const models::Policy& policy, const models::PolicyS
 
 PromptEncoder::~PromptEncoder() = default;
 
-void PromptEncoder::add(Batch& out, const std::vector<std::string>& tasks) const {
+void PromptEncoder::add(Batch& out, const std::vector<std::string>& tasks, const at::Tensor& crop) const {
   const std::vector<std::string> prompts = policy_.prompts(tasks, out);
   if (spec_.language) add_language(out, prompts);
-  else add_vlm_prompt(out, prompts);
+  else add_vlm_prompt(out, prompts, crop);
 }
 
-void PromptEncoder::add_vlm_prompt(Batch& out, const std::vector<std::string>& prompts) const {
+namespace {
+
+// A frame (uint8 [H, W, C]) through the policy's image geometry (models/policy_io.h: VlmPrompt). POS: the crop
+// window's (y, x) position in [0, 1], or negative: centred.
+at::Tensor frame_geometry(at::Tensor x, const models::PolicySpec::VlmPrompt& v, double pos_y, double pos_x) {
+  namespace img = data::image;
+  if (v.target_height <= 0) return x;
+  if (v.letterbox && x.size(0) != x.size(1)) {  // zero padding to a square, the odd pixel after
+    const int64_t e = std::max(x.size(0), x.size(1)), ph = e - x.size(0), pw = e - x.size(1);
+    x = at::constant_pad_nd(x, {0, 0, pw / 2, pw - pw / 2, ph / 2, ph - ph / 2}, 0).contiguous();
+  }
+  const int64_t edge = v.resize_edge > 0 ? v.resize_edge : v.target_height;
+  const bool crop = v.crop_fraction > 0 && v.crop_fraction < 1;
+  if (v.opencv_area) {  // GR00T N1.7's albumentations path (LeRobot's cv2 transform)
+    auto shortest = [&](const at::Tensor& f) {
+      const int64_t h = f.size(0), w = f.size(1), s = std::min(h, w);
+      if (s == edge) return f;
+      const double scale = static_cast<double>(edge) / static_cast<double>(s);  // Python's round: ties to even
+      return img::resize_opencv_area(f, std::max<int64_t>(1, static_cast<int64_t>(std::nearbyint(static_cast<double>(h) * scale))),
+                                     std::max<int64_t>(1, static_cast<int64_t>(std::nearbyint(static_cast<double>(w) * scale))));
+    };
+    x = shortest(x);
+    if (crop) {
+      const int64_t h = x.size(0), w = x.size(1);
+      const int64_t ch = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(h) * v.crop_fraction));
+      const int64_t cw = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(w) * v.crop_fraction));
+      auto offset = [](int64_t room, double p) {
+        return p < 0 ? std::max<int64_t>(0, room / 2)
+                     : static_cast<int64_t>(std::nearbyint(static_cast<double>(room) * std::clamp(p, 0.0, 1.0)));
+      };
+      x = x.narrow(0, offset(h - ch, pos_y), ch).narrow(1, offset(w - cw, pos_x), cw).contiguous();
+    }
+    return shortest(x);
+  }
+  x = img::resize_torchvision(x, edge, edge, img::Filter::bicubic);
+  if (crop) {
+    const int64_t ch = std::max<int64_t>(1, std::llround(static_cast<double>(x.size(0)) * v.crop_fraction));
+    const int64_t cw = std::max<int64_t>(1, std::llround(static_cast<double>(x.size(1)) * v.crop_fraction));
+    x = x.narrow(0, std::max<int64_t>(0, (x.size(0) - ch) / 2), ch)
+            .narrow(1, std::max<int64_t>(0, (x.size(1) - cw) / 2), cw)
+            .contiguous();
+  }
+  return img::resize_torchvision(x, v.target_height, v.target_width, img::Filter::bicubic);
+}
+
+}  // namespace
+
+void PromptEncoder::add_vlm_prompt(Batch& out, const std::vector<std::string>& prompts, const at::Tensor& crop) const {
   const models::PolicySpec::VlmPrompt& v = spec_.vlm_prompt;
   const int64_t B = static_cast<int64_t>(prompts.size());
   std::vector<std::string> cameras;
@@ -87,24 +136,14 @@ void PromptEncoder::add_vlm_prompt(Batch& out, const std::vector<std::string>& p
     if (f.type == "VISUAL") cameras.push_back(f.name);
   std::sort(cameras.begin(), cameras.end());
   namespace img = data::image;
-  // each frame as uint8 [H, W, C] through the policy's geometry (torchvision's antialiased bicubic resizes)
+  // each frame as uint8 [H, W, C] through the policy's geometry (one crop position per row, for all its cameras)
+  const at::Tensor pos = crop.defined() ? crop.to(at::kDouble).contiguous() : at::Tensor();
   std::vector<at::Tensor> images;
   for (int64_t r = 0; r < B; ++r)
     for (const auto& cam : cameras) {
-      at::Tensor x = (out.at(cam)[r].to(at::kFloat).clamp(0, 1) * 255).to(at::kByte).permute({1, 2, 0}).contiguous();
-      if (v.target_height > 0) {
-        const int64_t edge = v.resize_edge > 0 ? v.resize_edge : v.target_height;
-        x = img::resize_torchvision(x, edge, edge, img::Filter::bicubic);
-        if (v.crop_fraction > 0 && v.crop_fraction < 1) {
-          const int64_t ch = std::max<int64_t>(1, std::llround(static_cast<double>(x.size(0)) * v.crop_fraction));
-          const int64_t cw = std::max<int64_t>(1, std::llround(static_cast<double>(x.size(1)) * v.crop_fraction));
-          x = x.narrow(0, std::max<int64_t>(0, (x.size(0) - ch) / 2), ch)
-                  .narrow(1, std::max<int64_t>(0, (x.size(1) - cw) / 2), cw)
-                  .contiguous();
-        }
-        x = img::resize_torchvision(x, v.target_height, v.target_width, img::Filter::bicubic);
-      }
-      images.push_back(x);
+      const at::Tensor x = (out.at(cam)[r].to(at::kFloat).clamp(0, 1) * 255).to(at::kByte).permute({1, 2, 0}).contiguous();
+      const double py = pos.defined() ? pos[r][0].item<double>() : -1, px = pos.defined() ? pos[r][1].item<double>() : -1;
+      images.push_back(frame_geometry(x, v, py, px));
     }
   for (const auto& cam : cameras) out.set(cam, at::Tensor());
   const img::ProcessedImages px = image_processor_->preprocess(images);

@@ -28,16 +28,23 @@ class PromptEncoder {
                 const std::string& model_type);
   ~PromptEncoder();
   static bool needed(const models::PolicySpec& spec) { return spec.language || spec.vlm_prompt.enabled; }
+  // Whether training rows crop their frames at a drawn position (GR00T N1.7's albumentations path with a crop).
+  static bool draws_crop(const models::PolicySpec& spec) {
+    const auto& v = spec.vlm_prompt;
+    return v.enabled && v.opencv_area && v.target_height > 0 && v.crop_fraction > 0 && v.crop_fraction < 1;
+  }
 
   // Adds the prompt's tensors for each row's task text to OUT (which holds the rows' normalised features, cameras as
   // float [B, C, H, W] in [0, 1]): observation.language.tokens / .attention_mask, or input_ids, attention_mask,
-  // pixel_values and image_grid_thw (the cameras leave the batch: they are in the prompt).
-  void add(Batch& out, const std::vector<std::string>& tasks) const;
+  // pixel_values and image_grid_thw (the cameras leave the batch: they are in the prompt). CROP [B, 2] (float64, the
+  // window's (y, x) position in [0, 1] per row; draws_crop policies' training rows): where each row's frames are
+  // cropped; undefined: centred.
+  void add(Batch& out, const std::vector<std::string>& tasks, const at::Tensor& crop = {}) const;
   const std::string& folder() const { return folder_; }
 
  private:
   void add_language(Batch& out, const std::vector<std::string>& prompts) const;
-  void add_vlm_prompt(Batch& out, const std::vector<std::string>& prompts) const;
+  void add_vlm_prompt(Batch& out, const std::vector<std::string>& prompts, const at::Tensor& crop) const;
   const models::Policy& policy_;
   models::PolicySpec spec_;
   std::string folder_;

@@ -202,7 +202,31 @@ Batch RobotSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {
     add(f);
     if (raw.count(f.name + "_is_pad")) out.set(f.name + "_is_pad", raw.at(f.name + "_is_pad"));
   }
-  if (prompt_) prompt_->add(out, task_texts(raw.at("task_index")));
+  if (prompt_) {
+    // GR00T N1.7's albumentations path crops each training row's frames at a position drawn per row (Isaac-GR00T's
+    // train-time random crop, one window for all the row's cameras), from the row's transform stream; kept in the
+    // batch as vlm_crop_position [n, 2] (y, x). Held-out rows crop at the centre.
+    at::Tensor crop;
+    if (!opts_.valid && PromptEncoder::draws_crop(spec_)) {
+      crop = at::empty({n, 2}, at::kDouble);
+      const uint64_t salt = std::hash<std::string>{}("vlm_crop_position");
+      for (int64_t r = 0; r < n; ++r) {
+        at::Generator g = at::make_generator<at::CPUGeneratorImpl>(row_seed(opts_.seed ^ kTransformSalt ^ salt, base + r));
+        crop[r].copy_(at::rand({2}, g, at::kDouble));
+      }
+    }
+    prompt_->add(out, task_texts(raw.at("task_index")), crop);
+    if (crop.defined()) out.set("vlm_crop_position", crop);
+  }
+  if (!opts_.valid && spec_.state_dropout_prob > 0) {  // the processor's state dropout: a bool per training row
+    at::Tensor drop = at::empty({n}, at::kBool);
+    const uint64_t salt = std::hash<std::string>{}("state_dropout");
+    for (int64_t r = 0; r < n; ++r) {
+      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(row_seed(opts_.seed ^ kTransformSalt ^ salt, base + r));
+      drop[r] = at::rand({1}, g, at::kDouble).item<double>() < spec_.state_dropout_prob;
+    }
+    out.set("state_dropout", drop);
+  }
   out = policy_.pack_batch(out, stats_);
   // The training draws, per row from its own stream (validation rows too: their loss is the training loss).
   std::map<std::string, std::vector<at::Tensor>> draws;

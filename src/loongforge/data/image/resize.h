@@ -22,5 +22,8 @@ const char* filter_name(Filter f);
 at::Tensor resize_pil(const at::Tensor& image, int64_t height, int64_t width, Filter filter);
 // Supports nearest (as torchvision's NEAREST_EXACT, which transformers maps PIL's NEAREST to), bilinear and bicubic.
 at::Tensor resize_torchvision(const at::Tensor& image, int64_t height, int64_t width, Filter filter);
+// OpenCV's cv2.resize with INTER_AREA (resize_area.cpp): area averaging when shrinking, OpenCV's linear resize with
+// INTER_AREA's coefficients when enlarging. What GR00T N1.7's albumentations image path computes.
+at::Tensor resize_opencv_area(const at::Tensor& image, int64_t height, int64_t width);
 
 }  // namespace lf::data::image

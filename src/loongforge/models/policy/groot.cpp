@@ -106,8 +106,9 @@ GrootConfig GrootConfig::from_json(const nlohmann::json& j, const std::string& f
   const nlohmann::json gj = read_json_file(gfile);
   // A raw GR00T N1.7 checkpoint (config.json without a policy "type") with processor sidecars: LeRobot's GR00T processor
   // takes its image geometry from processor_config.json's processor_kwargs when they give image_target_size (read
-  // here); the rest (statistics.json's per-embodiment statistics, percentiles, relative actions, the albumentations
-  // and letterbox transforms, ...) is not followed, which is said once on stderr when the sidecars ask for it.
+  // here, with its use_albumentations / letter_box_transform switches); the rest (statistics.json's per-embodiment
+  // statistics, percentiles, relative actions, ...) is not followed, which is said once on stderr when the sidecars
+  // ask for it.
   c.image_geometry = {{"image_crop_size", {230, 230}}, {"image_target_size", {256, 256}},
                       {"shortest_image_edge", nullptr}, {"crop_fraction", nullptr}};
   const fs::path sidecar = fs::path(base) / "processor_config.json";
@@ -144,17 +145,24 @@ GrootConfig GrootConfig::from_json(const nlohmann::json& j, const std::string& f
         } else if (crop) {
           c.image_crop_fraction = static_cast<double>(crop->first) / static_cast<double>(c.image_target_h);
         }
+        // LeRobot reads a switch that is not a JSON boolean as false
+        c.image_opencv_area = kw.value("use_albumentations", nlohmann::json(false)) == nlohmann::json(true);
+        c.image_letterbox = kw.value("letter_box_transform", nlohmann::json(false)) == nlohmann::json(true);
         c.image_geometry = {{"image_crop_size", crop ? nlohmann::json{crop->first, crop->second} : nlohmann::json()},
                             {"image_target_size", {target->first, target->second}},
                             {"shortest_image_edge", kw.value("shortest_image_edge", nlohmann::json())},
                             {"crop_fraction", kw.value("crop_fraction", nlohmann::json())}};
       }
-      for (const char* k : {"use_albumentations", "letter_box_transform", "use_percentiles", "use_relative_action"})
+      for (const char* k : {"use_percentiles", "use_relative_action"})
         if (kw.value(k, nlohmann::json(false)) == nlohmann::json(true)) ignored.push_back(std::string(k) + " true");
-      for (const char* k : {"formalize_language", "clip_outliers"})
-        if (kw.value(k, nlohmann::json(true)) == nlohmann::json(false)) ignored.push_back(std::string(k) + " false");
-      if (kw.contains("state_dropout_prob") && kw["state_dropout_prob"].is_number() && kw["state_dropout_prob"].get<double>() != 0)
-        ignored.push_back("state_dropout_prob");
+      // as LeRobot reads them: a switch that is not a JSON boolean stays true, a dropout that is not a number is 0
+      c.formalize_language = kw.value("formalize_language", nlohmann::json(true)) != nlohmann::json(false);
+      c.clip_outliers = kw.value("clip_outliers", nlohmann::json(true)) != nlohmann::json(false);
+      if (kw.contains("state_dropout_prob") && kw["state_dropout_prob"].is_number()) {
+        c.processor_state_dropout = kw["state_dropout_prob"].get<double>();
+        if (!(c.processor_state_dropout >= 0 && c.processor_state_dropout <= 1))
+          throw file_error(file, "processor_kwargs.state_dropout_prob", "must be in [0, 1]");
+      }
       if (kw.contains("modality_configs") && kw["modality_configs"].is_object() && kw["modality_configs"].contains(tag))
         ignored.push_back("modality_configs." + tag);
     }
@@ -728,15 +736,16 @@ bool has_min_max(const Policy::Stats& stats, const std::string& name) {
   return it != stats.end() && it->second.count("min") && it->second.count("max");
 }
 
-// GR00T's _min_max_norm (clip_outliers): [-1, 1], 0 where max = min.
-at::Tensor groot_normalize(const at::Tensor& x, const Policy::Stats& stats, const std::string& name) {
+// GR00T's _min_max_norm: [-1, 1] (clipped with clip_outliers), 0 where max = min.
+at::Tensor groot_normalize(const at::Tensor& x, const Policy::Stats& stats, const std::string& name, bool clip) {
   if (!has_min_max(stats, name)) return x;
   auto [lo, hi] = min_max(stats, name, x.size(-1));
   lo = lo.to(x.device()), hi = hi.to(x.device());
   const at::Tensor denom = hi - lo, ok = denom != 0;
   const at::Tensor safe = at::where(ok, denom, at::ones_like(denom));
   const at::Tensor mapped = 2 * (x - lo) / safe - 1;
-  return at::where(ok, mapped, at::zeros_like(mapped)).clamp(-1.0, 1.0);
+  const at::Tensor out = at::where(ok, mapped, at::zeros_like(mapped));
+  return clip ? out.clamp(-1.0, 1.0) : out;
 }
 
 }  // namespace
@@ -763,6 +772,9 @@ PolicySpec GrootPolicyImpl::policy_spec() const {
   s.vlm_prompt.target_height = c.image_target_h;
   s.vlm_prompt.target_width = c.image_target_w;
   s.vlm_prompt.crop_fraction = c.image_crop_fraction;
+  s.vlm_prompt.opencv_area = c.image_opencv_area;
+  s.vlm_prompt.letterbox = c.image_letterbox;
+  if (c.state_dim > 0) s.state_dropout_prob = c.processor_state_dropout;
   s.vlm_prompt.padding_side = "left";
   const std::string tag = c.raw.value("embodiment_tag", std::string("new_embodiment"));
   // make_groot_pre_post_processors' pipelines as save_pretrained writes them
@@ -773,8 +785,8 @@ PolicySpec GrootPolicyImpl::policy_spec() const {
                          {"config",
                           {{"state_horizon", 1}, {"action_horizon", H}, {"valid_action_horizon", H}, {"video_horizon", nullptr},
                            {"max_state_dim", c.max_state_dim}, {"max_action_dim", c.max_action_dim}, {"language_key", "task"},
-                           {"formalize_language", true}, {"embodiment_tag", tag}, {"embodiment_mapping", embodiment_mapping_json()},
-                           {"normalize_min_max", true}, {"state_dropout_prob", 0.0}, {"clip_outliers", true},
+                           {"formalize_language", c.formalize_language}, {"embodiment_tag", tag}, {"embodiment_mapping", embodiment_mapping_json()},
+                           {"normalize_min_max", true}, {"state_dropout_prob", c.processor_state_dropout}, {"clip_outliers", c.clip_outliers},
                            {"use_percentiles", false}, {"video_modality_keys", nullptr}, {"raw_stats", nullptr},
                            {"modality_config", nullptr}}},
                          {"stats_features", s.stats_features}};
@@ -783,8 +795,8 @@ PolicySpec GrootPolicyImpl::policy_spec() const {
                                   {{"model_name", "{processor_folder}"}, {"image_crop_size", c.image_geometry["image_crop_size"]},
                                    {"image_target_size", c.image_geometry["image_target_size"]},
                                    {"shortest_image_edge", c.image_geometry["shortest_image_edge"]},
-                                   {"crop_fraction", c.image_geometry["crop_fraction"]}, {"use_albumentations", false},
-                                   {"letter_box_transform", false}, {"device", "cpu"}}}};
+                                   {"crop_fraction", c.image_geometry["crop_fraction"]}, {"use_albumentations", c.image_opencv_area},
+                                   {"letter_box_transform", c.image_letterbox}, {"device", "cpu"}}}};
   s.preprocessor_steps = {rename, batch, pack, encode, device};
   const nlohmann::json unpack = {{"registry_name", "groot_action_unpack_unnormalize_v2"},
                                  {"config",
@@ -801,9 +813,10 @@ std::vector<std::string> GrootPolicyImpl::prompts(const std::vector<std::string>
   for (const std::string& t : tasks) {
     const std::string text = t.empty() ? "Perform the task." : t;
     std::string f;
-    for (unsigned char ch : text) {
-      if (std::isalnum(ch) || ch == '_' || ch == ' ' || (ch >= '\t' && ch <= '\r')) f += static_cast<char>(std::tolower(ch));
-    }
+    if (!config_.formalize_language) f = text;
+    else
+      for (unsigned char ch : text)
+        if (std::isalnum(ch) || ch == '_' || ch == ' ' || (ch >= '\t' && ch <= '\r')) f += static_cast<char>(std::tolower(ch));
     out.push_back(f);
   }
   return out;
@@ -821,8 +834,12 @@ Batch GrootPolicyImpl::pack_batch(const Batch& in, const Stats& stats) const {
   const int64_t B = rows_of.size(0);
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(rows_of.device());
   if (in.has("observation.state")) {
-    const at::Tensor st = groot_normalize(in.at("observation.state").to(at::kFloat).reshape({B, -1}), stats, "observation.state");
-    out.set("state", at::constant_pad_nd(st, {0, c.max_state_dim - st.size(1)}).unsqueeze(1).contiguous());
+    const at::Tensor st = groot_normalize(in.at("observation.state").to(at::kFloat).reshape({B, -1}), stats,
+                                          "observation.state", c.clip_outliers);
+    at::Tensor padded = at::constant_pad_nd(st, {0, c.max_state_dim - st.size(1)}).unsqueeze(1);
+    if (in.has("state_dropout"))  // the processor's state dropout (training rows' draws)
+      padded = padded.masked_fill(in.at("state_dropout").to(at::kBool).to(padded.device()).view({B, 1, 1}), 0);
+    out.set("state", padded.contiguous());
   } else {
     out.set("state", at::zeros({B, 1, c.max_state_dim}, f32));
   }
@@ -832,7 +849,7 @@ Batch GrootPolicyImpl::pack_batch(const Batch& in, const Stats& stats) const {
   const int64_t H = action.size(1), A = action.size(2);
   at::Tensor valid = at::ones({B, H}, action.options().dtype(at::kBool));
   if (in.has("action_is_pad")) valid = in.at("action_is_pad").to(at::kBool).logical_not();
-  at::Tensor a = groot_normalize(action.reshape({B * H, A}), stats, "action").view({B, H, A});
+  at::Tensor a = groot_normalize(action.reshape({B * H, A}), stats, "action", c.clip_outliers).view({B, H, A});
   a = a * valid.unsqueeze(-1).to(a.scalar_type());
   out.set("action", at::constant_pad_nd(a, {0, c.max_action_dim - A}).contiguous());
   at::Tensor mask = at::zeros({B, H, c.max_action_dim}, action.options());

@@ -71,6 +71,13 @@ struct GrootConfig {
   // the step's fields as LeRobot writes them.
   int64_t image_resize_edge = 256, image_target_h = 256, image_target_w = 256;
   double image_crop_fraction = 230.0 / 256.0;
+  // the sidecar's use_albumentations (OpenCV's INTER_AREA on the shortest edge, aspect kept; training crops at a
+  // random position per row) and letter_box_transform (zero padding to a square first)
+  bool image_opencv_area = false, image_letterbox = false;
+  // the sidecar's processor switches: the task lower-cased and stripped to letters, digits, '_' and spaces; the
+  // normalised state / action clipped to [-1, 1]; a training row's state zeroed with this probability
+  bool formalize_language = true, clip_outliers = true;
+  double processor_state_dropout = 0;
   nlohmann::json image_geometry;
   nlohmann::json raw;
   static GrootConfig from_json(const nlohmann::json& j, const std::string& file);
