@@ -24,8 +24,10 @@ LoongForge through data.robot.tokenizer.
     postprocessor with the sampler seeded alike.
   - a raw N1.7 checkpoint (base_model_path) starts from its weights; its processor_config.json's image geometry,
     letterbox, albumentations path (OpenCV's INTER_AREA, training rows' crop windows drawn per row), language
-    formalising, outlier clipping and state dropout (a draw per training row) make LeRobot's batch, LeRobot's steps
-    in training mode given the same draws (test_groot_checkpoint_*).
+    formalising, outlier clipping and state dropout (a draw per training row), statistics for the embodiment
+    (statistics.json, percentiles), modality config (group order, valid action steps, camera order) and
+    embodiment_id.json make LeRobot's batch, LeRobot's steps in training mode given the same draws
+    (test_groot_checkpoint_*).
 
 NOTES (what is left):
   - open-loop evaluation compares with the batch's packed actions unpacked (= the recorded ones within the
@@ -35,10 +37,9 @@ NOTES (what is left):
   - a data-parallel share pads its prompts to its own longest row, as each LeRobot process pads its own batch; as
     the pads' features enter vl_self_attention unmasked (LeRobot's model), a multi-task batch's loss depends on
     how it is split over processes (a single-task dataset's does not).
-  - the rest of a raw N1.7 checkpoint's sidecars (statistics.json's per-embodiment statistics and percentiles,
-    relative action groups, per-embodiment modality configs, video horizons) is not read (named on stderr); the
-    embodiment tag is the config's embodiment_tag in LeRobot's N1.7 mapping. clip_outliers false is followed but
-    the test's statistics (the dataset's own) leave nothing to clip.
+  - the rest of a raw N1.7 checkpoint's sidecars (relative action groups, max_action_horizon, video horizons above
+    one frame) is not followed (named on stderr). clip_outliers false is followed but the test's statistics (the
+    dataset's own) leave nothing to clip.
 """
 import json
 import shutil
@@ -340,10 +341,10 @@ def test_groot_checkpoint_image_geometry_matches_lerobot(tmp_path, made):
     assert step["image_target_size"] == [256, 288] and step["shortest_image_edge"] == 240 and step["crop_fraction"] == 0.9
     assert step["letter_box_transform"] is True and step["use_albumentations"] is False and "vlm_crop_position" not in ours
     # settings not followed: said on stderr, the batch made without them
-    kwargs.update(use_percentiles=True)
+    kwargs.update(use_relative_action=True)
     (m / "base" / "processor_config.json").write_text(json.dumps({"processor_kwargs": kwargs}))
     proc = run_lf("info", m / "policy" / "config.json")
-    assert "use_percentiles true" in proc.stderr, proc.stderr
+    assert "use_relative_action true" in proc.stderr, proc.stderr
 
 
 def test_groot_checkpoint_albumentations_images_match_lerobot(tmp_path, made):
@@ -379,6 +380,37 @@ def test_groot_checkpoint_processor_switches_match_lerobot(tmp_path, made):
     pre = json.loads((tmp_path / "hook" / "model_files" / "policy_preprocessor.json").read_text())
     step = [st for st in pre["steps"] if st["registry_name"] == "groot_n1_7_pack_inputs_v1"][0]["config"]
     assert step["formalize_language"] is False and step["clip_outliers"] is False and step["state_dropout_prob"] == 0.5
+
+
+def test_groot_checkpoint_statistics_match_lerobot(tmp_path, made):
+    """A raw N1.7 checkpoint with statistics for the policy's embodiment (statistics.json: state and action each as
+    two modality groups, q01 / q99 taken as min / max under use_percentiles, narrower than the data so some values
+    clip), its modality config (the groups' order, 3 valid action steps of 4, the camera order) and its own
+    embodiment_id.json: the batch = LeRobot's (its processor takes all of these from the checkpoint), the processor
+    files written carry the checkpoint's statistics, the loss = LeRobot's."""
+    m = raw_checkpoint(tmp_path, made, "dataset")
+    ds = json.loads((made / "dataset" / "meta" / "stats.json").read_text())
+
+    def groups(feature):  # [arm (3 dims), grip (1)]: min / max / q01 / q99 / mean / std per group
+        st = {k: np.asarray(ds[feature][k], dtype=np.float64) for k in ("min", "max", "mean", "std")}
+        mid, half = (st["max"] + st["min"]) / 2, (st["max"] - st["min"]) / 2
+        full = dict(st, q01=mid - 0.6 * half, q99=mid + 0.7 * half)
+        return {name: {k: v[sl].tolist() for k, v in full.items()} for name, sl in (("arm", slice(0, 3)), ("grip", slice(3, 4)))}
+
+    stats = {"new_embodiment": {"state": groups("observation.state"), "action": groups("action")}}
+    (m / "base" / "statistics.json").write_text(json.dumps(stats))
+    (m / "base" / "embodiment_id.json").write_text(json.dumps({"new_embodiment": 5, "libero_sim": 2}))
+    mc = {"state": {"modality_keys": ["arm", "grip"]}, "video": {"modality_keys": ["top"]},
+          "action": {"modality_keys": ["arm", "grip"], "delta_indices": [0, 1, 2]}}
+    (m / "base" / "processor_config.json").write_text(json.dumps({"processor_kwargs": {
+        "use_percentiles": True, "modality_configs": {"new_embodiment": mc}}}))
+    ours = check_batch_and_loss(tmp_path, m, "dataset")
+    assert (ours["embodiment_id"] == 5).all()
+    assert (ours["action_mask"][:, 3:] == 0).all() and (ours["action_mask"][:, :3, :4] == 1).all()
+    assert (np.abs(ours["state"]) == 1).any()  # clipped to the checkpoint's narrower range
+    state = load_file(str(next((tmp_path / "hook" / "model_files").glob("policy_preprocessor_step_*groot_n1_7_pack*"))))
+    ref_min = np.array(stats["new_embodiment"]["state"]["arm"]["q01"] + stats["new_embodiment"]["state"]["grip"]["q01"])
+    assert np.allclose(state["observation.state.min"], ref_min, atol=1e-6)
 
 
 @pytest.mark.slow

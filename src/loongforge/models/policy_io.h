@@ -80,6 +80,8 @@ struct PolicySpec {
     int64_t resize_edge = 0, target_height = 0, target_width = 0;
     double crop_fraction = 0;
     bool opencv_area = false, letterbox = false;
+    // the cameras (feature names) in the prompt's order; empty: every VISUAL input, sorted by name
+    std::vector<std::string> cameras;
     std::string padding_side = "left";
   } vlm_prompt;
   // The normalisation mode of a feature (its type's entry in norm_map; IDENTITY when the type has none).
@@ -115,6 +117,10 @@ class Policy {
   // Such a policy's postprocessor: the action chunk [.., >= action_dim] of its batch or of predict_action_chunk in
   // the dataset's units [.., action_dim]. Undefined (the default): the inverse of norm_map's action normalisation.
   virtual at::Tensor unpack_action(const at::Tensor& chunk, const Stats& stats) const { return {}; }
+  // The statistics the processor normalises with, from the dataset's (DATASET): a policy whose checkpoint brings its
+  // own (GR00T N1.7's statistics.json for its embodiment) replaces them; the batch source packs, writes the
+  // processor files and evaluates with these. Default: the dataset's.
+  virtual Stats processor_stats(const Stats& dataset) const { return dataset; }
 };
 
 // The model's policy interface (nullptr: not a policy).

@@ -131,10 +131,11 @@ at::Tensor frame_geometry(at::Tensor x, const models::PolicySpec::VlmPrompt& v, 
 void PromptEncoder::add_vlm_prompt(Batch& out, const std::vector<std::string>& prompts, const at::Tensor& crop) const {
   const models::PolicySpec::VlmPrompt& v = spec_.vlm_prompt;
   const int64_t B = static_cast<int64_t>(prompts.size());
-  std::vector<std::string> cameras;
+  std::vector<std::string> cameras, all;
   for (const auto& f : spec_.inputs)
-    if (f.type == "VISUAL") cameras.push_back(f.name);
-  std::sort(cameras.begin(), cameras.end());
+    if (f.type == "VISUAL") all.push_back(f.name);
+  std::sort(all.begin(), all.end());
+  cameras = v.cameras.empty() ? all : v.cameras;
   namespace img = data::image;
   // each frame as uint8 [H, W, C] through the policy's geometry (one crop position per row, for all its cameras)
   const at::Tensor pos = crop.defined() ? crop.to(at::kDouble).contiguous() : at::Tensor();
@@ -145,7 +146,7 @@ void PromptEncoder::add_vlm_prompt(Batch& out, const std::vector<std::string>& p
       const double py = pos.defined() ? pos[r][0].item<double>() : -1, px = pos.defined() ? pos[r][1].item<double>() : -1;
       images.push_back(frame_geometry(x, v, py, px));
     }
-  for (const auto& cam : cameras) out.set(cam, at::Tensor());
+  for (const auto& cam : all) out.set(cam, at::Tensor());
   const img::ProcessedImages px = image_processor_->preprocess(images);
   const int64_t merge = image_processor_->config().merge_size;
   const at::Tensor grid = px.image_grid_thw.to(at::kLong).contiguous();

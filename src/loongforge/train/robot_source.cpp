@@ -115,6 +115,8 @@ RobotSource::RobotSource(RobotSourceOptions o, const models::Model& model)
       throw file_error(opts_.stats_file.empty() ? where : opts_.stats_file, n,
                        "no statistics for a feature the policy normalises (" + robot::norm_mode_name(modes_[n]) + ")");
 
+  stats_ = policy_.processor_stats(stats_);
+
   if (PromptEncoder::needed(spec_)) {
     if (!ds_->has_feature("task_index") || ds_->tasks().empty())
       throw file_error(where, "task_index", "the " + model.model_type() +

@@ -80,6 +80,66 @@ GrootBlocksConfig read_blocks(const JsonReader& g, const std::string& key, bool 
 
 }  // namespace
 
+namespace {
+
+// A raw N1.7 checkpoint's statistics for the embodiment TAG (statistics.json) in its modality config's order
+// (processor_kwargs.modality_configs[TAG]), as LeRobot's flatten_n1_7_modality_stats: per modality (state, action)
+// each stat the concatenation over modality_keys, q01 / q99 for min / max with use_percentiles. Also the config's
+// action delta_indices (the valid action horizon) and video modality keys (the camera order).
+void read_checkpoint_modalities(GrootConfig& c, const nlohmann::json& kw, const std::string& base, const std::string& tag,
+                                const std::string& file, std::vector<std::string>& ignored) {
+  namespace fs = std::filesystem;
+  const nlohmann::json& mcs = kw.contains("modality_configs") ? kw["modality_configs"] : nlohmann::json();
+  if (!mcs.is_object() || !mcs.contains(tag) || !mcs[tag].is_object()) return;
+  const nlohmann::json& mc = mcs[tag];
+  auto keys_of = [&](const char* modality) {
+    std::vector<std::string> keys;
+    if (mc.contains(modality) && mc[modality].is_object() && mc[modality].contains("modality_keys") &&
+        mc[modality]["modality_keys"].is_array())
+      for (const auto& k : mc[modality]["modality_keys"])
+        if (k.is_string()) keys.push_back(k.get<std::string>());
+    return keys;
+  };
+  c.video_keys = keys_of("video");
+  if (mc.contains("action") && mc["action"].is_object() && mc["action"].contains("delta_indices") &&
+      mc["action"]["delta_indices"].is_array())
+    c.valid_action_horizon = static_cast<int64_t>(mc["action"]["delta_indices"].size());
+  if (kw.contains("max_action_horizon") && kw["max_action_horizon"].is_number_integer())
+    ignored.push_back("max_action_horizon");
+  if (mc.contains("video") && mc["video"].is_object() && mc["video"].contains("delta_indices") &&
+      mc["video"]["delta_indices"].is_array() && mc["video"]["delta_indices"].size() > 1)
+    ignored.push_back("a video horizon of " + std::to_string(mc["video"]["delta_indices"].size()));
+  const fs::path sfile = fs::path(base) / "statistics.json";
+  if (!fs::exists(sfile)) return;
+  const nlohmann::json all = read_json_file(sfile.string());
+  if (!all.is_object() || !all.contains(tag) || !all[tag].is_object()) return;
+  const nlohmann::json& raw = all[tag];
+  const bool percentiles = kw.value("use_percentiles", nlohmann::json(false)) == nlohmann::json(true);
+  for (const auto& [modality, feature] : {std::pair<std::string, std::string>{"state", "observation.state"}, {"action", "action"}}) {
+    const std::vector<std::string> keys = keys_of(modality.c_str());
+    if (!raw.contains(modality) || !raw[modality].is_object() || keys.empty()) continue;
+    std::map<std::string, at::Tensor> flat;
+    for (const char* stat : {"min", "max", "mean", "std"}) {
+      const std::string source = percentiles && std::string(stat) == "min" ? "q01" : percentiles && std::string(stat) == "max" ? "q99" : stat;
+      std::vector<double> values;
+      for (const std::string& k : keys) {
+        const std::string where = tag + "." + modality + "." + k + "." + source;
+        const nlohmann::json& ks = raw[modality].contains(k) ? raw[modality][k] : nlohmann::json();
+        if (!ks.is_object() || !ks.contains(source) || !ks[source].is_array())
+          throw file_error(sfile.string(), where, "missing (the modality config of " + file + " lists '" + k + "')");
+        for (const auto& v : ks[source]) {
+          if (!v.is_number()) throw file_error(sfile.string(), where, "expected a list of numbers");
+          values.push_back(v.get<double>());
+        }
+      }
+      flat[stat] = at::tensor(values, at::kDouble).to(at::kFloat);
+    }
+    c.checkpoint_stats[feature] = flat;
+  }
+}
+
+}  // namespace
+
 GrootConfig GrootConfig::from_json(const nlohmann::json& j, const std::string& file) {
   namespace fs = std::filesystem;
   JsonReader r(j, file);
@@ -153,8 +213,7 @@ GrootConfig GrootConfig::from_json(const nlohmann::json& j, const std::string& f
                             {"shortest_image_edge", kw.value("shortest_image_edge", nlohmann::json())},
                             {"crop_fraction", kw.value("crop_fraction", nlohmann::json())}};
       }
-      for (const char* k : {"use_percentiles", "use_relative_action"})
-        if (kw.value(k, nlohmann::json(false)) == nlohmann::json(true)) ignored.push_back(std::string(k) + " true");
+      if (kw.value("use_relative_action", nlohmann::json(false)) == nlohmann::json(true)) ignored.push_back("use_relative_action true");
       // as LeRobot reads them: a switch that is not a JSON boolean stays true, a dropout that is not a number is 0
       c.formalize_language = kw.value("formalize_language", nlohmann::json(true)) != nlohmann::json(false);
       c.clip_outliers = kw.value("clip_outliers", nlohmann::json(true)) != nlohmann::json(false);
@@ -163,14 +222,20 @@ GrootConfig GrootConfig::from_json(const nlohmann::json& j, const std::string& f
         if (!(c.processor_state_dropout >= 0 && c.processor_state_dropout <= 1))
           throw file_error(file, "processor_kwargs.state_dropout_prob", "must be in [0, 1]");
       }
-      if (kw.contains("modality_configs") && kw["modality_configs"].is_object() && kw["modality_configs"].contains(tag))
-        ignored.push_back("modality_configs." + tag);
+      read_checkpoint_modalities(c, kw, base, tag, file, ignored);
     }
-    const fs::path stats = fs::path(base) / "statistics.json";
-    if (fs::exists(stats)) {
-      const nlohmann::json sj = read_json_file(stats.string());
-      if (sj.is_object() && sj.contains(tag) && sj[tag].is_object() && !sj[tag].empty())
-        ignored.push_back("statistics.json's " + tag + " statistics");
+    const fs::path ids = fs::path(base) / "embodiment_id.json";
+    if (fs::exists(ids)) {  // _load_n1_7_embodiment_mapping: integer values (or strings of them); others skipped
+      const nlohmann::json ij = read_json_file(ids.string());
+      if (ij.is_object())
+        for (const auto& [k, v] : ij.items()) {
+          if (v.is_number_integer()) c.embodiment_ids[k] = v.get<int64_t>();
+          else if (v.is_string()) try {
+              size_t used = 0;
+              const int64_t id = std::stoll(v.get<std::string>(), &used);
+              if (used == v.get<std::string>().size()) c.embodiment_ids[k] = id;
+            } catch (const std::exception&) {}
+        }
     }
     static bool said = false;
     if (!ignored.empty() && !said) {
@@ -178,8 +243,7 @@ GrootConfig GrootConfig::from_json(const nlohmann::json& j, const std::string& f
       std::string what;
       for (const auto& w : ignored) what += (what.empty() ? "" : ", ") + w;
       std::fprintf(stderr, "model: %s: GR00T N1.7's processor sidecars ask for what LoongForge's GR00T processor does "
-                   "not follow (%s): batches follow LeRobot's processor without them (the dataset's min / max "
-                   "statistics, absolute actions, the image geometry above)\n", base.c_str(), what.c_str());
+                   "not follow (%s): batches are made without them\n", base.c_str(), what.c_str());
     }
   }
   const JsonReader g(gj, gfile);
@@ -695,7 +759,7 @@ std::optional<Model::BaseWeights> GrootPolicyImpl::base_weights() const {
 namespace {
 
 // LeRobot's N1_7_EMBODIMENT_MAPPING (processor_groot.py): embodiment tag -> id.
-int64_t embodiment_id_of(const std::string& tag) {
+int64_t default_embodiment_id(const std::string& tag) {
   static const std::map<std::string, int64_t> ids = {
       {"oxe_droid_relative_eef_relative_joint", 24}, {"xdof_relative_eef_relative_joint", 27},
       {"xdof_relative_eef_relative_joint_subtask", 27}, {"real_g1_relative_eef_relative_joints", 25},
@@ -707,15 +771,26 @@ int64_t embodiment_id_of(const std::string& tag) {
   return it == ids.end() ? 0 : it->second;
 }
 
-nlohmann::json embodiment_mapping_json() {
+// The tag's id in the checkpoint's embodiment_id.json when it has one (0 for a tag it lacks), else LeRobot's mapping.
+int64_t embodiment_id_of(const GrootConfig& c, const std::string& tag) {
+  if (c.embodiment_ids.empty()) return default_embodiment_id(tag);
+  auto it = c.embodiment_ids.find(tag);
+  return it == c.embodiment_ids.end() ? 0 : it->second;
+}
+
+nlohmann::json embodiment_mapping_json(const GrootConfig& c) {
   nlohmann::json m = nlohmann::json::object();
+  if (!c.embodiment_ids.empty()) {
+    for (const auto& [t, id] : c.embodiment_ids) m[t] = id;
+    return m;
+  }
   for (const char* t : {"oxe_droid_relative_eef_relative_joint", "xdof_relative_eef_relative_joint",
                         "xdof_relative_eef_relative_joint_subtask", "real_g1_relative_eef_relative_joints",
                         "real_r1_pro_sharpa_relative_eef", "real_r1_pro_sharpa_relative_eef_human",
                         "real_r1_pro_sharpa_relative_eef_maxinsights", "real_r1_pro_sharpa_relative_eef_mecka",
                         "unitree_g1_full_body_with_waist_height_nav_cmd", "simpler_env_google", "simpler_env_widowx",
                         "libero_sim", "new_embodiment"})
-    m[t] = embodiment_id_of(t);
+    m[t] = default_embodiment_id(t);
   return m;
 }
 
@@ -774,6 +849,19 @@ PolicySpec GrootPolicyImpl::policy_spec() const {
   s.vlm_prompt.crop_fraction = c.image_crop_fraction;
   s.vlm_prompt.opencv_area = c.image_opencv_area;
   s.vlm_prompt.letterbox = c.image_letterbox;
+  if (!c.video_keys.empty()) {  // _ordered_image_keys: the checkpoint's camera order (wrist_image also as image2)
+    std::vector<std::string> ordered;
+    auto has = [&](const std::string& n) {
+      return std::any_of(s.inputs.begin(), s.inputs.end(), [&](const PolicyFeature& f) { return f.type == "VISUAL" && f.name == n; });
+    };
+    for (const std::string& k : c.video_keys)
+      for (const std::string& n : {"observation.images." + k, k == "wrist_image" ? std::string("observation.images.image2") : std::string()})
+        if (!n.empty() && has(n)) {
+          ordered.push_back(n);
+          break;
+        }
+    s.vlm_prompt.cameras = ordered;  // none matched: every camera, sorted (as LeRobot falls back)
+  }
   if (c.state_dim > 0) s.state_dropout_prob = c.processor_state_dropout;
   s.vlm_prompt.padding_side = "left";
   const std::string tag = c.raw.value("embodiment_tag", std::string("new_embodiment"));
@@ -785,7 +873,7 @@ PolicySpec GrootPolicyImpl::policy_spec() const {
                          {"config",
                           {{"state_horizon", 1}, {"action_horizon", H}, {"valid_action_horizon", H}, {"video_horizon", nullptr},
                            {"max_state_dim", c.max_state_dim}, {"max_action_dim", c.max_action_dim}, {"language_key", "task"},
-                           {"formalize_language", c.formalize_language}, {"embodiment_tag", tag}, {"embodiment_mapping", embodiment_mapping_json()},
+                           {"formalize_language", c.formalize_language}, {"embodiment_tag", tag}, {"embodiment_mapping", embodiment_mapping_json(c)},
                            {"normalize_min_max", true}, {"state_dropout_prob", c.processor_state_dropout}, {"clip_outliers", c.clip_outliers},
                            {"use_percentiles", false}, {"video_modality_keys", nullptr}, {"raw_stats", nullptr},
                            {"modality_config", nullptr}}},
@@ -843,12 +931,14 @@ Batch GrootPolicyImpl::pack_batch(const Batch& in, const Stats& stats) const {
   } else {
     out.set("state", at::zeros({B, 1, c.max_state_dim}, f32));
   }
-  out.set("embodiment_id", at::full({B}, embodiment_id_of(c.raw.value("embodiment_tag", std::string("new_embodiment"))), at::kLong));
+  out.set("embodiment_id", at::full({B}, embodiment_id_of(c, c.raw.value("embodiment_tag", std::string("new_embodiment"))), at::kLong));
   if (!train) return out;
   const at::Tensor action = in.at("action").to(at::kFloat);  // [B, H, A]
   const int64_t H = action.size(1), A = action.size(2);
   at::Tensor valid = at::ones({B, H}, action.options().dtype(at::kBool));
   if (in.has("action_is_pad")) valid = in.at("action_is_pad").to(at::kBool).logical_not();
+  if (c.valid_action_horizon > 0 && c.valid_action_horizon < H)  // the modality config's action horizon
+    valid = valid.logical_and(at::arange(H, valid.options().dtype(at::kLong)).lt(c.valid_action_horizon).unsqueeze(0));
   at::Tensor a = groot_normalize(action.reshape({B * H, A}), stats, "action", c.clip_outliers).view({B, H, A});
   a = a * valid.unsqueeze(-1).to(a.scalar_type());
   out.set("action", at::constant_pad_nd(a, {0, c.max_action_dim - A}).contiguous());
@@ -856,6 +946,15 @@ Batch GrootPolicyImpl::pack_batch(const Batch& in, const Stats& stats) const {
   mask.narrow(2, 0, A).copy_(valid.unsqueeze(-1).to(at::kFloat).expand({B, H, A}));
   out.set("action_mask", mask);
   return out;
+}
+
+Policy::Stats GrootPolicyImpl::processor_stats(const Stats& dataset) const {
+  if (config_.checkpoint_stats.empty()) return dataset;
+  Stats s = dataset;  // LeRobot's processor takes the checkpoint's in place of the dataset's state / action statistics
+  s.erase("observation.state");
+  s.erase("action");
+  for (const auto& [k, v] : config_.checkpoint_stats) s[k] = v;
+  return s;
 }
 
 at::Tensor GrootPolicyImpl::unpack_action(const at::Tensor& chunk, const Stats& stats) const {

@@ -78,6 +78,14 @@ struct GrootConfig {
   // normalised state / action clipped to [-1, 1]; a training row's state zeroed with this probability
   bool formalize_language = true, clip_outliers = true;
   double processor_state_dropout = 0;
+  // the checkpoint's statistics for the embodiment (statistics.json, flattened in its modality config's key order;
+  // q01 / q99 as min / max with use_percentiles): "observation.state" / "action" -> {min, max, mean, std}; empty: the
+  // dataset's. valid_action_horizon: the modality config's action delta_indices (0: all). embodiment_ids: the
+  // checkpoint's embodiment_id.json (empty: LeRobot's N1.7 mapping). video_keys: the modality config's camera order.
+  std::map<std::string, std::map<std::string, at::Tensor>> checkpoint_stats;
+  int64_t valid_action_horizon = 0;
+  std::map<std::string, int64_t> embodiment_ids;
+  std::vector<std::string> video_keys;
   nlohmann::json image_geometry;
   nlohmann::json raw;
   static GrootConfig from_json(const nlohmann::json& j, const std::string& file);
@@ -214,6 +222,7 @@ class GrootPolicyImpl : public PolicyModel {
   Batch pack_batch(const Batch& features, const Stats& stats) const override;
   // GrootActionUnpackUnnormalizeStep: the first action_dim dims, clipped to [-1, 1], min-max unnormalised.
   at::Tensor unpack_action(const at::Tensor& chunk, const Stats& stats) const override;
+  Stats processor_stats(const Stats& dataset) const override;
   // noise [rows, action_horizon, max_action_dim] and time [rows] ((1 - Beta(alpha, beta)) x noise_s)
   std::map<std::string, at::Tensor> training_draws(int64_t rows, at::Generator& gen) const override;
   // The eval-mode chunk [B, min(action_horizon, chunk_size, n_action_steps), action_dim] from `noise`
