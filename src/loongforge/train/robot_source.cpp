@@ -36,6 +36,18 @@ std::vector<double> seconds(const std::vector<int64_t>& offsets, double fps) {
 // A second stream per row for image transforms, apart from the draws' (row_seed of a mixed seed).
 constexpr uint64_t kTransformSalt = 0x5851f42d4c957f2dULL;
 
+// K uniform draws in [0, 1) for each of N rows (stream rows BASE..), from each row's transform stream for WHAT:
+// [N, K] float64, the same whatever the split of a batch over processes.
+at::Tensor row_uniforms(uint64_t seed, const std::string& what, int64_t base, int64_t n, int64_t k) {
+  at::Tensor u = at::empty({n, k}, at::kDouble);
+  const uint64_t salt = std::hash<std::string>{}(what);
+  for (int64_t r = 0; r < n; ++r) {
+    at::Generator g = at::make_generator<at::CPUGeneratorImpl>(row_seed(seed ^ kTransformSalt ^ salt, base + r));
+    u[r].copy_(at::rand({k}, g, at::kDouble));
+  }
+  return u;
+}
+
 }  // namespace
 
 RobotSource::RobotSource(RobotSourceOptions o, const models::Model& model)
@@ -208,27 +220,14 @@ Batch RobotSource::next_rows(int64_t global_rows, int64_t first, int64_t n) {
     // GR00T N1.7's albumentations path crops each training row's frames at a position drawn per row (Isaac-GR00T's
     // train-time random crop, one window for all the row's cameras), from the row's transform stream; kept in the
     // batch as vlm_crop_position [n, 2] (y, x). Held-out rows crop at the centre.
-    at::Tensor crop;
-    if (!opts_.valid && PromptEncoder::draws_crop(spec_)) {
-      crop = at::empty({n, 2}, at::kDouble);
-      const uint64_t salt = std::hash<std::string>{}("vlm_crop_position");
-      for (int64_t r = 0; r < n; ++r) {
-        at::Generator g = at::make_generator<at::CPUGeneratorImpl>(row_seed(opts_.seed ^ kTransformSalt ^ salt, base + r));
-        crop[r].copy_(at::rand({2}, g, at::kDouble));
-      }
-    }
+    const at::Tensor crop = !opts_.valid && PromptEncoder::draws_crop(spec_)
+                                ? row_uniforms(opts_.seed, "vlm_crop_position", base, n, 2)
+                                : at::Tensor();
     prompt_->add(out, task_texts(raw.at("task_index")), crop);
     if (crop.defined()) out.set("vlm_crop_position", crop);
   }
-  if (!opts_.valid && spec_.state_dropout_prob > 0) {  // the processor's state dropout: a bool per training row
-    at::Tensor drop = at::empty({n}, at::kBool);
-    const uint64_t salt = std::hash<std::string>{}("state_dropout");
-    for (int64_t r = 0; r < n; ++r) {
-      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(row_seed(opts_.seed ^ kTransformSalt ^ salt, base + r));
-      drop[r] = at::rand({1}, g, at::kDouble).item<double>() < spec_.state_dropout_prob;
-    }
-    out.set("state_dropout", drop);
-  }
+  if (!opts_.valid && spec_.state_dropout_prob > 0)  // the processor's state dropout: a bool per training row
+    out.set("state_dropout", row_uniforms(opts_.seed, "state_dropout", base, n, 1).squeeze(1).lt(spec_.state_dropout_prob));
   out = policy_.pack_batch(out, stats_);
   // The training draws, per row from its own stream (validation rows too: their loss is the training loss).
   std::map<std::string, std::vector<at::Tensor>> draws;

@@ -78,10 +78,6 @@ GrootBlocksConfig read_blocks(const JsonReader& g, const std::string& key, bool 
   return b;
 }
 
-}  // namespace
-
-namespace {
-
 // A raw N1.7 checkpoint's statistics for the embodiment TAG (statistics.json) in its modality config's order
 // (processor_kwargs.modality_configs[TAG]), as LeRobot's flatten_n1_7_modality_stats: per modality (state, action)
 // each stat the concatenation over modality_keys, q01 / q99 for min / max with use_percentiles. Also the config's
@@ -164,11 +160,10 @@ GrootConfig GrootConfig::from_json(const nlohmann::json& j, const std::string& f
     r.fail("base_model_path", "'" + base + "' is not a local folder (LoongForge reads GR00T's model config from its config.json)");
   const std::string gfile = (fs::path(base) / "config.json").string();
   const nlohmann::json gj = read_json_file(gfile);
-  // A raw GR00T N1.7 checkpoint (config.json without a policy "type") with processor sidecars: LeRobot's GR00T processor
-  // takes its image geometry from processor_config.json's processor_kwargs when they give image_target_size (read
-  // here, with its use_albumentations / letter_box_transform switches); the rest (statistics.json's per-embodiment
-  // statistics, percentiles, relative actions, ...) is not followed, which is said once on stderr when the sidecars
-  // ask for it.
+  // A raw GR00T N1.7 checkpoint (config.json without a policy "type") with processor sidecars, read as LeRobot's GR00T
+  // processor reads them: processor_config.json's image geometry (when it gives image_target_size) and switches, the
+  // embodiment's statistics and modality config, embodiment_id.json. What is not followed (relative actions,
+  // max_action_horizon, video horizons) is said once on stderr when the sidecars ask for it.
   c.image_geometry = {{"image_crop_size", {230, 230}}, {"image_target_size", {256, 256}},
                       {"shortest_image_edge", nullptr}, {"crop_fraction", nullptr}};
   const fs::path sidecar = fs::path(base) / "processor_config.json";
@@ -759,7 +754,7 @@ std::optional<Model::BaseWeights> GrootPolicyImpl::base_weights() const {
 namespace {
 
 // LeRobot's N1_7_EMBODIMENT_MAPPING (processor_groot.py): embodiment tag -> id.
-int64_t default_embodiment_id(const std::string& tag) {
+const std::map<std::string, int64_t>& default_embodiment_ids() {
   static const std::map<std::string, int64_t> ids = {
       {"oxe_droid_relative_eef_relative_joint", 24}, {"xdof_relative_eef_relative_joint", 27},
       {"xdof_relative_eef_relative_joint_subtask", 27}, {"real_g1_relative_eef_relative_joints", 25},
@@ -767,30 +762,24 @@ int64_t default_embodiment_id(const std::string& tag) {
       {"real_r1_pro_sharpa_relative_eef_maxinsights", 26}, {"real_r1_pro_sharpa_relative_eef_mecka", 26},
       {"unitree_g1_full_body_with_waist_height_nav_cmd", 25}, {"simpler_env_google", 0}, {"simpler_env_widowx", 1},
       {"libero_sim", 2}, {"new_embodiment", 10}};
+  return ids;
+}
+
+// The mapping in use: the checkpoint's embodiment_id.json when it has one, else LeRobot's.
+const std::map<std::string, int64_t>& embodiment_ids(const GrootConfig& c) {
+  return c.embodiment_ids.empty() ? default_embodiment_ids() : c.embodiment_ids;
+}
+
+// The tag's id (0 for a tag the mapping lacks).
+int64_t embodiment_id_of(const GrootConfig& c, const std::string& tag) {
+  const auto& ids = embodiment_ids(c);
   auto it = ids.find(tag);
   return it == ids.end() ? 0 : it->second;
 }
 
-// The tag's id in the checkpoint's embodiment_id.json when it has one (0 for a tag it lacks), else LeRobot's mapping.
-int64_t embodiment_id_of(const GrootConfig& c, const std::string& tag) {
-  if (c.embodiment_ids.empty()) return default_embodiment_id(tag);
-  auto it = c.embodiment_ids.find(tag);
-  return it == c.embodiment_ids.end() ? 0 : it->second;
-}
-
 nlohmann::json embodiment_mapping_json(const GrootConfig& c) {
   nlohmann::json m = nlohmann::json::object();
-  if (!c.embodiment_ids.empty()) {
-    for (const auto& [t, id] : c.embodiment_ids) m[t] = id;
-    return m;
-  }
-  for (const char* t : {"oxe_droid_relative_eef_relative_joint", "xdof_relative_eef_relative_joint",
-                        "xdof_relative_eef_relative_joint_subtask", "real_g1_relative_eef_relative_joints",
-                        "real_r1_pro_sharpa_relative_eef", "real_r1_pro_sharpa_relative_eef_human",
-                        "real_r1_pro_sharpa_relative_eef_maxinsights", "real_r1_pro_sharpa_relative_eef_mecka",
-                        "unitree_g1_full_body_with_waist_height_nav_cmd", "simpler_env_google", "simpler_env_widowx",
-                        "libero_sim", "new_embodiment"})
-    m[t] = default_embodiment_id(t);
+  for (const auto& [t, id] : embodiment_ids(c)) m[t] = id;
   return m;
 }
 

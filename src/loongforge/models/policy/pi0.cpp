@@ -96,11 +96,17 @@ std::pair<at::Tensor, at::Tensor> pack_prefix(const at::Tensor& prefix, const at
   return {packed, slot.narrow(0, 0, L).unsqueeze(0) < counts.unsqueeze(1)};
 }
 
-// The stream from hidden states [B, T, W] and their padding [B, T]: compacted to the valid rows when some are padded.
-Stream compact_stream(const at::Tensor& h, const at::Tensor& pad) {
-  Stream st{nullptr, h, at::Tensor()};
+// The stream of hidden states [B, T, W] under the condition COND (undefined: none), every row kept.
+Stream dense_stream(const at::Tensor& h, const at::Tensor& cond) {
+  Stream st{nullptr, h, cond};
   st.B = h.size(0);
   st.T = h.size(1);
+  return st;
+}
+
+// The stream from hidden states [B, T, W] and their padding [B, T]: compacted to the valid rows when some are padded.
+Stream compact_stream(const at::Tensor& h, const at::Tensor& pad) {
+  Stream st = dense_stream(h, at::Tensor());
   if (pad.all().item<bool>()) return st;
   st.rows = pad.reshape({-1}).nonzero().squeeze(1);
   st.h = h.reshape({st.B * st.T, h.size(2)}).index_select(0, st.rows);
@@ -430,10 +436,7 @@ at::Tensor PI0ModelImpl::velocity(const std::vector<at::Tensor>& images, const s
   const at::Tensor mask = block_mask(pad, starts);
   auto [cos, sin] = rotary_.cos_sin(pad.to(at::kLong).cumsum(1) - 1);
   const double scaling = 1.0 / std::sqrt(static_cast<double>(c_.vlm.head_dim));
-  Stream expert_stream{nullptr, suffix, cond};
-  expert_stream.B = B;
-  expert_stream.T = S;
-  std::vector<Stream> s{compact_stream(prefix, prefix_pad), expert_stream};
+  std::vector<Stream> s{compact_stream(prefix, prefix_pad), dense_stream(suffix, cond)};
   for (int64_t i = 0; i < c_.vlm.depth; ++i) {
     s[0].layer = &language_model->layer(i);
     s[1].layer = &expert->layer(i);
@@ -476,10 +479,7 @@ at::Tensor PI0ModelImpl::denoise_step(const PrefixCache& cache, const at::Tensor
   const at::Tensor positions = cache.pad.to(at::kLong).sum(-1, true) + suffix_pad.to(at::kLong).cumsum(1) - 1;
   auto [cos, sin] = rotary_.cos_sin(positions);
   const double scaling = 1.0 / std::sqrt(static_cast<double>(c_.expert.head_dim));
-  Stream st{nullptr, suffix, cond};
-  st.B = B;
-  st.T = S;
-  std::vector<Stream> s{st};
+  std::vector<Stream> s{dense_stream(suffix, cond)};
   for (int64_t i = 0; i < c_.expert.depth; ++i) {
     s[0].layer = &expert->layer(i);
     joint_layer(s, cos, sin, allowed, cache.keys[i], cache.values[i], scaling, nullptr);
